@@ -1,0 +1,12 @@
+//! The content-addressed image store: per-image write-ahead logs, shared
+//! blake3 chunks, copy-on-write manifests, compaction, reclamation and GC.
+//!
+//! Every byte goes through [`storage::Storage`], so tests swap in
+//! [`storage::MemStorage`] to crash the store and inject faults.
+#![deny(unsafe_code)]
+
+pub mod error;
+pub mod format;
+pub mod storage;
+
+pub use error::{Error, Result};

@@ -1,0 +1,112 @@
+//! The real backend: files on a local filesystem.
+
+use super::{OpenMode, Storage, StorageFile};
+use crate::error::{Error, Result};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Files on the local filesystem, synced with fdatasync and directory fsync.
+#[derive(Clone, Debug, Default)]
+pub struct FsStorage;
+
+impl FsStorage {
+    pub fn new() -> FsStorage {
+        FsStorage
+    }
+}
+
+struct FsFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl StorageFile for FsFile {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::io(&self.path, e)),
+            }
+        }
+        Ok(done)
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.file.write_all_at(buf, offset).map_err(|e| Error::io(&self.path, e))
+    }
+
+    fn sync_data(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io(&self.path, e))
+    }
+
+    fn len(&self) -> Result<u64> {
+        Ok(self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len())
+    }
+
+    fn set_len(&self, len: u64) -> Result<()> {
+        self.file.set_len(len).map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+impl Storage for FsStorage {
+    fn open(&self, path: &Path, mode: OpenMode) -> Result<Arc<dyn StorageFile>> {
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true);
+        match mode {
+            OpenMode::Existing => {}
+            OpenMode::Create => {
+                opts.create(true);
+            }
+            OpenMode::CreateNew => {
+                opts.create_new(true);
+            }
+        }
+        let file = opts.open(path).map_err(|e| Error::io(path, e))?;
+        Ok(Arc::new(FsFile { path: path.to_path_buf(), file }))
+    }
+
+    fn remove_file(&self, path: &Path) -> Result<()> {
+        std::fs::remove_file(path).map_err(|e| Error::io(path, e))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> Result<()> {
+        std::fs::rename(from, to).map_err(|e| Error::io(from, e))
+    }
+
+    fn list_dir(&self, dir: &Path) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+            let entry = entry.map_err(|e| Error::io(dir, e))?;
+            if let Some(name) = entry.file_name().to_str() {
+                names.push(name.to_string());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn create_dir_all(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))
+    }
+
+    fn remove_dir_all(&self, dir: &Path) -> Result<()> {
+        std::fs::remove_dir_all(dir).map_err(|e| Error::io(dir, e))
+    }
+
+    fn sync_dir(&self, dir: &Path) -> Result<()> {
+        File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+}

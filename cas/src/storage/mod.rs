@@ -1,0 +1,133 @@
+//! The storage trait: every byte the store reads or writes goes through it.
+//!
+//! Two backends live here. [`FsStorage`] is the real one (positional reads
+//! and writes on files, fdatasync, directory fsync). [`MemStorage`] keeps
+//! each file's *live* bytes (what reads see) apart from its *durable* bytes
+//! (what survives a crash), so tests can crash the store at any point, tear
+//! the last write, and inject EIO or ENOSPC, then reopen and compare.
+//!
+//! Durability rules every backend follows, and the store relies on:
+//! - `write_all_at` is visible to later reads at once, durable only after
+//!   `sync_data` on that file returns.
+//! - Creating, renaming and removing files is durable only after
+//!   `sync_dir` on the parent directory returns.
+//! - `rename` atomically replaces the target (POSIX rename).
+
+mod fs;
+mod mem;
+
+pub use fs::FsStorage;
+pub use mem::{CrashMode, Fault, FaultOp, MemStorage};
+
+use crate::error::Result;
+use std::path::Path;
+use std::sync::Arc;
+
+/// How `Storage::open` treats a missing or existing file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// The file must exist.
+    Existing,
+    /// Create the file if it is missing.
+    Create,
+    /// The file must not exist yet.
+    CreateNew,
+}
+
+/// A namespace of files and directories.
+pub trait Storage: Send + Sync + 'static {
+    fn open(&self, path: &Path, mode: OpenMode) -> Result<Arc<dyn StorageFile>>;
+    fn remove_file(&self, path: &Path) -> Result<()>;
+    /// Atomically renames `from` to `to`, replacing `to` if it exists.
+    fn rename(&self, from: &Path, to: &Path) -> Result<()>;
+    /// The names (not paths) of the entries in `dir`, sorted.
+    fn list_dir(&self, dir: &Path) -> Result<Vec<String>>;
+    fn create_dir_all(&self, dir: &Path) -> Result<()>;
+    /// Removes `dir` and everything below it.
+    fn remove_dir_all(&self, dir: &Path) -> Result<()>;
+    /// Makes creations, renames and removals in `dir` durable.
+    fn sync_dir(&self, dir: &Path) -> Result<()>;
+    fn exists(&self, path: &Path) -> bool;
+}
+
+/// One open file. Reads and writes are positional, so one handle can be
+/// shared by threads without a seek position.
+pub trait StorageFile: Send + Sync {
+    fn path(&self) -> &Path;
+    /// Reads up to `buf.len()` bytes at `offset`; fewer only at end of file.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize>;
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()>;
+    /// Makes every completed write to this file durable (fdatasync).
+    fn sync_data(&self) -> Result<()>;
+    fn len(&self) -> Result<u64>;
+    fn set_len(&self, len: u64) -> Result<()>;
+
+    /// Reads exactly `buf.len()` bytes at `offset`, or fails with a
+    /// corruption error naming the short read.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = self.read_at(&mut buf[done..], offset + done as u64)?;
+            if n == 0 {
+                return Err(crate::error::Error::Corruption {
+                    path: self.path().to_path_buf(),
+                    offset: offset + done as u64,
+                    detail: format!("unexpected end of file reading {} bytes", buf.len()),
+                });
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    /// The same contract checks run against both backends.
+    fn exercise(s: &dyn Storage, root: &Path) {
+        let dir = root.join("d");
+        s.create_dir_all(&dir).unwrap();
+        let p = dir.join("f");
+        assert!(s.open(&p, OpenMode::Existing).is_err());
+        let f = s.open(&p, OpenMode::CreateNew).unwrap();
+        assert!(s.open(&p, OpenMode::CreateNew).is_err());
+        f.write_all_at(b"hello", 3).unwrap();
+        assert_eq!(f.len().unwrap(), 8);
+        let mut buf = [0u8; 8];
+        assert_eq!(f.read_at(&mut buf, 0).unwrap(), 8);
+        assert_eq!(&buf, b"\0\0\0hello");
+        assert_eq!(f.read_at(&mut buf, 6).unwrap(), 2);
+        assert!(f.read_exact_at(&mut buf, 6).is_err());
+        f.sync_data().unwrap();
+        f.set_len(4).unwrap();
+        assert_eq!(f.len().unwrap(), 4);
+        let q = dir.join("g");
+        s.rename(&p, &q).unwrap();
+        assert!(!s.exists(&p));
+        assert!(s.exists(&q));
+        assert_eq!(s.list_dir(&dir).unwrap(), vec!["g".to_string()]);
+        s.sync_dir(&dir).unwrap();
+        s.remove_file(&q).unwrap();
+        assert!(s.list_dir(&dir).unwrap().is_empty());
+        s.remove_dir_all(&dir).unwrap();
+        assert!(!s.exists(&dir));
+    }
+
+    #[test]
+    fn fs_backend_contract() {
+        let tmp = tempfile::tempdir().unwrap();
+        exercise(&FsStorage::new(), tmp.path());
+    }
+
+    #[test]
+    fn mem_backend_contract() {
+        exercise(&MemStorage::new(), &PathBuf::from("/store"));
+    }
+}

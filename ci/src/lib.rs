@@ -1,0 +1,2 @@
+//! Shared helpers for casblk's native benchmark binaries.
+#![deny(unsafe_code)]

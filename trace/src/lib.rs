@@ -1,0 +1,2 @@
+//! Per-request phases, gate reasons, histograms and slowest examples.
+#![deny(unsafe_code)]

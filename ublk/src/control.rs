@@ -1,0 +1,189 @@
+//! Device control outside the io path: probing the driver, `features`,
+//! `list` and `del`.
+
+use crate::cli::{DelArgs, ListArgs};
+use anyhow::{bail, Context, Result};
+use libublk::ctrl::UblkCtrl;
+use serde::Serialize;
+use std::path::Path;
+
+pub const CONTROL_NODE: &str = "/dev/ublk-control";
+
+/// Names of the driver feature bits, indexed by bit number
+/// (include/uapi/linux/ublk_cmd.h).
+const FEATURE_NAMES: &[&str] = &[
+    "SUPPORT_ZERO_COPY",
+    "URING_CMD_COMP_IN_TASK",
+    "NEED_GET_DATA",
+    "USER_RECOVERY",
+    "USER_RECOVERY_REISSUE",
+    "UNPRIVILEGED_DEV",
+    "CMD_IOCTL_ENCODE",
+    "USER_COPY",
+    "ZONED",
+    "USER_RECOVERY_FAIL_IO",
+    "UPDATE_SIZE",
+    "AUTO_BUF_REG",
+    "QUIESCE",
+    "PER_IO_DAEMON",
+    "BUF_REG_OFF_DAEMON",
+    "BATCH_IO",
+    "INTEGRITY",
+    "SAFE_STOP_DEV",
+    "NO_AUTO_PART_SCAN",
+    "SHMEM_ZC",
+];
+
+/// Fails with a clear message when the ublk driver is not loaded.
+pub fn require_driver() -> Result<()> {
+    if !Path::new(CONTROL_NODE).exists() {
+        bail!("ublk driver not available: {CONTROL_NODE} is missing (load it with `modprobe ublk_drv`)");
+    }
+    Ok(())
+}
+
+/// The driver's feature mask (kernel 6.5+ answers GET_FEATURES).
+pub fn driver_features() -> Result<u64> {
+    require_driver()?;
+    UblkCtrl::get_features().context("the ublk driver did not answer GET_FEATURES (needs Linux 6.5+)")
+}
+
+pub fn feature_names(mask: u64) -> Vec<String> {
+    (0..64)
+        .filter(|bit| mask & (1u64 << bit) != 0)
+        .map(|bit| match FEATURE_NAMES.get(bit) {
+            Some(name) => (*name).to_string(),
+            None => format!("BIT{bit}"),
+        })
+        .collect()
+}
+
+pub fn features() -> Result<()> {
+    let mask = driver_features()?;
+    println!("{:<24} {:#x}", "UBLK_FEATURES", mask);
+    for (bit, name) in (0..64).filter(|b| mask & (1u64 << b) != 0).zip(feature_names(mask)) {
+        println!("{:<24} {:#x}", name, 1u64 << bit);
+    }
+    Ok(())
+}
+
+/// Opens an existing device by id, mapping "no such device" to a clear error.
+fn open_device(id: u32) -> Result<UblkCtrl> {
+    let id = i32::try_from(id).with_context(|| format!("device id {id} is out of range"))?;
+    UblkCtrl::new_simple(id).map_err(|e| match e {
+        libublk::UblkError::UringIOError(code) if code == -libc::ENODEV || code == -libc::ENOENT => {
+            anyhow::anyhow!("no ublk device {id}")
+        }
+        other => anyhow::anyhow!("cannot open ublk device {id}: {other}"),
+    })
+}
+
+fn device_ids() -> Vec<u32> {
+    let mut ids = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/sys/class/ublk-char") {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if let Some(id) = name.to_str().and_then(|n| n.strip_prefix("ublkc")).and_then(|n| n.parse().ok())
+            {
+                ids.push(id);
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids
+}
+
+fn delete(id: u32) -> Result<()> {
+    let ctrl = open_device(id)?;
+    // STOP first so the serving daemon sees its queues go down, then DEL,
+    // which waits for the daemon to release the char device.
+    let _ = ctrl.kill_dev();
+    ctrl.del_dev().map_err(|e| anyhow::anyhow!("deleting ublk device {id} failed: {e}"))?;
+    Ok(())
+}
+
+pub fn del(args: &DelArgs) -> Result<()> {
+    require_driver()?;
+    if args.all {
+        let mut failed = Vec::new();
+        for id in device_ids() {
+            if let Err(e) = delete(id) {
+                eprintln!("casblk: {e:#}");
+                failed.push(id);
+            }
+        }
+        if !failed.is_empty() {
+            bail!("could not delete devices {failed:?}");
+        }
+        return Ok(());
+    }
+    match args.id {
+        Some(id) => delete(id),
+        None => bail!("del needs -n ID or -a"),
+    }
+}
+
+#[derive(Serialize)]
+struct DeviceRow {
+    id: u32,
+    bdev: String,
+    state: &'static str,
+    queues: u16,
+    depth: u16,
+    size_bytes: u64,
+    max_io_bytes: u32,
+    daemon_pid: i32,
+    target: Option<serde_json::Value>,
+}
+
+fn state_name(state: u16) -> &'static str {
+    match u32::from(state) {
+        libublk::sys::UBLK_S_DEV_DEAD => "dead",
+        libublk::sys::UBLK_S_DEV_LIVE => "live",
+        libublk::sys::UBLK_S_DEV_QUIESCED => "quiesced",
+        3 => "fail_io",
+        _ => "unknown",
+    }
+}
+
+fn describe(id: u32) -> Result<DeviceRow> {
+    let ctrl = open_device(id)?;
+    let info = ctrl.dev_info();
+    let mut params = libublk::sys::ublk_params::default();
+    let size_bytes = match ctrl.get_params(&mut params) {
+        Ok(_) => params.basic.dev_sectors << 9,
+        Err(_) => 0,
+    };
+    Ok(DeviceRow {
+        id,
+        bdev: ctrl.get_bdev_path(),
+        state: state_name(info.state),
+        queues: info.nr_hw_queues,
+        depth: info.queue_depth,
+        size_bytes,
+        max_io_bytes: info.max_io_buf_bytes,
+        daemon_pid: info.ublksrv_pid,
+        target: ctrl.get_target_data_from_json(),
+    })
+}
+
+pub fn list(args: &ListArgs) -> Result<()> {
+    require_driver()?;
+    let rows: Vec<DeviceRow> = device_ids().into_iter().filter_map(|id| describe(id).ok()).collect();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<4} {:<14} {:<9} {:>6} {:>6} {:>14} {:>8}  TARGET",
+        "ID", "DEVICE", "STATE", "QUEUES", "DEPTH", "SIZE", "PID"
+    );
+    for r in rows {
+        let target = r.target.map(|t| t.to_string()).unwrap_or_default();
+        println!(
+            "{:<4} {:<14} {:<9} {:>6} {:>6} {:>14} {:>8}  {}",
+            r.id, r.bdev, r.state, r.queues, r.depth, r.size_bytes, r.daemon_pid, target
+        );
+    }
+    Ok(())
+}

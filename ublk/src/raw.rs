@@ -1,0 +1,302 @@
+//! Raw passthrough mode: `/dev/ublkbN` maps 1:1 onto a backing file.
+//!
+//! Each queue has one thread, one io_uring (libublk's) and one async task
+//! per tag. A task fetches a request, issues the storage IO for it on the
+//! same ring (fixed file 1 is the backing), and commits the result with
+//! COMMIT_AND_FETCH. This mode is the passthrough baseline for benchmarks
+//! and stays in the product.
+
+use crate::cli::AddArgs;
+use crate::control;
+use crate::launch::{self, Ready};
+use crate::params::{device_params, Backing, ZeroMethod, SECTOR_SHIFT};
+use anyhow::{bail, Context, Result};
+use io_uring::{opcode, squeue, types};
+use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::helpers::IoBuf;
+use libublk::io::{UblkDev, UblkQueue};
+use libublk::uring_async::ublk_submit_sqe_async;
+use libublk::{BufDesc, UblkError, UblkFlags, UblkUringData};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Index of the backing file in the queue ring's fixed-file table
+/// (index 0 is the ublk char device, registered by libublk).
+const BACKING_FIXED_FD: types::Fixed = types::Fixed(1);
+/// EAGAIN retries before a request fails.
+const EAGAIN_RETRIES: u32 = 4;
+/// Largest queue depth and queue count the ublk driver accepts.
+const MAX_DEPTH: u16 = 4096;
+const MAX_QUEUES: u16 = 64;
+pub const DAEMON_LOG: &str = "/run/casblk/casblk.log";
+
+/// What every queue thread needs to serve requests.
+struct RawTarget {
+    punch: bool,
+    zeroes: ZeroMethod,
+}
+
+pub fn validate_queue_args(queues: u16, depth: u16, io_buf_bytes: u32) -> Result<()> {
+    if queues == 0 || queues > MAX_QUEUES {
+        bail!("queues must be between 1 and {MAX_QUEUES}, got {queues}");
+    }
+    if depth == 0 || depth > MAX_DEPTH {
+        bail!("depth must be between 1 and {MAX_DEPTH}, got {depth}");
+    }
+    if !(4096..=4 << 20).contains(&io_buf_bytes) || !io_buf_bytes.is_multiple_of(4096) {
+        bail!("io-buf-bytes must be a multiple of 4096 between 4 KiB and 4 MiB, got {io_buf_bytes}");
+    }
+    Ok(())
+}
+
+pub fn add(args: AddArgs) -> Result<()> {
+    validate_queue_args(args.queues, args.depth, args.io_buf_bytes)?;
+    let backing = Backing::open(&args.backing)?;
+    control::require_driver()?;
+    launch::launch(args.foreground, Path::new(DAEMON_LOG), move |ready| serve(&args, backing, ready))
+}
+
+/// Maps a control-path error to a message that names the device.
+pub fn ctrl_error(id: i32, e: UblkError) -> anyhow::Error {
+    match e {
+        UblkError::UringIOError(code) if code == -libc::EEXIST => {
+            anyhow::anyhow!("ublk device {id} already exists")
+        }
+        UblkError::UringIOError(code) => {
+            anyhow::anyhow!("ublk control command failed: {}", std::io::Error::from_raw_os_error(-code))
+        }
+        other => anyhow::anyhow!("ublk control command failed: {other}"),
+    }
+}
+
+/// Stops device `id` on SIGTERM, SIGINT or SIGHUP, so the daemon unwinds
+/// through the normal path and deletes its device.
+pub fn stop_on_signals(id: u32) -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .context("installing signal handlers")?;
+    std::thread::Builder::new()
+        .name("casblk-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!(dev = id, sig, "stopping device on signal");
+                if let Ok(ctrl) = UblkCtrl::new_simple(id as i32) {
+                    let _ = ctrl.kill_dev();
+                }
+            }
+        })
+        .context("spawning the signal thread")?;
+    Ok(())
+}
+
+/// Waits (bounded) for the block device node the driver creates on START_DEV.
+pub fn wait_for_node(path: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !Path::new(path).exists() {
+        if Instant::now() > deadline {
+            bail!("{path} did not appear after the device started");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// The device_fn of `run_target`: report readiness once the node exists.
+pub fn report_ready(ctrl: &UblkCtrl, ready: &Ready) {
+    let path = ctrl.get_bdev_path();
+    match wait_for_node(&path) {
+        Ok(()) => {
+            tracing::info!(dev = %path, "device live");
+            ready.ok(&path);
+        }
+        Err(e) => {
+            ready.fail(&e);
+            let _ = ctrl.kill_dev();
+        }
+    }
+}
+
+fn serve(args: &AddArgs, backing: Backing, ready: Ready) -> Result<()> {
+    let ctrl = UblkCtrlBuilder::default()
+        .name("casblk-raw")
+        .id(args.id)
+        .nr_queues(args.queues)
+        .depth(args.depth)
+        .io_buf_bytes(args.io_buf_bytes)
+        .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
+        .build()
+        .map_err(|e| ctrl_error(args.id, e))?;
+    let dev_id = ctrl.dev_info().dev_id;
+    stop_on_signals(dev_id)?;
+
+    let target = Arc::new(RawTarget { punch: backing.punch, zeroes: backing.zeroes });
+    let backing_fd = backing.file.as_raw_fd();
+    let (size, io_buf_bytes, punch) = (backing.size, args.io_buf_bytes, backing.punch);
+    let target_json = serde_json::json!({
+        "raw": {
+            "backing": backing.path.display().to_string(),
+            "direct_io": backing.direct,
+            "discard": backing.punch,
+            "write_zeroes": format!("{:?}", backing.zeroes),
+        }
+    });
+    let tgt_init = move |dev: &mut UblkDev| {
+        let tgt = &mut dev.tgt;
+        tgt.fds[tgt.nr_fds as usize] = backing_fd;
+        tgt.nr_fds += 1;
+        tgt.dev_size = size;
+        tgt.params = device_params(size, io_buf_bytes, punch);
+        dev.set_target_json(target_json);
+        Ok(())
+    };
+    let q_target = target.clone();
+    let queue_fn = move |qid: u16, dev: &UblkDev| queue_thread(qid, dev, &q_target);
+
+    ctrl.run_target(tgt_init, queue_fn, move |c: &UblkCtrl| report_ready(c, &ready))
+        .map_err(|e| ctrl_error(dev_id as i32, e))?;
+    // Keep the backing file open until every queue thread has exited.
+    drop(backing);
+    Ok(())
+}
+
+fn queue_thread(qid: u16, dev: &UblkDev, target: &Arc<RawTarget>) {
+    let queue = match UblkQueue::new(qid, dev) {
+        Ok(q) => Rc::new(q),
+        Err(e) => {
+            tracing::error!(qid, "creating queue failed: {e}");
+            return;
+        }
+    };
+    let exe = Rc::new(smol::LocalExecutor::new());
+    let mut tasks = Vec::new();
+    for tag in queue.tags() {
+        let q = queue.clone();
+        let t = target.clone();
+        tasks.push(exe.spawn(async move {
+            match serve_tag(&q, tag, &t).await {
+                Err(UblkError::QueueIsDown) | Ok(()) => {}
+                Err(e) => tracing::error!(qid = q.get_qid(), tag, "io task failed: {e}"),
+            }
+        }));
+    }
+    let exe2 = exe.clone();
+    smol::block_on(exe.run(async move {
+        let run_ops = || while exe2.try_tick() {};
+        let done = || tasks.iter().all(|t| t.is_finished());
+        if let Err(e) = libublk::wait_and_handle_io_events(&queue, Some(20), run_ops, done).await {
+            tracing::error!(qid, "queue event loop failed: {e}");
+        }
+    }));
+}
+
+async fn serve_tag(q: &UblkQueue<'_>, tag: u16, target: &RawTarget) -> Result<(), UblkError> {
+    let mut buf = IoBuf::<u8>::new(q.dev.dev_info.max_io_buf_bytes as usize);
+    q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf)).await?;
+    loop {
+        let res = handle(q, tag, target, buf.as_mut_slice()).await;
+        q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?;
+    }
+}
+
+async fn submit(sqe: squeue::Entry) -> i32 {
+    let sqe = sqe.flags(squeue::Flags::FIXED_FILE);
+    ublk_submit_sqe_async(sqe, UblkUringData::Target as u64).await.unwrap_or(-libc::EIO)
+}
+
+async fn handle(q: &UblkQueue<'_>, tag: u16, target: &RawTarget, buf: &mut [u8]) -> i32 {
+    let iod = q.get_iod(tag);
+    let op = iod.op_flags & 0xff;
+    let fua = iod.op_flags & libublk::sys::UBLK_IO_F_FUA != 0;
+    let off = iod.start_sector << SECTOR_SHIFT;
+    let len = (iod.nr_sectors as u64) << SECTOR_SHIFT;
+    let res = match op {
+        libublk::sys::UBLK_IO_OP_READ | libublk::sys::UBLK_IO_OP_WRITE => {
+            let Some(data) = buf.get_mut(..len as usize) else {
+                return -libc::EINVAL;
+            };
+            transfer(op == libublk::sys::UBLK_IO_OP_WRITE, fua, off, data).await
+        }
+        libublk::sys::UBLK_IO_OP_FLUSH => return datasync().await,
+        libublk::sys::UBLK_IO_OP_DISCARD if target.punch => punch(off, len).await,
+        libublk::sys::UBLK_IO_OP_DISCARD => return -libc::EOPNOTSUPP,
+        libublk::sys::UBLK_IO_OP_WRITE_ZEROES => write_zeroes(target.zeroes, off, len, buf).await,
+        _ => return -libc::EINVAL,
+    };
+    if res >= 0 && fua && op != libublk::sys::UBLK_IO_OP_WRITE {
+        let synced = datasync().await;
+        if synced < 0 {
+            return synced;
+        }
+    }
+    res
+}
+
+async fn datasync() -> i32 {
+    submit(opcode::Fsync::new(BACKING_FIXED_FD).flags(types::FsyncFlags::DATASYNC).build()).await
+}
+
+async fn punch(off: u64, len: u64) -> i32 {
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    submit(opcode::Fallocate::new(BACKING_FIXED_FD, len).offset(off).mode(mode).build()).await
+}
+
+async fn write_zeroes(method: ZeroMethod, off: u64, len: u64, buf: &mut [u8]) -> i32 {
+    match method {
+        ZeroMethod::ZeroRange => {
+            let mode = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+            submit(opcode::Fallocate::new(BACKING_FIXED_FD, len).offset(off).mode(mode).build()).await
+        }
+        ZeroMethod::PunchHole => punch(off, len).await,
+        ZeroMethod::Write => {
+            buf.fill(0);
+            let mut done = 0u64;
+            while done < len {
+                let n = (len - done).min(buf.len() as u64) as usize;
+                let res = transfer(true, false, off + done, &mut buf[..n]).await;
+                if res < 0 {
+                    return res;
+                }
+                done += n as u64;
+            }
+            0
+        }
+    }
+}
+
+/// Reads or writes all of `data` at `off`, resubmitting short transfers.
+/// Returns the byte count or a negative errno.
+async fn transfer(write: bool, fua: bool, off: u64, data: &mut [u8]) -> i32 {
+    let mut done = 0usize;
+    let mut retries = 0;
+    while done < data.len() {
+        let rest = &mut data[done..];
+        let (ptr, n, pos) = (rest.as_mut_ptr(), rest.len() as u32, off + done as u64);
+        let sqe = if write {
+            let flags = if fua { libc::RWF_DSYNC } else { 0 };
+            opcode::Write::new(BACKING_FIXED_FD, ptr, n).offset(pos).rw_flags(flags).build()
+        } else {
+            opcode::Read::new(BACKING_FIXED_FD, ptr, n).offset(pos).build()
+        };
+        let res = submit(sqe).await;
+        if res == -libc::EAGAIN && retries < EAGAIN_RETRIES {
+            retries += 1;
+            continue;
+        }
+        if res < 0 {
+            return res;
+        }
+        if res == 0 {
+            if write {
+                return -libc::EIO;
+            }
+            // The backing shrank under us: past its end reads as zeros.
+            rest.fill(0);
+            break;
+        }
+        done += res as usize;
+    }
+    data.len() as i32
+}
