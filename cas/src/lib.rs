@@ -5,8 +5,11 @@
 //! [`storage::MemStorage`] to crash the store and inject faults.
 #![deny(unsafe_code)]
 
+pub mod chunk;
 pub mod error;
 pub mod format;
+pub mod gc;
+pub mod manifest;
 pub mod storage;
 
 pub use error::{Error, Result};

@@ -1,0 +1,193 @@
+//! A bounded, sharded CLOCK cache of clean, immutable values.
+//!
+//! Used for chunk bytes (keyed by hash) and decoded manifest pages (keyed
+//! by file and page number). Values never change under a key (content
+//! addressing, copy-on-write pages), so the cache never needs invalidating
+//! for correctness; entries are only dropped to make room or to forget
+//! swept chunks.
+//!
+//! Bounds: at most `capacity` entries in all, split evenly over the
+//! shards; slots are allocated as entries arrive (nothing is reserved up
+//! front). Eviction is CLOCK: a hit sets the entry's reference bit, the
+//! hand clears bits until it finds an unreferenced victim.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+struct Slot<K, V> {
+    key: K,
+    value: V,
+    referenced: bool,
+}
+
+struct Shard<K, V, S> {
+    map: HashMap<K, usize, S>,
+    slots: Vec<Slot<K, V>>,
+    hand: usize,
+    capacity: usize,
+}
+
+/// The cache; `V` is cheap to clone (an `Arc`).
+pub(crate) struct ClockCache<K, V, S> {
+    shards: Box<[Mutex<Shard<K, V, S>>]>,
+    hasher: S,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<K, V, S> ClockCache<K, V, S>
+where
+    K: Hash + Eq + Clone,
+    V: Clone,
+    S: BuildHasher + Default,
+{
+    /// A cache of at most `capacity` entries over `shards` shards (a cache
+    /// of capacity 0 stores nothing).
+    pub fn new(capacity: usize, shards: usize) -> Self {
+        let shards = shards.clamp(1, capacity.max(1));
+        let per = capacity / shards;
+        let extra = capacity % shards;
+        let shards = (0..shards)
+            .map(|i| {
+                Mutex::new(Shard {
+                    map: HashMap::default(),
+                    slots: Vec::new(),
+                    hand: 0,
+                    capacity: per + usize::from(i < extra),
+                })
+            })
+            .collect();
+        ClockCache { shards, hasher: S::default(), hits: AtomicU64::new(0), misses: AtomicU64::new(0) }
+    }
+
+    fn shard(&self, key: &K) -> &Mutex<Shard<K, V, S>> {
+        // High bits: the map inside the shard uses the low ones.
+        let h = self.hasher.hash_one(key);
+        &self.shards[((h >> 40) % self.shards.len() as u64) as usize]
+    }
+
+    /// The value under `key`, counting a hit or a miss.
+    pub fn get(&self, key: &K) -> Option<V> {
+        let mut sh = lock(self.shard(key));
+        match sh.map.get(key).copied() {
+            Some(i) => {
+                sh.slots[i].referenced = true;
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                Some(sh.slots[i].value.clone())
+            }
+            None => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Stores `value` under `key`, evicting an unreferenced entry if full.
+    pub fn insert(&self, key: K, value: V) {
+        let mut sh = lock(self.shard(&key));
+        let sh = &mut *sh;
+        if sh.capacity == 0 {
+            return;
+        }
+        if let Some(&i) = sh.map.get(&key) {
+            sh.slots[i].value = value;
+            return;
+        }
+        if sh.slots.len() < sh.capacity {
+            sh.map.insert(key.clone(), sh.slots.len());
+            sh.slots.push(Slot { key, value, referenced: false });
+            return;
+        }
+        // Bounded: the second lap finds every bit cleared.
+        let victim = loop {
+            let i = sh.hand;
+            sh.hand = (sh.hand + 1) % sh.slots.len();
+            if std::mem::take(&mut sh.slots[i].referenced) {
+                continue;
+            }
+            break i;
+        };
+        sh.map.remove(&sh.slots[victim].key);
+        sh.map.insert(key.clone(), victim);
+        sh.slots[victim] = Slot { key, value, referenced: false };
+    }
+
+    /// Drops the entry under `key`, if any.
+    pub fn remove(&self, key: &K) {
+        let mut sh = lock(self.shard(key));
+        let sh = &mut *sh;
+        let Some(i) = sh.map.remove(key) else { return };
+        sh.slots.swap_remove(i);
+        if i < sh.slots.len() {
+            let moved = sh.slots[i].key.clone();
+            sh.map.insert(moved, i);
+        }
+        if sh.hand >= sh.slots.len() {
+            sh.hand = 0;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).slots.len()).sum()
+    }
+
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    pub fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::hash_map::RandomState;
+
+    #[test]
+    fn bounded_and_counts_hits() {
+        let c: ClockCache<u64, u64, RandomState> = ClockCache::new(64, 4);
+        for i in 0..1000 {
+            c.insert(i, i * 10);
+            assert!(c.len() <= 64);
+        }
+        assert_eq!(c.len(), 64);
+        let present: Vec<u64> = (0..1000).filter(|i| c.get(i).is_some()).collect();
+        assert_eq!(present.len(), 64);
+        assert_eq!(c.hits(), 64);
+        assert_eq!(c.misses(), 1000 - 64);
+        for &i in &present {
+            assert_eq!(c.get(&i), Some(i * 10));
+        }
+        c.remove(&present[0]);
+        assert_eq!(c.get(&present[0]), None);
+        assert_eq!(c.len(), 63);
+    }
+
+    #[test]
+    fn referenced_entries_survive_a_sweep() {
+        let c: ClockCache<u64, u64, RandomState> = ClockCache::new(4, 1);
+        for i in 0..4 {
+            c.insert(i, i);
+        }
+        c.get(&2);
+        c.insert(10, 10);
+        assert_eq!(c.get(&2), Some(2), "a referenced entry is evicted last");
+        assert_eq!(c.len(), 4);
+    }
+
+    #[test]
+    fn zero_capacity_stores_nothing() {
+        let c: ClockCache<u64, u64, RandomState> = ClockCache::new(0, 8);
+        c.insert(1, 1);
+        assert_eq!(c.get(&1), None);
+        assert_eq!(c.len(), 0);
+    }
+}

@@ -1,0 +1,232 @@
+//! The chunk store's side of GC: epochs, marking, sweeping index entries,
+//! repacking a pack's live chunks, and deleting emptied packs.
+//!
+//! crate::gc sequences these; each step is crash-safe on its own:
+//! - mark only stamps in-memory epochs (nothing on disk changes);
+//! - sweep removes index entries and queues journal removes; until a sync
+//!   makes them durable a crash simply brings the entries back;
+//! - repack copies live chunks into the active pack and queues journal
+//!   puts with their new locations; until a sync makes both the copies and
+//!   the puts durable, a crash leaves the index on the old pack;
+//! - a pack is deleted only after a sync has made every change that moved
+//!   or removed its entries durable, so no durable entry ever points at a
+//!   deleted pack; a deletion lost in a crash leaves an unreferenced pack
+//!   that the next open deletes.
+
+use super::index::{Key, Loc};
+use super::journal::JournalOp;
+use super::pack::{self, CHUNK_BYTES};
+use super::{lock, ChunkHash, ChunkStore};
+use crate::error::{Error, Result};
+use crate::format;
+use std::time::Duration;
+
+/// Index entries removed per writer-lock hold during a sweep.
+const SWEEP_BATCH: usize = 4096;
+/// Slots read per pread while repacking (1 MiB).
+const REPACK_READ_SLOTS: usize = 256;
+
+/// One pack as GC sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackUsage {
+    pub id: u32,
+    /// Slots the file spans.
+    pub slots: u32,
+    pub live: u32,
+    pub capacity: u32,
+    /// The pack new chunks are appended to (never repacked).
+    pub active: bool,
+}
+
+impl PackUsage {
+    /// Dead slots over spanned slots (0 for an empty pack).
+    pub fn dead_fraction(&self) -> f64 {
+        if self.slots == 0 {
+            0.0
+        } else {
+            f64::from(self.slots - self.live) / f64::from(self.slots)
+        }
+    }
+
+    pub fn file_bytes(&self) -> u64 {
+        pack::slot_offset(self.slots)
+    }
+}
+
+/// What a sweep did.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SweepCounts {
+    pub scanned: u64,
+    pub removed: u64,
+}
+
+/// What a repack did.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RepackCounts {
+    pub moved: u64,
+    pub bytes_written: u64,
+}
+
+impl ChunkStore {
+    /// Starts a GC epoch: see pin.rs. Returns the new epoch.
+    pub(crate) fn gc_advance_epoch(&self, wait: Duration) -> Result<u32> {
+        self.pins.advance(wait)
+    }
+
+    /// Stamps `hashes` live in `epoch`; returns how many are not stored.
+    pub(crate) fn gc_mark(&self, epoch: u32, hashes: &[ChunkHash]) -> u64 {
+        let mut sh = self.write_shared();
+        let mut missing = 0;
+        for h in hashes {
+            match sh.map.get_mut(&Key(*h)) {
+                Some(loc) => loc.epoch = loc.epoch.max(epoch),
+                None => missing += 1,
+            }
+        }
+        missing
+    }
+
+    /// Removes every entry not stamped with `epoch` (neither marked nor
+    /// touched under a pin of this epoch). The removes become durable with
+    /// the next sync.
+    pub(crate) fn gc_sweep(&self, epoch: u32) -> Result<SweepCounts> {
+        self.check_poison()?;
+        let (scanned, dead) = {
+            let sh = self.read_shared();
+            let dead: Vec<Key> = sh.map.iter().filter(|(_, l)| l.epoch < epoch).map(|(k, _)| *k).collect();
+            (sh.map.len() as u64, dead)
+        };
+        let mut counts = SweepCounts { scanned, removed: 0 };
+        for part in dead.chunks(SWEEP_BATCH) {
+            let mut w = lock(&self.writer);
+            let mut sh = self.write_shared();
+            for key in part {
+                // Re-check: an insert may have restamped it since the scan.
+                let Some(loc) = sh.map.get(key).copied() else { continue };
+                if loc.epoch >= epoch {
+                    continue;
+                }
+                sh.map.remove(key);
+                sh.packs.get_mut(&loc.pack).expect("entry's pack is open").live -= 1;
+                w.pending.push(JournalOp::Remove { hash: key.0 });
+                w.seq += 1;
+                counts.removed += 1;
+            }
+            drop(sh);
+            drop(w);
+            for key in part {
+                self.cache.remove(key);
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Every pack with its live and spanned slots.
+    pub fn pack_usage(&self) -> Vec<PackUsage> {
+        let active = lock(&self.writer).active.as_ref().map(|a| a.id);
+        let sh = self.read_shared();
+        sh.packs
+            .iter()
+            .map(|(&id, p)| PackUsage {
+                id,
+                slots: p.slots,
+                live: p.live,
+                capacity: p.capacity,
+                active: Some(id) == active,
+            })
+            .collect()
+    }
+
+    /// Copies the live chunks of pack `id` (not the active pack) into the
+    /// active pack and points their index entries at the copies. Durable
+    /// after the next sync; the old pack is then deleted by `gc_delete_pack`.
+    pub(crate) fn gc_repack(&self, id: u32) -> Result<RepackCounts> {
+        self.check_poison()?;
+        if lock(&self.writer).active.as_ref().is_some_and(|a| a.id == id) {
+            return Err(Error::InvalidArgument(format!("pack {id} is the active pack")));
+        }
+        let (file, mut live) = {
+            let sh = self.read_shared();
+            let Some(p) = sh.packs.get(&id) else {
+                return Err(Error::NotFound(format!("pack {id}")));
+            };
+            let live: Vec<(Key, Loc)> =
+                sh.map.iter().filter(|(_, l)| l.pack == id).map(|(k, l)| (*k, *l)).collect();
+            (p.file.clone(), live)
+        };
+        live.sort_unstable_by_key(|(_, l)| l.slot);
+        let mut counts = RepackCounts::default();
+        let mut buf = Vec::new();
+        let mut start = 0;
+        while start < live.len() {
+            // A run of slots read with one pread: consecutive live slots.
+            let mut end = start + 1;
+            while end < live.len()
+                && end - start < REPACK_READ_SLOTS
+                && live[end].1.slot == live[end - 1].1.slot + 1
+            {
+                end += 1;
+            }
+            let run = &live[start..end];
+            buf.resize(run.len() * CHUNK_BYTES, 0);
+            let offset = pack::slot_offset(run[0].1.slot);
+            file.read_exact_at(&mut buf, offset)?;
+            for (j, (_, loc)) in run.iter().enumerate() {
+                let data = &buf[j * CHUNK_BYTES..(j + 1) * CHUNK_BYTES];
+                let actual = format::crc32c(data);
+                if actual != loc.crc {
+                    return Err(Error::ChecksumMismatch {
+                        path: file.path().to_path_buf(),
+                        offset: offset + (j * CHUNK_BYTES) as u64,
+                        expected: loc.crc,
+                        actual,
+                    });
+                }
+            }
+            let mut guard = lock(&self.writer);
+            let w = &mut *guard;
+            let placed = self.write_chunks(w, buf.chunks_exact(CHUNK_BYTES), &mut counts.bytes_written)?;
+            let mut sh = self.write_shared();
+            for ((key, old), p) in run.iter().zip(&placed) {
+                let Some(loc) = sh.map.get_mut(key) else { continue };
+                if loc.pack != id || loc.slot != old.slot {
+                    continue;
+                }
+                loc.pack = p.pack;
+                loc.slot = p.slot;
+                sh.packs.get_mut(&id).expect("repacked pack is open").live -= 1;
+                sh.packs.get_mut(&p.pack).expect("placed in an open pack").live += 1;
+                w.pending.push(JournalOp::Put { hash: key.0, pack: p.pack, slot: p.slot, crc: p.crc });
+                w.seq += 1;
+                counts.moved += 1;
+            }
+            start = end;
+        }
+        Ok(counts)
+    }
+
+    /// Deletes pack `id`, which must have no live entries: syncs first so
+    /// the changes that emptied it are durable, then unlinks the file and
+    /// syncs the directory. Returns the bytes the file spanned.
+    pub(crate) fn gc_delete_pack(&self, id: u32) -> Result<u64> {
+        self.sync()?;
+        let bytes = {
+            let w = lock(&self.writer);
+            let mut sh = self.write_shared();
+            if w.active.as_ref().is_some_and(|a| a.id == id) {
+                return Err(Error::InvalidArgument(format!("pack {id} is the active pack")));
+            }
+            let Some(p) = sh.packs.get(&id) else {
+                return Err(Error::NotFound(format!("pack {id}")));
+            };
+            assert_eq!(p.live, 0, "pack {id} still has live chunks and must not be deleted");
+            let bytes = pack::slot_offset(p.slots);
+            sh.packs.remove(&id);
+            bytes
+        };
+        // Readers holding the handle keep reading the unlinked file.
+        self.storage.remove_file(&self.dir.join(pack::pack_file_name(id)))?;
+        self.storage.sync_dir(&self.dir)?;
+        Ok(bytes)
+    }
+}

@@ -1,0 +1,513 @@
+//! The shared chunk store: every distinct non-zero 4 KiB block of every
+//! image, stored once, found by its blake3 hash.
+//!
+//! It owns the store's `chunks/` directory:
+//!
+//! ```text
+//! chunks/
+//!   index               the index journal (journal.rs): hash -> (pack, slot, crc32c)
+//!   pack-00000001.pack  append-only pack files (pack.rs): header + 4 KiB slots
+//!   pack-00000002.pack
+//!   ...
+//! ```
+//!
+//! In memory: the whole hash -> location index (index.rs, 49 bytes per
+//! chunk, growth refused past a budget with [`Error::MemoryBudget`]), the
+//! open pack files, and a bounded clean cache of chunk bytes (cache.rs).
+//!
+//! Writes: [`ChunkStore::insert_missing`] stores each chunk not yet present
+//! exactly once (the dedup check and the append run under one writer lock,
+//! so concurrent callers never store a hash twice), in runs of up to 4 MiB,
+//! one pwrite per run, into the active pack. Nothing is durable until
+//! [`ChunkStore::sync`]: it syncs the packs written since the last sync
+//! (and the directory if a pack was created), then appends and syncs one
+//! journal batch naming the new chunks. After a crash, a chunk whose
+//! `sync` did not return may be gone, but no index entry ever points at
+//! lost or garbage bytes: an entry reaches the journal only after its bytes
+//! are synced, and every read checks the bytes against the entry's crc32c
+//! ([`Error::ChecksumMismatch`] on a mismatch, never garbage data).
+//!
+//! A failed sync poisons the store: the page cache may have dropped the
+//! unwritten data, so later syncs could not vouch for it. Inserts and syncs
+//! then fail with [`Error::Unavailable`] until the store is reopened;
+//! reads continue.
+//!
+//! All-zero blocks are holes, not chunks: [`is_zero_block`] tells them
+//! apart and `insert_missing` refuses them.
+//!
+//! GC (crate::gc) drives the maintenance half (maintenance.rs): epochs and
+//! pins (pin.rs) keep chunks a compaction batch relies on from being swept.
+
+mod cache;
+mod index;
+mod journal;
+mod maintenance;
+mod pack;
+mod pin;
+mod writer;
+
+pub(crate) use cache::ClockCache;
+pub use maintenance::PackUsage;
+pub use pack::{fuzz_decode_pack_header, PackHeader, CHUNK_BYTES, PACK_HEADER_BYTES};
+pub use pin::ChunkPin;
+
+use crate::error::{Error, Result};
+use crate::format;
+use crate::storage::{OpenMode, Storage, StorageFile};
+use index::{IndexMap, Key, Loc, PrefixBuild};
+use journal::{Journal, JournalOp};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// blake3 hash of a 4 KiB block: the name of a chunk.
+pub type ChunkHash = [u8; 32];
+
+/// True when `data` is all zeros (a hole, never stored as a chunk).
+pub fn is_zero_block(data: &[u8]) -> bool {
+    let mut chunks = data.chunks_exact(64);
+    let body = chunks.by_ref().all(|c| c.iter().fold(0u8, |acc, &b| acc | b) == 0);
+    body && chunks.remainder().iter().all(|&b| b == 0)
+}
+
+/// blake3 of a block, the hash `insert_missing` expects.
+pub fn hash_block(data: &[u8]) -> ChunkHash {
+    *blake3::hash(data).as_bytes()
+}
+
+/// Tunables of the chunk store.
+#[derive(Clone, Debug)]
+pub struct ChunkStoreOptions {
+    /// Largest pack file, header included (default 64 MiB). A pack holds
+    /// `(pack_bytes - 4096) / 4096` chunks.
+    pub pack_bytes: u64,
+    /// Bytes of chunk data the clean read cache may hold (default 16 MiB;
+    /// 0 disables it).
+    pub cache_bytes: u64,
+    /// Heap bytes the index (table plus unsynced journal ops) may grow to;
+    /// inserts that would grow it further fail with `Error::MemoryBudget`
+    /// (default 1 GiB, about 21 million chunks).
+    pub index_memory_budget_bytes: u64,
+    /// The index journal is checkpointed (rewritten as just the live
+    /// entries) once it is larger than twice what they need and than this
+    /// (default 4 MiB).
+    pub index_checkpoint_min_bytes: u64,
+}
+
+impl Default for ChunkStoreOptions {
+    fn default() -> Self {
+        ChunkStoreOptions {
+            pack_bytes: 64 << 20,
+            cache_bytes: 16 << 20,
+            index_memory_budget_bytes: 1 << 30,
+            index_checkpoint_min_bytes: 4 << 20,
+        }
+    }
+}
+
+/// What one `insert_missing` call did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InsertStats {
+    /// Chunks written now.
+    pub new_chunks: u64,
+    /// Chunks already stored (or repeated within the call).
+    pub dup_chunks: u64,
+    /// Bytes written to pack files (chunks plus headers of new packs).
+    pub bytes_written: u64,
+}
+
+/// A snapshot of the store's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChunkStats {
+    pub chunks: u64,
+    pub packs: u64,
+    /// Bytes the pack files span (headers, live and dead slots).
+    pub stored_bytes: u64,
+    /// Slots that hold no live chunk (swept, or crash garbage).
+    pub dead_slots: u64,
+    pub index_memory_bytes: u64,
+    pub index_journal_bytes: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub cache_entries: u64,
+}
+
+/// One pack file as the index sees it.
+pub(crate) struct PackState {
+    pub file: Arc<dyn StorageFile>,
+    /// Slots the file spans (written, live or dead).
+    pub slots: u32,
+    pub capacity: u32,
+    /// Index entries pointing into this pack.
+    pub live: u32,
+}
+
+/// What readers share: the index and the open packs, read-locked together
+/// so a reader gets a location and its file handle atomically.
+pub(crate) struct Shared {
+    pub map: IndexMap,
+    pub packs: BTreeMap<u32, PackState>,
+}
+
+/// The pack being appended to.
+pub(crate) struct ActivePack {
+    pub id: u32,
+    pub file: Arc<dyn StorageFile>,
+    pub next_slot: u32,
+    pub capacity: u32,
+}
+
+/// Append-side state, behind the writer lock.
+pub(crate) struct Writer {
+    pub active: Option<ActivePack>,
+    pub next_pack_id: u32,
+    /// Reused run buffer (grows to one run, 4 MiB at most).
+    pub buf: Vec<u8>,
+    /// Index changes not yet in the journal, in the order applied.
+    pub pending: Vec<JournalOp>,
+    /// Index changes made so far (`pending` holds the newest ones).
+    pub seq: u64,
+    /// Packs written since the last sync.
+    pub dirty: BTreeMap<u32, Arc<dyn StorageFile>>,
+    /// A pack file was created since the last sync.
+    pub dir_dirty: bool,
+}
+
+/// Sync-side state, behind the sync lock (one sync at a time).
+pub(crate) struct SyncState {
+    pub journal: Journal,
+    /// Every index change up to this sequence is durable.
+    pub durable_seq: u64,
+}
+
+/// The chunk store. `Send + Sync`; every method takes `&self`.
+pub struct ChunkStore {
+    pub(crate) storage: Arc<dyn Storage>,
+    pub(crate) dir: PathBuf,
+    pub(crate) store_id: u64,
+    pub(crate) slots_per_pack: u32,
+    pub(crate) budget_bytes: u64,
+    pub(crate) checkpoint_min_bytes: u64,
+    pub(crate) shared: RwLock<Shared>,
+    pub(crate) writer: Mutex<Writer>,
+    pub(crate) sync_state: Mutex<SyncState>,
+    pub(crate) pins: pin::Pins,
+    pub(crate) gc_lock: Mutex<()>,
+    pub(crate) cache: ClockCache<Key, Arc<[u8]>, PrefixBuild>,
+    poisoned: AtomicBool,
+    poison_reason: Mutex<String>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn corrupt(path: &Path, offset: u64, detail: impl Into<String>) -> Error {
+    Error::Corruption { path: path.to_path_buf(), offset, detail: detail.into() }
+}
+
+/// A store id that differs between stores (no RNG dependency needed).
+fn new_store_id() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+impl ChunkStore {
+    /// Opens the chunk store in `dir`, creating it if absent. Replays the
+    /// index journal, checks every pack the index references (header, store
+    /// id, length), and deletes pack files nothing references (crash
+    /// leftovers or packs GC emptied).
+    pub fn open(storage: Arc<dyn Storage>, dir: &Path, opts: ChunkStoreOptions) -> Result<ChunkStore> {
+        let slots = opts.pack_bytes.saturating_sub(PACK_HEADER_BYTES) / CHUNK_BYTES as u64;
+        if slots == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "pack_bytes {} leaves no room for a chunk after the {PACK_HEADER_BYTES}-byte header",
+                opts.pack_bytes
+            )));
+        }
+        let slots_per_pack = u32::try_from(slots).unwrap_or(u32::MAX);
+        if !storage.exists(dir) {
+            storage.create_dir_all(dir)?;
+            storage.sync_dir(dir.parent().unwrap_or(Path::new("/")))?;
+        }
+        let names = storage.list_dir(dir)?;
+        let pack_ids: Vec<u32> = names.iter().filter_map(|n| pack::parse_pack_file_name(n)).collect();
+        let mut map = IndexMap::default();
+        let journal = if storage.exists(&dir.join(journal::INDEX_FILE)) {
+            Journal::open(storage.as_ref(), dir, |op| {
+                match op {
+                    JournalOp::Put { hash, pack, slot, crc } => {
+                        map.insert(Key(hash), Loc { pack, slot, crc, epoch: 0 });
+                    }
+                    JournalOp::Remove { hash } => {
+                        map.remove(&Key(hash));
+                    }
+                }
+                Ok(())
+            })?
+        } else {
+            if !pack_ids.is_empty() {
+                return Err(corrupt(dir, 0, "pack files exist but the chunk index is missing"));
+            }
+            Journal::create(storage.as_ref(), dir, new_store_id())?
+        };
+        let store_id = journal.store_id;
+
+        // Live entries and the highest referenced slot, per pack.
+        let mut refs: HashMap<u32, (u32, u32)> = HashMap::new();
+        for loc in map.values() {
+            let r = refs.entry(loc.pack).or_insert((0, 0));
+            r.0 += 1;
+            r.1 = r.1.max(loc.slot);
+        }
+        if let Some(missing) = refs.keys().find(|id| !pack_ids.contains(id)) {
+            return Err(corrupt(
+                dir,
+                0,
+                format!("the index references pack {missing}, which does not exist"),
+            ));
+        }
+        let mut packs = BTreeMap::new();
+        for &id in &pack_ids {
+            let path = dir.join(pack::pack_file_name(id));
+            let Some(&(live, max_slot)) = refs.get(&id) else {
+                // Crash leftover or emptied by GC: nothing points into it.
+                storage.remove_file(&path)?;
+                continue;
+            };
+            let file = storage.open(&path, OpenMode::Existing)?;
+            let len = file.len()?;
+            let mut head = vec![0u8; PACK_HEADER_BYTES as usize];
+            let n = file.read_at(&mut head, 0)?;
+            let header = PackHeader::decode(&head[..n], &path)?;
+            if header.store_id != store_id || header.pack_id != id {
+                return Err(corrupt(
+                    &path,
+                    0,
+                    format!(
+                        "pack header names store {:#x} pack {}, expected store {store_id:#x} pack {id}",
+                        header.store_id, header.pack_id
+                    ),
+                ));
+            }
+            let spanned = pack::slots_spanned(len);
+            if u64::from(max_slot) >= spanned || spanned > u64::from(header.capacity_slots) {
+                return Err(corrupt(
+                    &path,
+                    pack::slot_offset(max_slot),
+                    format!(
+                        "pack spans {spanned} of {} slots but the index references slot {max_slot}",
+                        header.capacity_slots
+                    ),
+                ));
+            }
+            let slots = spanned as u32;
+            packs.insert(id, PackState { file, slots, capacity: header.capacity_slots, live });
+        }
+        let next_pack_id = pack_ids.iter().max().map_or(1, |m| m + 1);
+        // Keep appending to the newest pack if it has room.
+        let active = packs.iter().next_back().and_then(|(&id, p)| {
+            (p.slots < p.capacity).then(|| ActivePack {
+                id,
+                file: p.file.clone(),
+                next_slot: p.slots,
+                capacity: p.capacity,
+            })
+        });
+        let index_bytes = index::table_bytes(map.capacity());
+        if index_bytes > opts.index_memory_budget_bytes {
+            tracing::warn!(
+                index_bytes,
+                budget = opts.index_memory_budget_bytes,
+                "chunk index loaded above its memory budget: inserts of new chunks will be refused"
+            );
+        }
+        let cache_entries = (opts.cache_bytes / CHUNK_BYTES as u64) as usize;
+        Ok(ChunkStore {
+            storage,
+            dir: dir.to_path_buf(),
+            store_id,
+            slots_per_pack,
+            budget_bytes: opts.index_memory_budget_bytes,
+            checkpoint_min_bytes: opts.index_checkpoint_min_bytes,
+            shared: RwLock::new(Shared { map, packs }),
+            writer: Mutex::new(Writer {
+                active,
+                next_pack_id,
+                buf: Vec::new(),
+                pending: Vec::new(),
+                seq: 0,
+                dirty: BTreeMap::new(),
+                dir_dirty: false,
+            }),
+            sync_state: Mutex::new(SyncState { journal, durable_seq: 0 }),
+            pins: pin::Pins::new(),
+            gc_lock: Mutex::new(()),
+            cache: ClockCache::new(cache_entries, 8),
+            poisoned: AtomicBool::new(false),
+            poison_reason: Mutex::new(String::new()),
+        })
+    }
+
+    pub(crate) fn read_shared(&self) -> RwLockReadGuard<'_, Shared> {
+        self.shared.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn write_shared(&self) -> RwLockWriteGuard<'_, Shared> {
+        self.shared.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a pin of the current GC epoch (see [`ChunkPin`]).
+    pub fn pin(&self) -> ChunkPin<'_> {
+        ChunkPin { pins: &self.pins, epoch: self.pins.acquire() }
+    }
+
+    /// Reads chunk `hash` into `out` (4096 bytes) through the clean cache.
+    /// Fails with `NotFound` if the chunk is not stored, and with
+    /// `ChecksumMismatch` (leaving `out` zeroed) if its bytes are damaged.
+    pub fn read(&self, hash: &ChunkHash, out: &mut [u8]) -> Result<()> {
+        if out.len() != CHUNK_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "chunk reads are {CHUNK_BYTES} bytes, not {}",
+                out.len()
+            )));
+        }
+        let key = Key(*hash);
+        if let Some(bytes) = self.cache.get(&key) {
+            out.copy_from_slice(&bytes);
+            return Ok(());
+        }
+        let (loc, file) = {
+            let sh = self.read_shared();
+            let Some(loc) = sh.map.get(&key).copied() else {
+                return Err(Error::NotFound(format!("chunk {}", hex(hash))));
+            };
+            let pack = sh.packs.get(&loc.pack).expect("every index entry's pack is open");
+            (loc, pack.file.clone())
+        };
+        let offset = pack::slot_offset(loc.slot);
+        file.read_exact_at(out, offset)?;
+        let actual = format::crc32c(out);
+        if actual != loc.crc {
+            out.fill(0);
+            return Err(Error::ChecksumMismatch {
+                path: file.path().to_path_buf(),
+                offset,
+                expected: loc.crc,
+                actual,
+            });
+        }
+        self.cache.insert(key, Arc::from(&out[..]));
+        Ok(())
+    }
+
+    /// True when chunk `hash` is stored (durable or not yet synced).
+    pub fn contains(&self, hash: &ChunkHash) -> bool {
+        self.read_shared().map.contains_key(&Key(*hash))
+    }
+
+    /// Number of chunks in the index.
+    pub fn len(&self) -> u64 {
+        self.read_shared().map.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes the pack files span (headers, live and dead slots).
+    pub fn stored_bytes(&self) -> u64 {
+        self.read_shared().packs.values().map(|p| pack::slot_offset(p.slots)).sum()
+    }
+
+    /// Estimated heap bytes of the index (what the budget limits).
+    pub fn index_memory_bytes(&self) -> u64 {
+        let sh = self.read_shared();
+        let pending = lock(&self.writer).pending.len();
+        index::table_bytes(sh.map.capacity()) + (pending * std::mem::size_of::<JournalOp>()) as u64
+    }
+
+    pub fn stats(&self) -> ChunkStats {
+        let journal_bytes = lock(&self.sync_state).journal.len_bytes();
+        let index_memory_bytes = self.index_memory_bytes();
+        let sh = self.read_shared();
+        ChunkStats {
+            chunks: sh.map.len() as u64,
+            packs: sh.packs.len() as u64,
+            stored_bytes: sh.packs.values().map(|p| pack::slot_offset(p.slots)).sum(),
+            dead_slots: sh.packs.values().map(|p| u64::from(p.slots - p.live)).sum(),
+            index_memory_bytes,
+            index_journal_bytes: journal_bytes,
+            cache_hits: self.cache.hits(),
+            cache_misses: self.cache.misses(),
+            cache_entries: self.cache.len() as u64,
+        }
+    }
+
+    /// Reads every stored chunk and checks its crc32c (and, with `rehash`,
+    /// its blake3 hash): an offline consistency check. Returns the number
+    /// of chunks checked.
+    pub fn verify(&self, rehash: bool) -> Result<u64> {
+        let entries: Vec<(Key, Loc)> = self.read_shared().map.iter().map(|(k, l)| (*k, *l)).collect();
+        let mut buf = vec![0u8; CHUNK_BYTES];
+        for (key, loc) in &entries {
+            let file = {
+                let sh = self.read_shared();
+                match sh.packs.get(&loc.pack) {
+                    Some(p) => p.file.clone(),
+                    None => {
+                        return Err(corrupt(
+                            &self.dir,
+                            0,
+                            format!("entry points at missing pack {}", loc.pack),
+                        ))
+                    }
+                }
+            };
+            let offset = pack::slot_offset(loc.slot);
+            file.read_exact_at(&mut buf, offset)?;
+            let actual = format::crc32c(&buf);
+            if actual != loc.crc {
+                return Err(Error::ChecksumMismatch {
+                    path: file.path().to_path_buf(),
+                    offset,
+                    expected: loc.crc,
+                    actual,
+                });
+            }
+            if rehash && hash_block(&buf) != key.0 {
+                return Err(corrupt(file.path(), offset, format!("chunk {} has other content", hex(&key.0))));
+            }
+        }
+        Ok(entries.len() as u64)
+    }
+
+    pub(crate) fn poison(&self, e: &Error) {
+        *lock(&self.poison_reason) = e.to_string();
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn check_poison(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Unavailable(
+                format!("chunk store {}", self.dir.display()),
+                format!("a sync failed earlier ({}); reopen the store", lock(&self.poison_reason)),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Lower-case hex of a hash, for messages.
+pub fn hex(hash: &ChunkHash) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests;

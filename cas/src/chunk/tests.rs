@@ -1,0 +1,307 @@
+use super::*;
+use crate::storage::{CrashMode, Fault, FaultOp, MemStorage};
+
+fn block(seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..CHUNK_BYTES / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect()
+}
+
+fn small_opts() -> ChunkStoreOptions {
+    ChunkStoreOptions { pack_bytes: PACK_HEADER_BYTES + 8 * CHUNK_BYTES as u64, ..Default::default() }
+}
+
+fn open(s: &MemStorage, opts: ChunkStoreOptions) -> ChunkStore {
+    ChunkStore::open(Arc::new(s.clone()), Path::new("/chunks"), opts).unwrap()
+}
+
+fn insert(c: &ChunkStore, seeds: impl IntoIterator<Item = u64>) -> InsertStats {
+    let blocks: Vec<Vec<u8>> = seeds.into_iter().map(block).collect();
+    let items: Vec<(ChunkHash, &[u8])> = blocks.iter().map(|b| (hash_block(b), &b[..])).collect();
+    c.insert_missing(&c.pin(), &items).unwrap()
+}
+
+fn read(c: &ChunkStore, seed: u64) -> Result<Vec<u8>> {
+    let mut out = vec![0u8; CHUNK_BYTES];
+    c.read(&hash_block(&block(seed)), &mut out)?;
+    Ok(out)
+}
+
+#[test]
+fn insert_dedups_and_reads_back() {
+    let s = MemStorage::new();
+    let c = open(&s, small_opts());
+    let st = insert(&c, [1, 2, 3, 2, 1]);
+    assert_eq!(st, InsertStats { new_chunks: 3, dup_chunks: 2, bytes_written: 3 * 4096 + 4096 });
+    let st = insert(&c, 1..=20);
+    assert_eq!((st.new_chunks, st.dup_chunks), (17, 3));
+    assert_eq!(c.len(), 20);
+    for seed in 1..=20 {
+        assert_eq!(read(&c, seed).unwrap(), block(seed));
+    }
+    // 8 slots per pack: 20 chunks span 3 packs.
+    assert_eq!(c.stats().packs, 3);
+    assert_eq!(c.stored_bytes(), 3 * 4096 + 20 * 4096);
+    assert!(matches!(read(&c, 99), Err(Error::NotFound(_))));
+}
+
+#[test]
+fn zero_blocks_and_bad_sizes_are_refused() {
+    let s = MemStorage::new();
+    let c = open(&s, small_opts());
+    let zero = vec![0u8; CHUNK_BYTES];
+    assert!(is_zero_block(&zero));
+    let mut almost = zero.clone();
+    almost[4095] = 1;
+    assert!(!is_zero_block(&almost));
+    almost[4095] = 0;
+    almost[0] = 1;
+    assert!(!is_zero_block(&almost));
+    let pin = c.pin();
+    assert!(matches!(c.insert_missing(&pin, &[(hash_block(&zero), &zero)]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(c.insert_missing(&pin, &[([1; 32], &almost[..100])]), Err(Error::InvalidArgument(_))));
+    assert!(c.is_empty());
+}
+
+#[test]
+fn only_synced_chunks_survive_a_crash() {
+    let s = MemStorage::new();
+    let c = open(&s, small_opts());
+    insert(&c, 0..10);
+    c.sync().unwrap();
+    insert(&c, 10..30);
+    s.crash(CrashMode::LoseUnsynced);
+    let c = open(&s, small_opts());
+    assert_eq!(c.len(), 10);
+    for seed in 0..10 {
+        assert_eq!(read(&c, seed).unwrap(), block(seed));
+    }
+    // Appends continue after the survivors; the lost ones can come back.
+    insert(&c, 10..30);
+    c.sync().unwrap();
+    s.crash(CrashMode::LoseUnsynced);
+    let c = open(&s, small_opts());
+    assert_eq!(c.verify(true).unwrap(), 30);
+}
+
+#[test]
+fn torn_crashes_never_leave_entries_to_garbage() {
+    for seed in 0..60 {
+        let s = MemStorage::new();
+        let c = open(&s, small_opts());
+        insert(&c, 0..5);
+        c.sync().unwrap();
+        insert(&c, 5..23);
+        if seed % 2 == 0 {
+            // Crash in the middle of a sync: packs synced, journal not.
+            let w = lock(&c.writer);
+            for f in w.dirty.values() {
+                f.sync_data().unwrap();
+            }
+        }
+        s.crash(CrashMode::Torn { seed });
+        let c = open(&s, small_opts());
+        assert!(c.len() >= 5, "seed {seed}: synced chunks lost");
+        assert_eq!(c.verify(true).unwrap(), c.len(), "seed {seed}");
+        insert(&c, 0..30);
+        c.sync().unwrap();
+        assert_eq!(c.verify(true).unwrap(), 30, "seed {seed}");
+    }
+}
+
+#[test]
+fn damaged_chunk_bytes_are_a_checksum_error() {
+    let s = MemStorage::new();
+    let c = open(&s, small_opts());
+    insert(&c, [7]);
+    c.sync().unwrap();
+    s.corrupt(&PathBuf::from("/chunks").join(pack::pack_file_name(1)), PACK_HEADER_BYTES + 100, 0x40)
+        .unwrap();
+    let c = open(&s, small_opts());
+    let mut out = vec![1u8; CHUNK_BYTES];
+    let e = c.read(&hash_block(&block(7)), &mut out).unwrap_err();
+    assert!(matches!(e, Error::ChecksumMismatch { .. }), "{e}");
+    assert!(out.iter().all(|&b| b == 0), "no garbage handed out");
+    assert!(c.verify(false).is_err());
+}
+
+#[test]
+fn damaged_pack_header_refuses_open() {
+    let s = MemStorage::new();
+    let c = open(&s, small_opts());
+    insert(&c, [7]);
+    c.sync().unwrap();
+    s.corrupt(&PathBuf::from("/chunks").join(pack::pack_file_name(1)), 30, 1).unwrap();
+    let e = ChunkStore::open(Arc::new(s.clone()), Path::new("/chunks"), small_opts()).err().unwrap();
+    assert!(matches!(e, Error::ChecksumMismatch { .. } | Error::Corruption { .. }), "{e}");
+}
+
+#[test]
+fn memory_budget_refuses_growth_before_writing() {
+    let s = MemStorage::new();
+    let opts = ChunkStoreOptions { index_memory_budget_bytes: 64 * 1024, ..small_opts() };
+    let c = open(&s, opts);
+    let mut stored = 0;
+    let mut refused = false;
+    for round in 0..100u64 {
+        let before = c.stored_bytes();
+        match c.insert_missing(&c.pin(), &[]).and_then(|_| {
+            let blocks: Vec<Vec<u8>> = (round * 50..round * 50 + 50).map(block).collect();
+            let items: Vec<(ChunkHash, &[u8])> = blocks.iter().map(|b| (hash_block(b), &b[..])).collect();
+            c.insert_missing(&c.pin(), &items)
+        }) {
+            Ok(st) => stored += st.new_chunks,
+            Err(Error::MemoryBudget(_)) => {
+                assert_eq!(c.stored_bytes(), before, "nothing written when refused");
+                refused = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        assert!(c.index_memory_bytes() <= 64 * 1024);
+    }
+    assert!(refused && stored > 0, "stored {stored} then refused: {refused}");
+    // Syncing drains the queued journal ops; lookups keep working.
+    c.sync().unwrap();
+    assert!(read(&c, 0).is_ok());
+}
+
+#[test]
+fn cache_is_bounded_and_counts() {
+    let s = MemStorage::new();
+    let opts = ChunkStoreOptions { cache_bytes: 4 * CHUNK_BYTES as u64, ..small_opts() };
+    let c = open(&s, opts);
+    insert(&c, 0..16);
+    for seed in 0..16 {
+        read(&c, seed).unwrap();
+    }
+    let st = c.stats();
+    assert_eq!((st.cache_hits, st.cache_misses), (0, 16));
+    assert!(st.cache_entries <= 4);
+    read(&c, 15).unwrap();
+    read(&c, 15).unwrap();
+    assert!(c.stats().cache_hits >= 1);
+}
+
+#[test]
+fn concurrent_inserts_store_each_chunk_once() {
+    let s = MemStorage::new();
+    let c = Arc::new(open(&s, ChunkStoreOptions { pack_bytes: 1 << 20, ..Default::default() }));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let mut new = 0;
+                for round in 0..20u64 {
+                    // Every thread inserts the same 64 chunks, in another order.
+                    let seeds: Vec<u64> = (0..64).map(|i| (i * 7 + t * 13 + round) % 64).collect();
+                    new += insert(&c, seeds).new_chunks;
+                    if round % 5 == t {
+                        c.sync().unwrap();
+                    }
+                }
+                new
+            })
+        })
+        .collect();
+    let total: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(total, 64);
+    assert_eq!(c.stats().stored_bytes, 4096 + 64 * 4096);
+}
+
+#[test]
+fn sync_waits_for_duplicates_found_in_unsynced_chunks() {
+    let s = MemStorage::new();
+    let c = open(&s, small_opts());
+    insert(&c, [1]);
+    // A second caller finds chunk 1 as a duplicate and syncs: chunk 1 must
+    // then be durable although the first caller never synced.
+    assert_eq!(insert(&c, [1]).dup_chunks, 1);
+    c.sync().unwrap();
+    s.crash(CrashMode::LoseUnsynced);
+    let c = open(&s, small_opts());
+    assert!(read(&c, 1).is_ok());
+}
+
+#[test]
+fn a_failed_sync_poisons_until_reopen() {
+    let s = MemStorage::new();
+    let c = open(&s, small_opts());
+    insert(&c, [1]);
+    c.sync().unwrap();
+    insert(&c, [2]);
+    s.inject(Fault {
+        op: FaultOp::Sync,
+        path_contains: Some("pack".into()),
+        skip: 0,
+        errno: libc::EIO,
+        sticky: false,
+    });
+    assert!(c.sync().is_err());
+    assert!(matches!(c.sync(), Err(Error::Unavailable(..))));
+    let blk = block(3);
+    assert!(matches!(c.insert_missing(&c.pin(), &[(hash_block(&blk), &blk)]), Err(Error::Unavailable(..))));
+    assert!(read(&c, 1).is_ok(), "reads continue");
+    drop(c);
+    let c = open(&s, small_opts());
+    insert(&c, [2, 3]);
+    c.sync().unwrap();
+    assert_eq!(c.verify(true).unwrap(), 3);
+}
+
+#[test]
+fn journal_checkpoints_and_reopens_the_same() {
+    let s = MemStorage::new();
+    let opts = ChunkStoreOptions { index_checkpoint_min_bytes: 64 << 10, ..small_opts() };
+    let c = open(&s, opts.clone());
+    // One chunk per sync: each batch pads to 512 bytes, so 200 syncs pass
+    // the 64 KiB floor and twice the live entries' 45 bytes each.
+    let mut shrank = false;
+    let mut prev = 0;
+    for seed in 0..200 {
+        insert(&c, [seed]);
+        c.sync().unwrap();
+        let now = lock(&c.sync_state).journal.len_bytes();
+        assert!(now <= 64 << 10, "journal of {now} bytes not checkpointed");
+        shrank |= now < prev;
+        prev = now;
+    }
+    assert!(shrank, "the journal never shrank");
+    // Removes are checkpointed away too.
+    let e = c.gc_advance_epoch(std::time::Duration::from_secs(1)).unwrap();
+    let keep: Vec<ChunkHash> = (0..100).map(|i| hash_block(&block(i))).collect();
+    c.gc_mark(e, &keep);
+    assert_eq!(c.gc_sweep(e).unwrap().removed, 100);
+    c.sync().unwrap();
+    s.crash(CrashMode::LoseUnsynced);
+    let c = open(&s, opts);
+    assert_eq!(c.len(), 100);
+    assert_eq!(c.verify(true).unwrap(), 100);
+}
+
+#[test]
+fn unreferenced_packs_are_deleted_on_open() {
+    let s = MemStorage::new();
+    let c = open(&s, small_opts());
+    insert(&c, 0..8);
+    c.sync().unwrap();
+    insert(&c, 8..12); // a second pack, never synced into the index
+    for f in lock(&c.writer).dirty.values() {
+        f.sync_data().unwrap();
+    }
+    s.sync_dir(Path::new("/chunks")).unwrap();
+    s.crash(CrashMode::LoseUnsynced);
+    assert_eq!(s.list_dir(Path::new("/chunks")).unwrap().len(), 3);
+    let c = open(&s, small_opts());
+    assert_eq!(s.list_dir(Path::new("/chunks")).unwrap(), vec!["index", "pack-00000001.pack"]);
+    assert_eq!(c.len(), 8);
+    insert(&c, 8..12);
+    c.sync().unwrap();
+    assert_eq!(c.verify(true).unwrap(), 12);
+}

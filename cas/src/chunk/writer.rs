@@ -1,0 +1,303 @@
+//! The append path: `insert_missing`, pack rotation, and `sync`.
+//!
+//! Ordering rules (why the index never points at lost bytes):
+//! 1. chunk bytes are written to a pack (one pwrite per run of up to
+//!    `RUN_CHUNKS`), then published in the in-memory index and queued as
+//!    journal puts, all under the writer lock;
+//! 2. `sync` syncs every pack written since the last sync, then the store
+//!    directory if a pack was created, then appends and syncs one journal
+//!    batch with the queued changes. Only then are they durable.
+//!
+//! Syncs are serialised and sequence-numbered: a `sync` returns once every
+//! index change made before it was called is durable, including changes
+//! another caller queued (so a chunk found as a duplicate is durable when
+//! the finder's `sync` returns).
+
+use super::index::{self, Key, Loc, PrefixBuild};
+use super::journal::{self, JournalOp};
+use super::pack::{self, PackHeader, CHUNK_BYTES, PACK_HEADER_BYTES};
+use super::{lock, ActivePack, ChunkHash, ChunkPin, ChunkStore, InsertStats, PackState, Writer};
+use crate::error::{Error, Result};
+use crate::format;
+use crate::storage::OpenMode;
+use std::collections::HashSet;
+
+/// Chunks per pwrite (4 MiB): bounds the run buffer.
+pub(crate) const RUN_CHUNKS: usize = 1024;
+
+/// Where `write_chunks` put one chunk.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Placed {
+    pub pack: u32,
+    pub slot: u32,
+    pub crc: u32,
+}
+
+impl ChunkStore {
+    /// Stores every chunk of `chunks` that is not stored yet, exactly once
+    /// across concurrent callers, and returns what it did. Each entry is
+    /// `(blake3 hash, 4096 bytes)`; all-zero blocks are refused (they are
+    /// holes). Chunks are readable at once and durable after [`sync`].
+    ///
+    /// `pin` (from [`ChunkStore::pin`]) must stay alive until the manifest
+    /// commit that references these chunks returns: it keeps a concurrent
+    /// GC from sweeping them, including chunks that were already stored.
+    ///
+    /// Fails with `Error::MemoryBudget`, before writing anything, when the
+    /// index would grow past its budget; on an I/O error chunks of earlier
+    /// runs of this call may be stored.
+    ///
+    /// [`sync`]: ChunkStore::sync
+    pub fn insert_missing(&self, pin: &ChunkPin<'_>, chunks: &[(ChunkHash, &[u8])]) -> Result<InsertStats> {
+        assert!(std::ptr::eq(pin.pins, &self.pins), "a pin from another chunk store");
+        for (i, (_, data)) in chunks.iter().enumerate() {
+            if data.len() != CHUNK_BYTES {
+                return Err(Error::InvalidArgument(format!(
+                    "chunk {i} is {} bytes, chunks are {CHUNK_BYTES}",
+                    data.len()
+                )));
+            }
+            if super::is_zero_block(data) {
+                return Err(Error::InvalidArgument(format!(
+                    "chunk {i} is all zeros: zero blocks are holes, not chunks"
+                )));
+            }
+        }
+        self.check_poison()?;
+        let mut guard = lock(&self.writer);
+        let w = &mut *guard;
+        let mut stats = InsertStats::default();
+
+        // Classify under the read lock: stored, repeated in this call, missing.
+        let mut missing: Vec<usize> = Vec::new();
+        let mut restamp: Vec<Key> = Vec::new();
+        {
+            let sh = self.read_shared();
+            let mut seen: HashSet<Key, PrefixBuild> = HashSet::default();
+            for (i, (hash, _)) in chunks.iter().enumerate() {
+                let key = Key(*hash);
+                match sh.map.get(&key) {
+                    Some(loc) => {
+                        stats.dup_chunks += 1;
+                        if loc.epoch < pin.epoch {
+                            restamp.push(key);
+                        }
+                    }
+                    None if seen.insert(key) => missing.push(i),
+                    None => stats.dup_chunks += 1,
+                }
+            }
+        }
+        if !restamp.is_empty() {
+            let mut sh = self.write_shared();
+            for key in &restamp {
+                if let Some(loc) = sh.map.get_mut(key) {
+                    loc.epoch = loc.epoch.max(pin.epoch);
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(stats);
+        }
+        self.reserve(w, missing.len())?;
+        let placed = self.write_chunks(w, missing.iter().map(|&i| chunks[i].1), &mut stats.bytes_written)?;
+        let mut sh = self.write_shared();
+        for (&i, p) in missing.iter().zip(&placed) {
+            let hash = chunks[i].0;
+            sh.map.insert(Key(hash), Loc { pack: p.pack, slot: p.slot, crc: p.crc, epoch: pin.epoch });
+            sh.packs.get_mut(&p.pack).expect("placed in an open pack").live += 1;
+            w.pending.push(JournalOp::Put { hash, pack: p.pack, slot: p.slot, crc: p.crc });
+        }
+        w.seq += placed.len() as u64;
+        stats.new_chunks = placed.len() as u64;
+        Ok(stats)
+    }
+
+    /// Refuses (with `MemoryBudget`) index growth by `more` entries past the
+    /// budget, else reserves the table space.
+    fn reserve(&self, w: &Writer, more: usize) -> Result<()> {
+        let mut sh = self.write_shared();
+        let needed = sh.map.len() + more;
+        let capacity = index::grown_capacity(sh.map.capacity(), needed);
+        let pending = (w.pending.len() + more) * std::mem::size_of::<JournalOp>();
+        let total = index::table_bytes(capacity) + pending as u64;
+        if total > self.budget_bytes {
+            return Err(Error::MemoryBudget(format!(
+                "the chunk index would grow to {total} bytes for {needed} chunks, over its budget of {} bytes",
+                self.budget_bytes
+            )));
+        }
+        sh.map.try_reserve(more).map_err(|e| Error::MemoryBudget(format!("chunk index growth refused: {e}")))
+    }
+
+    /// Appends `datas` to the active pack(s), one pwrite per run, and
+    /// returns where each went. Nothing is published to the index; if a run
+    /// fails, the slots of earlier runs are left dead.
+    pub(crate) fn write_chunks<'d>(
+        &self,
+        w: &mut Writer,
+        datas: impl ExactSizeIterator<Item = &'d [u8]>,
+        bytes_written: &mut u64,
+    ) -> Result<Vec<Placed>> {
+        let mut datas = datas.peekable();
+        let mut placed = Vec::with_capacity(datas.len());
+        while datas.peek().is_some() {
+            let (id, file, first_slot, room) = self.active_pack(w, bytes_written)?;
+            let n = room.min(RUN_CHUNKS).min(datas.len());
+            w.buf.clear();
+            for (j, data) in datas.by_ref().take(n).enumerate() {
+                w.buf.extend_from_slice(data);
+                let crc = format::crc32c(data);
+                placed.push(Placed { pack: id, slot: first_slot + j as u32, crc });
+            }
+            if let Err(e) = file.write_all_at(&w.buf, pack::slot_offset(first_slot)) {
+                placed.truncate(placed.len() - n);
+                self.note_slots(w);
+                return Err(e);
+            }
+            let active = w.active.as_mut().expect("active pack");
+            active.next_slot += n as u32;
+            w.dirty.insert(id, file);
+            *bytes_written += (n * CHUNK_BYTES) as u64;
+        }
+        self.note_slots(w);
+        Ok(placed)
+    }
+
+    /// Records the active pack's high-water slot for the readers' side.
+    fn note_slots(&self, w: &Writer) {
+        if let Some(a) = &w.active {
+            if let Some(p) = self.write_shared().packs.get_mut(&a.id) {
+                p.slots = p.slots.max(a.next_slot);
+            }
+        }
+    }
+
+    /// The active pack with room (creating one if needed): id, file, next
+    /// slot and free slots.
+    fn active_pack(
+        &self,
+        w: &mut Writer,
+        bytes_written: &mut u64,
+    ) -> Result<(u32, std::sync::Arc<dyn crate::storage::StorageFile>, u32, usize)> {
+        if let Some(a) = &w.active {
+            if a.next_slot < a.capacity {
+                return Ok((a.id, a.file.clone(), a.next_slot, (a.capacity - a.next_slot) as usize));
+            }
+        }
+        self.note_slots(w);
+        let id = w.next_pack_id;
+        w.next_pack_id = id.checked_add(1).expect("pack id space exhausted");
+        let path = self.dir.join(pack::pack_file_name(id));
+        let file = self.storage.open(&path, OpenMode::CreateNew)?;
+        let header = PackHeader { store_id: self.store_id, pack_id: id, capacity_slots: self.slots_per_pack };
+        if let Err(e) = file.write_all_at(&header.encode(), 0) {
+            // Unreferenced, so a later open deletes it if this fails too.
+            let _ = self.storage.remove_file(&path);
+            return Err(e);
+        }
+        *bytes_written += PACK_HEADER_BYTES;
+        w.dir_dirty = true;
+        w.dirty.insert(id, file.clone());
+        self.write_shared()
+            .packs
+            .insert(id, PackState { file: file.clone(), slots: 0, capacity: self.slots_per_pack, live: 0 });
+        w.active = Some(ActivePack { id, file: file.clone(), next_slot: 0, capacity: self.slots_per_pack });
+        Ok((id, file, 0, self.slots_per_pack as usize))
+    }
+
+    /// Makes every chunk inserted (and every index change made) before this
+    /// call durable: syncs the packs written since the last sync, the
+    /// directory if a pack was created, then appends and syncs one journal
+    /// batch. A failure poisons the store (see the module docs).
+    pub fn sync(&self) -> Result<()> {
+        let target = lock(&self.writer).seq;
+        let mut s = lock(&self.sync_state);
+        if s.durable_seq >= target {
+            return Ok(());
+        }
+        self.check_poison()?;
+        let (ops, upto, dirty, dir_dirty) = {
+            let mut w = lock(&self.writer);
+            let ops = std::mem::take(&mut w.pending);
+            (ops, w.seq, std::mem::take(&mut w.dirty), std::mem::take(&mut w.dir_dirty))
+        };
+        let result = (|| {
+            for file in dirty.values() {
+                file.sync_data()?;
+            }
+            if dir_dirty {
+                self.storage.sync_dir(&self.dir)?;
+            }
+            s.journal.append(&ops)
+        })();
+        if let Err(e) = result {
+            self.poison(&e);
+            return Err(e);
+        }
+        s.durable_seq = upto;
+        let live = self.read_shared().map.len() as u64;
+        if s.journal.len_bytes() > self.checkpoint_min_bytes.max(2 * journal::live_bytes(live)) {
+            self.checkpoint(&mut s)?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the journal as exactly the current index (all of it made
+    /// durable first). Skipped when the snapshot would break the budget.
+    fn checkpoint(&self, s: &mut super::SyncState) -> Result<()> {
+        let (snapshot, ops, upto, dirty, dir_dirty) = {
+            let mut w = lock(&self.writer);
+            let sh = self.read_shared();
+            let snapshot_bytes = (sh.map.len() * std::mem::size_of::<JournalOp>()) as u64;
+            if index::table_bytes(sh.map.capacity()) + snapshot_bytes > self.budget_bytes {
+                tracing::warn!(
+                    snapshot_bytes,
+                    "chunk index checkpoint skipped: it would exceed the memory budget"
+                );
+                return Ok(());
+            }
+            let snapshot: Vec<JournalOp> = sh
+                .map
+                .iter()
+                .map(|(k, l)| JournalOp::Put { hash: k.0, pack: l.pack, slot: l.slot, crc: l.crc })
+                .collect();
+            drop(sh);
+            let ops = std::mem::take(&mut w.pending);
+            (snapshot, ops, w.seq, std::mem::take(&mut w.dirty), std::mem::take(&mut w.dir_dirty))
+        };
+        let synced = (|| {
+            for file in dirty.values() {
+                file.sync_data()?;
+            }
+            if dir_dirty {
+                self.storage.sync_dir(&self.dir)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = synced {
+            self.poison(&e);
+            return Err(e);
+        }
+        let before = s.journal.len_bytes();
+        match s.journal.rewrite(self.storage.as_ref(), &self.dir, &snapshot) {
+            Ok(()) => {
+                tracing::debug!(before, after = s.journal.len_bytes(), "chunk index checkpointed");
+            }
+            Err(failure) if failure.old_journal_intact => {
+                // Keep the queued changes in the old journal instead.
+                tracing::warn!(error = %failure.error, "chunk index checkpoint failed; appending instead");
+                if let Err(e) = s.journal.append(&ops) {
+                    self.poison(&e);
+                    return Err(e);
+                }
+            }
+            Err(failure) => {
+                self.poison(&failure.error);
+                return Err(failure.error);
+            }
+        }
+        s.durable_seq = upto;
+        Ok(())
+    }
+}

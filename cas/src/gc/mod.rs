@@ -1,0 +1,158 @@
+//! Chunk GC: reclaims chunks no image's manifest references, separately
+//! from compaction and while IO continues.
+//!
+//! One pass, [`run`], over the chunk store and the set of every image's
+//! manifest:
+//!
+//! ```text
+//!  1. epoch    bump the GC epoch to E; wait (bounded) for compaction pins
+//!              of epoch E-1: their manifest commits are then done or dropped
+//!  2. mark     read every manifest's committed tree (a snapshot taken now),
+//!              stamp each referenced chunk's index entry with E
+//!  3. sweep    drop index entries stamped below E (not referenced, and not
+//!              touched by a compaction batch pinned in epoch E); sync
+//!  4. repack   for each pack (except the active one) whose dead fraction is
+//!              at least the threshold: copy its live chunks to the active
+//!              pack, sync (copies, then the index moves), delete the pack,
+//!              sync the directory; an emptied pack is just deleted
+//!  5. manifests  rewrite manifest files whose garbage is above their limit
+//! ```
+//!
+//! Guarantees:
+//! - a chunk referenced by a manifest commit that completed before the pass
+//!   started marking, or inserted / found as a duplicate under a pin that
+//!   was live at any point after the epoch bump, is never swept;
+//! - any error while marking aborts the pass before anything is swept;
+//! - crash at any step: no live chunk is lost and no index entry points at
+//!   a deleted pack (see crate::chunk::maintenance for the per-step rules);
+//!   a crash may leave dead chunks or an unreferenced pack, which the next
+//!   open or pass removes;
+//! - one pass at a time (a lock); compaction, reads and syncs continue
+//!   throughout, pausing only for bounded lock holds (sweep batches of
+//!   4096 entries, repack runs of up to 256 chunks).
+//!
+//! Contract for callers that edit manifests: every hash a commit sets must
+//! come from `ChunkStore::insert_missing` under a [`ChunkPin`] held until
+//! that commit returns.
+//!
+//! [`ChunkPin`]: crate::chunk::ChunkPin
+
+use crate::chunk::{lock, ChunkHash, ChunkStore};
+use crate::error::Result;
+use crate::manifest::Manifest;
+use std::time::Duration;
+
+/// Tunables of a GC pass.
+#[derive(Clone, Debug)]
+pub struct GcOptions {
+    /// Repack a pack once at least this fraction of its slots is dead
+    /// (default 0.25).
+    pub repack_dead_fraction: f64,
+    /// How long to wait for compaction pins of the previous epoch (default
+    /// 30 s); past it the pass fails with `Error::Unavailable`.
+    pub pin_wait: Duration,
+    /// Referenced hashes stamped per index lock hold (default 4096).
+    pub mark_batch: usize,
+    /// Also rewrite manifests whose garbage is above their limit.
+    pub compact_manifests: bool,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions {
+            repack_dead_fraction: 0.25,
+            pin_wait: Duration::from_secs(30),
+            mark_batch: 4096,
+            compact_manifests: true,
+        }
+    }
+}
+
+/// What a pass found and did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GcReport {
+    pub epoch: u32,
+    pub manifests: u64,
+    /// Mapped blocks read from the manifests.
+    pub references: u64,
+    /// References to chunks the store does not have (damage; logged).
+    pub missing_references: u64,
+    /// Index entries examined by the sweep.
+    pub chunks_scanned: u64,
+    /// Index entries swept.
+    pub chunks_dead: u64,
+    pub packs_rewritten: u64,
+    pub packs_deleted: u64,
+    pub chunks_moved: u64,
+    pub bytes_moved: u64,
+    /// Pack bytes deleted minus bytes written to move live chunks.
+    pub bytes_reclaimed: i64,
+    pub manifests_compacted: u64,
+    pub manifest_pages_reclaimed: u64,
+}
+
+/// Runs one GC pass over `chunks`, treating `manifests` as every image's
+/// manifest (see the module docs).
+pub fn run(chunks: &ChunkStore, manifests: &[&Manifest], opts: &GcOptions) -> Result<GcReport> {
+    let _one_pass = lock(&chunks.gc_lock);
+    let epoch = chunks.gc_advance_epoch(opts.pin_wait)?;
+    let mut report = GcReport { epoch, manifests: manifests.len() as u64, ..GcReport::default() };
+
+    // Mark. Any error returns before the sweep.
+    let mut batch: Vec<ChunkHash> = Vec::with_capacity(opts.mark_batch.clamp(1, 1 << 16));
+    for m in manifests {
+        for item in m.iter() {
+            let (_, hash) = item?;
+            batch.push(hash);
+            if batch.len() == batch.capacity() {
+                report.missing_references += chunks.gc_mark(epoch, &batch);
+                report.references += batch.len() as u64;
+                batch.clear();
+            }
+        }
+    }
+    report.missing_references += chunks.gc_mark(epoch, &batch);
+    report.references += batch.len() as u64;
+    if report.missing_references > 0 {
+        tracing::error!(
+            missing = report.missing_references,
+            "manifests reference chunks the chunk store does not have"
+        );
+    }
+
+    // Sweep, durably.
+    let swept = chunks.gc_sweep(epoch)?;
+    report.chunks_scanned = swept.scanned;
+    report.chunks_dead = swept.removed;
+    chunks.sync()?;
+
+    // Repack.
+    for usage in chunks.pack_usage() {
+        if usage.active || usage.slots == 0 {
+            continue;
+        }
+        if usage.live == 0 {
+            report.bytes_reclaimed += chunks.gc_delete_pack(usage.id)? as i64;
+            report.packs_deleted += 1;
+        } else if usage.dead_fraction() >= opts.repack_dead_fraction {
+            let moved = chunks.gc_repack(usage.id)?;
+            report.chunks_moved += moved.moved;
+            report.bytes_moved += moved.bytes_written;
+            let freed = chunks.gc_delete_pack(usage.id)?;
+            report.bytes_reclaimed += freed as i64 - moved.bytes_written as i64;
+            report.packs_rewritten += 1;
+            report.packs_deleted += 1;
+        }
+    }
+
+    if opts.compact_manifests {
+        for m in manifests {
+            if let Some(r) = m.compact_if_needed()? {
+                report.manifests_compacted += 1;
+                report.manifest_pages_reclaimed += r.pages_before - r.pages_after;
+            }
+        }
+    }
+    tracing::info!(?report, "chunk GC pass done");
+    Ok(report)
+}
