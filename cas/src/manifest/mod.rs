@@ -55,7 +55,7 @@ pub use edit::{CommitStats, ManifestEdit};
 pub use iter::ManifestIter;
 pub use page::{fuzz_decode_page, Page, FANOUT, LEAF_ENTRIES, PAGE_BYTES};
 pub use rewrite::RewriteStats;
-pub use root::RootRecord;
+pub use root::{fuzz_decode_root, RootRecord};
 
 use crate::chunk::ClockCache;
 use crate::error::{Error, Result};

@@ -155,6 +155,13 @@ pub fn choose(slot0: &[u8], slot1: &[u8], path: &Path) -> Result<RootRecord> {
     }
 }
 
+/// Decodes hostile bytes as a root slot (slot from the generation's
+/// parity is not known, so both are tried): the fuzz entry point.
+pub fn fuzz_decode_root(bytes: &[u8]) -> Result<RootRecord> {
+    RootRecord::decode(bytes, 0, Path::new("<fuzz>"))
+        .or_else(|_| RootRecord::decode(bytes, 1, Path::new("<fuzz>")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

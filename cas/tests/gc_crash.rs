@@ -1,0 +1,153 @@
+//! GC crash safety: a GC pass over a store with dead chunks, sweeps and
+//! repacks is interrupted after every possible number of storage
+//! operations, with both crash modes. After each crash: the store opens
+//! (no index entry to a deleted pack), every stored chunk checks out,
+//! every block of every kept image reads its content, and a clean GC pass
+//! then leaves exactly the referenced chunks.
+
+mod chunk_support;
+
+use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
+use cas::gc::{self, GcOptions};
+use cas::manifest::{Manifest, ManifestOptions};
+use cas::storage::{CrashMode, MemStorage, Storage};
+use chunk_support::{block, block_hash, crashing};
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const IMAGES: usize = 3;
+
+fn chunk_opts() -> ChunkStoreOptions {
+    ChunkStoreOptions { pack_bytes: PACK_HEADER_BYTES + 16 * CHUNK_BYTES as u64, ..Default::default() }
+}
+
+fn manifest_path(i: usize) -> PathBuf {
+    PathBuf::from(format!("/store/img{i}/manifest"))
+}
+
+fn open_all(storage: Arc<dyn Storage>) -> cas::Result<(ChunkStore, Vec<Manifest>)> {
+    let c = ChunkStore::open(storage.clone(), Path::new("/store/chunks"), chunk_opts())?;
+    let ms = (0..IMAGES)
+        .map(|i| Manifest::open(storage.clone(), &manifest_path(i), ManifestOptions::default()))
+        .collect::<cas::Result<_>>()?;
+    Ok((c, ms))
+}
+
+/// Writes `content` (block -> content id) into image `i` the way the
+/// compactor does: pin, insert, sync chunks, commit, unpin.
+fn write(c: &ChunkStore, m: &Manifest, content: &BTreeMap<u64, u64>, covered: u64) {
+    let pin = c.pin();
+    let blocks: Vec<Vec<u8>> = content.values().map(|&id| block(id)).collect();
+    let items: Vec<(ChunkHash, &[u8])> =
+        content.values().zip(&blocks).map(|(&id, b)| (block_hash(id), &b[..])).collect();
+    c.insert_missing(&pin, &items).unwrap();
+    c.sync().unwrap();
+    let mut e = m.begin();
+    for (&b, &id) in content {
+        e.set(b, Some(block_hash(id)));
+    }
+    e.commit(covered).unwrap();
+}
+
+/// The store before GC: images 0 and 1 rewritten so that many chunks are
+/// dead and packs are partly dead; image 2 deleted (not passed to GC).
+/// Returns the expected content of images 0 and 1.
+fn build(storage: Arc<dyn Storage>) -> Vec<BTreeMap<u64, u64>> {
+    storage.create_dir_all(Path::new("/store/chunks")).unwrap();
+    for i in 0..IMAGES {
+        storage.create_dir_all(manifest_path(i).parent().unwrap()).unwrap();
+    }
+    storage.sync_dir(Path::new("/")).unwrap();
+    storage.sync_dir(Path::new("/store")).unwrap();
+    let (c, ms) = open_all(storage).unwrap();
+    let mut expect = vec![BTreeMap::new(); IMAGES];
+    // Round 1: 40 blocks each, a third shared between images.
+    for (i, m) in ms.iter().enumerate() {
+        let content: BTreeMap<u64, u64> =
+            (0..40u64).map(|b| (b, if b % 3 == 0 { b } else { 1000 * (i as u64 + 1) + b })).collect();
+        write(&c, m, &content, 1);
+        expect[i] = content;
+    }
+    // Round 2: images 0 and 1 overwrite half their blocks.
+    for (i, m) in ms.iter().enumerate().take(2) {
+        let content: BTreeMap<u64, u64> =
+            (0..40u64).step_by(2).map(|b| (b, 50_000 + 100 * i as u64 + b)).collect();
+        write(&c, m, &content, 2);
+        expect[i].extend(content);
+    }
+    expect.truncate(2);
+    expect
+}
+
+fn referenced(expect: &[BTreeMap<u64, u64>]) -> HashSet<ChunkHash> {
+    expect.iter().flat_map(|e| e.values().map(|&id| block_hash(id))).collect()
+}
+
+fn check(c: &ChunkStore, ms: &[Manifest], expect: &[BTreeMap<u64, u64>], what: &str) {
+    c.verify(true).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut out = vec![0u8; CHUNK_BYTES];
+    for (m, content) in ms.iter().zip(expect) {
+        for (&b, &id) in content {
+            let h = m.lookup(b).unwrap().unwrap_or_else(|| panic!("{what}: block {b} unmapped"));
+            assert_eq!(h, block_hash(id), "{what}: block {b}");
+            c.read(&h, &mut out).unwrap_or_else(|e| panic!("{what}: block {b}: {e}"));
+            assert_eq!(out, block(id), "{what}: block {b} content");
+        }
+    }
+}
+
+#[test]
+fn gc_reclaims_dead_chunks_and_packs() {
+    let mem = MemStorage::new();
+    let expect = build(Arc::new(mem.clone()));
+    let (c, ms) = open_all(Arc::new(mem.clone())).unwrap();
+    let before = c.stats();
+    let kept: Vec<&Manifest> = ms.iter().take(2).collect();
+    let report = gc::run(&c, &kept, &GcOptions::default()).unwrap();
+    let live = referenced(&expect).len() as u64;
+    assert_eq!(report.chunks_dead, before.chunks - live);
+    assert_eq!(c.len(), live);
+    assert!(report.packs_rewritten > 0 && report.bytes_reclaimed > 0, "{report:?}");
+    assert_eq!(report.missing_references, 0);
+    assert!(c.stored_bytes() < before.stored_bytes);
+    check(&c, &ms[..2], &expect, "after gc");
+    // A second pass finds nothing more to do.
+    let again = gc::run(&c, &kept, &GcOptions::default()).unwrap();
+    assert_eq!((again.chunks_dead, again.packs_rewritten), (0, 0));
+}
+
+#[test]
+fn gc_survives_a_crash_at_every_step() {
+    let mut budget = 0u64;
+    let mut completed = false;
+    while !completed {
+        for mode in [CrashMode::LoseUnsynced, CrashMode::Torn { seed: budget }] {
+            let mem = MemStorage::new();
+            let expect = build(Arc::new(mem.clone()));
+            let (storage, ctl) = crashing(&mem, u64::MAX);
+            let (c, ms) = open_all(storage).unwrap();
+            ctl.arm(budget);
+            let kept: Vec<&Manifest> = ms.iter().take(2).collect();
+            let result = gc::run(&c, &kept, &GcOptions::default());
+            if !ctl.died() {
+                result.unwrap();
+                completed = true;
+                break;
+            }
+            drop((c, ms));
+            mem.crash(mode);
+            let what = format!("crash after {budget} ops ({mode:?})");
+            let (c, ms) = open_all(Arc::new(mem.clone())).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+            check(&c, &ms[..2], &expect, &what);
+            let kept: Vec<&Manifest> = ms.iter().take(2).collect();
+            gc::run(&c, &kept, &GcOptions::default()).unwrap_or_else(|e| panic!("{what}: gc after: {e}"));
+            assert_eq!(c.len(), referenced(&expect).len() as u64, "{what}");
+            check(&c, &ms[..2], &expect, &what);
+        }
+        budget += 1;
+        assert!(budget < 500, "gc never completed");
+    }
+    eprintln!("gc pass completed with a budget of {budget} storage operations");
+    assert!(budget > 10, "the pass should take many storage operations, took {budget}");
+}
