@@ -90,7 +90,7 @@ fn four_images_of_the_same_content_are_stored_once() {
     let ratio = pack_bytes as f64 / unique_bytes as f64;
     eprintln!(
         "dedup: 4 images x {} MiB, unique {} bytes, packs {packs} holding {pack_bytes} bytes, stored/unique {ratio:.4}",
-        (SHARED_BLOCKS + UNIQUE_BLOCKS) * CHUNK_BYTES as u64 >> 20,
+        ((SHARED_BLOCKS + UNIQUE_BLOCKS) * CHUNK_BYTES as u64) >> 20,
         unique_bytes
     );
     assert!(
