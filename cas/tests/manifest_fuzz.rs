@@ -2,9 +2,12 @@
 //! live in fuzz/): hundreds of thousands of seeded random and mutated
 //! inputs must decode or fail with an error, never panic. Mutated inputs
 //! are mostly re-checksummed so the decoder is exercised past the crc.
-//! Scale with CAS_FUZZ_ITERS.
+//! Scale with CAS_FUZZ_ITERS. With CAS_FUZZ_CORPUS_OUT=DIR it also writes
+//! its seed pages there, to seed `cargo fuzz run manifest_page DIR`.
 
-use cas::manifest::{fuzz_decode_page, fuzz_decode_root, Manifest, ManifestOptions, PAGE_BYTES};
+use cas::manifest::{
+    fuzz_decode_page, fuzz_decode_root, fuzz_encode_page, Manifest, ManifestOptions, PAGE_BYTES,
+};
 use cas::storage::{MemStorage, OpenMode, Storage};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -64,11 +67,18 @@ fn mutate(rng: &mut StdRng, base: &[u8]) -> Vec<u8> {
 #[test]
 fn page_and_root_decoders_never_panic() {
     let corpus = corpus();
+    if let Ok(dir) = std::env::var("CAS_FUZZ_CORPUS_OUT") {
+        std::fs::create_dir_all(&dir).unwrap();
+        for (i, p) in corpus.iter().enumerate() {
+            std::fs::write(Path::new(&dir).join(format!("seed-{i:03}")), p).unwrap();
+        }
+    }
     assert!(corpus.iter().filter(|p| fuzz_decode_page(p).is_ok()).count() > 10);
     assert!(corpus.iter().filter(|p| fuzz_decode_root(&p[..]).is_ok()).count() == 1);
     let mut rng = StdRng::seed_from_u64(0x5eed);
     let mut accepted = 0u64;
-    for i in 0..iters(300_000) {
+    let n = iters(300_000);
+    for i in 0..n {
         let mut input = if i % 8 == 0 {
             let n = if rng.gen_bool(0.5) { PAGE_BYTES } else { rng.gen_range(0..PAGE_BYTES + 16) };
             (0..n).map(|_| rng.gen()).collect()
@@ -80,9 +90,12 @@ fn page_and_root_decoders_never_panic() {
             reseal(&mut input, PAGE_BYTES - 4);
             reseal(&mut input, 72);
         }
-        accepted += u64::from(fuzz_decode_page(&input).is_ok());
+        if let Ok(page) = fuzz_decode_page(&input) {
+            assert_eq!(fuzz_encode_page(&page), input, "pages are canonical");
+            accepted += 1;
+        }
         accepted += u64::from(fuzz_decode_root(&input).is_ok());
     }
     // Some mutations are harmless (e.g. a hash byte): decoding continues past the crc.
-    assert!(accepted > 0);
+    assert!(accepted > 0 || n < 10_000, "no input decoded: the mutations never pass the checks");
 }

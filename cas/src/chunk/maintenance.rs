@@ -226,6 +226,7 @@ impl ChunkStore {
         };
         // Readers holding the handle keep reading the unlinked file.
         self.storage.remove_file(&self.dir.join(pack::pack_file_name(id)))?;
+        self.count_syncs(1);
         self.storage.sync_dir(&self.dir)?;
         Ok(bytes)
     }

@@ -59,7 +59,7 @@ use journal::{Journal, JournalOp};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// blake3 hash of a 4 KiB block: the name of a chunk.
@@ -132,6 +132,8 @@ pub struct ChunkStats {
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub cache_entries: u64,
+    /// fdatasync and directory syncs the store has issued.
+    pub syncs: u64,
 }
 
 /// One pack file as the index sees it.
@@ -176,6 +178,9 @@ pub(crate) struct Writer {
 }
 
 /// Sync-side state, behind the sync lock (one sync at a time).
+///
+/// Lock order: `sync_state`, then `writer`, then `shared`, then a cache
+/// shard; never the other way round.
 pub(crate) struct SyncState {
     pub journal: Journal,
     /// Every index change up to this sequence is durable.
@@ -196,6 +201,7 @@ pub struct ChunkStore {
     pub(crate) pins: pin::Pins,
     pub(crate) gc_lock: Mutex<()>,
     pub(crate) cache: ClockCache<Key, Arc<[u8]>, PrefixBuild>,
+    pub(crate) syncs: AtomicU64,
     poisoned: AtomicBool,
     poison_reason: Mutex<String>,
 }
@@ -350,6 +356,7 @@ impl ChunkStore {
             pins: pin::Pins::new(),
             gc_lock: Mutex::new(()),
             cache: ClockCache::new(cache_entries, 8),
+            syncs: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(String::new()),
         })
@@ -428,9 +435,10 @@ impl ChunkStore {
 
     /// Estimated heap bytes of the index (what the budget limits).
     pub fn index_memory_bytes(&self) -> u64 {
-        let sh = self.read_shared();
+        // Writer before shared: the lock order everywhere.
         let pending = lock(&self.writer).pending.len();
-        index::table_bytes(sh.map.capacity()) + (pending * std::mem::size_of::<JournalOp>()) as u64
+        let capacity = self.read_shared().map.capacity();
+        index::table_bytes(capacity) + (pending * std::mem::size_of::<JournalOp>()) as u64
     }
 
     pub fn stats(&self) -> ChunkStats {
@@ -447,6 +455,7 @@ impl ChunkStore {
             cache_hits: self.cache.hits(),
             cache_misses: self.cache.misses(),
             cache_entries: self.cache.len() as u64,
+            syncs: self.syncs.load(Ordering::Relaxed),
         }
     }
 
@@ -486,6 +495,11 @@ impl ChunkStore {
             }
         }
         Ok(entries.len() as u64)
+    }
+
+    /// Counts `n` syncs issued.
+    pub(crate) fn count_syncs(&self, n: u64) {
+        self.syncs.fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn poison(&self, e: &Error) {

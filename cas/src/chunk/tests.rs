@@ -305,3 +305,16 @@ fn unreferenced_packs_are_deleted_on_open() {
     c.sync().unwrap();
     assert_eq!(c.verify(true).unwrap(), 12);
 }
+
+#[test]
+fn syncs_are_counted_like_the_storage_sees_them() {
+    let s = MemStorage::new();
+    let c = open(&s, small_opts());
+    let before = s.sync_count();
+    insert(&c, 0..20); // three packs
+    c.sync().unwrap();
+    insert(&c, [1]);
+    c.sync().unwrap(); // nothing new: no sync at all
+    assert_eq!(c.stats().syncs, s.sync_count() - before);
+    assert_eq!(c.stats().syncs, 3 + 1 + 1, "three packs, the directory, the journal");
+}

@@ -223,12 +223,8 @@ impl ChunkStore {
             (ops, w.seq, std::mem::take(&mut w.dirty), std::mem::take(&mut w.dir_dirty))
         };
         let result = (|| {
-            for file in dirty.values() {
-                file.sync_data()?;
-            }
-            if dir_dirty {
-                self.storage.sync_dir(&self.dir)?;
-            }
+            self.sync_packs(&dirty, dir_dirty)?;
+            self.count_syncs(u64::from(!ops.is_empty()));
             s.journal.append(&ops)
         })();
         if let Err(e) = result {
@@ -239,6 +235,24 @@ impl ChunkStore {
         let live = self.read_shared().map.len() as u64;
         if s.journal.len_bytes() > self.checkpoint_min_bytes.max(2 * journal::live_bytes(live)) {
             self.checkpoint(&mut s)?;
+        }
+        Ok(())
+    }
+
+    /// Syncs the packs written since the last sync, then the directory if
+    /// a pack was created in it.
+    fn sync_packs(
+        &self,
+        dirty: &std::collections::BTreeMap<u32, std::sync::Arc<dyn crate::storage::StorageFile>>,
+        dir_dirty: bool,
+    ) -> Result<()> {
+        for file in dirty.values() {
+            self.count_syncs(1);
+            file.sync_data()?;
+        }
+        if dir_dirty {
+            self.count_syncs(1);
+            self.storage.sync_dir(&self.dir)?;
         }
         Ok(())
     }
@@ -266,19 +280,12 @@ impl ChunkStore {
             let ops = std::mem::take(&mut w.pending);
             (snapshot, ops, w.seq, std::mem::take(&mut w.dirty), std::mem::take(&mut w.dir_dirty))
         };
-        let synced = (|| {
-            for file in dirty.values() {
-                file.sync_data()?;
-            }
-            if dir_dirty {
-                self.storage.sync_dir(&self.dir)?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = synced {
+        if let Err(e) = self.sync_packs(&dirty, dir_dirty) {
             self.poison(&e);
             return Err(e);
         }
+        // The rewrite syncs the new file and the directory.
+        self.count_syncs(2);
         let before = s.journal.len_bytes();
         match s.journal.rewrite(self.storage.as_ref(), &self.dir, &snapshot) {
             Ok(()) => {
@@ -287,6 +294,7 @@ impl ChunkStore {
             Err(failure) if failure.old_journal_intact => {
                 // Keep the queued changes in the old journal instead.
                 tracing::warn!(error = %failure.error, "chunk index checkpoint failed; appending instead");
+                self.count_syncs(u64::from(!ops.is_empty()));
                 if let Err(e) = s.journal.append(&ops) {
                     self.poison(&e);
                     return Err(e);

@@ -53,7 +53,7 @@ mod root;
 pub use crate::chunk::ChunkHash;
 pub use edit::{CommitStats, ManifestEdit};
 pub use iter::ManifestIter;
-pub use page::{fuzz_decode_page, Page, FANOUT, LEAF_ENTRIES, PAGE_BYTES};
+pub use page::{fuzz_decode_page, fuzz_encode_page, Page, FANOUT, LEAF_ENTRIES, PAGE_BYTES};
 pub use rewrite::RewriteStats;
 pub use root::{fuzz_decode_root, RootRecord};
 
