@@ -110,9 +110,9 @@ impl<'m> ManifestEdit<'m> {
     /// Sets `hashes.len()` consecutive blocks from `first_block`, one leaf
     /// lookup per leaf.
     pub fn set_range(&mut self, first_block: u64, hashes: &[Option<ChunkHash>]) -> Result<()> {
-        first_block
-            .checked_add(hashes.len() as u64)
-            .ok_or_else(|| Error::InvalidArgument("block range overflows u64".into()))?;
+        if first_block.checked_add((hashes.len() as u64).saturating_sub(1)).is_none() {
+            return Err(Error::InvalidArgument("block range overflows u64".into()));
+        }
         let mut i = 0;
         while i < hashes.len() {
             let block = first_block + i as u64;

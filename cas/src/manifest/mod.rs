@@ -263,12 +263,13 @@ impl Manifest {
     /// Looks up `out.len()` consecutive blocks from `first_block`, one tree
     /// walk per leaf, all from one snapshot.
     pub fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkHash>]) -> Result<()> {
+        if first_block.checked_add((out.len() as u64).saturating_sub(1)).is_none() {
+            return Err(Error::InvalidArgument("block range overflows u64".into()));
+        }
         let snap = self.snapshot();
         let mut i = 0;
         while i < out.len() {
-            let block = first_block
-                .checked_add(i as u64)
-                .ok_or_else(|| Error::InvalidArgument("block range overflows u64".into()))?;
+            let block = first_block + i as u64;
             let in_leaf = LEAF_ENTRIES - (block % LEAF_ENTRIES as u64) as usize;
             let n = in_leaf.min(out.len() - i);
             match self.leaf_for(&snap, block)? {

@@ -219,3 +219,17 @@ fn clearing_under_an_absent_subtree_changes_nothing() {
     assert_eq!(m.stats().live_pages, before.live_pages);
     assert_eq!(m.iter().count(), 2);
 }
+
+#[test]
+fn ranges_reach_the_last_block_and_no_further() {
+    let s = setup();
+    let m = open(&s);
+    let mut e = m.begin();
+    e.set_range(u64::MAX - 1, &[Some(h(1)), Some(h(2))]).unwrap();
+    assert!(e.set_range(u64::MAX, &[Some(h(1)), Some(h(2))]).is_err());
+    e.commit(1).unwrap();
+    let mut out = [None; 2];
+    m.lookup_range(u64::MAX - 1, &mut out).unwrap();
+    assert_eq!(out, [Some(h(1)), Some(h(2))]);
+    assert!(m.lookup_range(u64::MAX, &mut out).is_err());
+}
