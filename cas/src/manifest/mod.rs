@@ -53,14 +53,17 @@ mod root;
 pub use crate::chunk::ChunkHash;
 pub use edit::{CommitStats, ManifestEdit};
 pub use iter::ManifestIter;
-pub use page::{fuzz_decode_page, fuzz_encode_page, Page, FANOUT, LEAF_ENTRIES, PAGE_BYTES};
+pub use page::{
+    fuzz_decode_page, fuzz_encode_page, Body, ChildRef, InteriorBody, LeafBody, Page, FANOUT, LEAF_ENTRIES,
+    PAGE_BYTES,
+};
 pub use rewrite::RewriteStats;
 pub use root::{fuzz_decode_root, RootRecord};
 
 use crate::chunk::ClockCache;
 use crate::error::{Error, Result};
 use crate::storage::{OpenMode, Storage, StorageFile};
-use page::{Body, ChildRef, Expect};
+use page::Expect;
 use std::collections::hash_map::RandomState;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
