@@ -273,9 +273,12 @@ impl Frontier {
         Ok(op)
     }
 
-    /// A reclamation wake: refused writes may try again at once.
-    pub(crate) fn capacity_released(&mut self) {
+    /// A reclamation wake: refused writes may try again at once. Returns
+    /// whether writes were held.
+    pub(crate) fn capacity_released(&mut self) -> bool {
+        let held = self.capacity_blocked && self.writes_waiting > 0;
         self.capacity_blocked = false;
+        held
     }
 
     /// When this image next retries a refused write without a wake.

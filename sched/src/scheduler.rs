@@ -144,11 +144,7 @@ impl<C: Clock> Scheduler<C> {
         // `images + 2` rounds.
         for _visit in 0..((images + 2) * images + 1) {
             let &image = self.ring.front()?;
-            let limits = ScanLimits {
-                read_credits: self.config.read_credits,
-                write_slot_free: self.writes_inflight < self.config.write_slots,
-                window: self.config.scan_window as usize,
-            };
+            let limits = self.scan_limits();
             let frontier = self.images.get_mut(&image).expect("every image on the ring is registered");
             if !self.visit_open {
                 frontier.deficit_bytes = frontier.deficit_bytes.saturating_add(quantum);
@@ -208,6 +204,14 @@ impl<C: Clock> Scheduler<C> {
         unreachable!("DRR found neither a dispatch nor an idle round in {} visits", (images + 2) * images + 1)
     }
 
+    fn scan_limits(&self) -> ScanLimits {
+        ScanLimits {
+            read_credits: self.config.read_credits,
+            write_slot_free: self.writes_inflight < self.config.write_slots,
+            window: self.config.scan_window as usize,
+        }
+    }
+
     fn admit<R>(&mut self, image: ImageId, pick: Pick, reservation: Option<R>, now_ns: u64) -> Dispatch<R> {
         let frontier = self.images.get_mut(&image).expect("admitting into a registered image");
         let admitted = frontier.admit(pick, now_ns);
@@ -241,11 +245,20 @@ impl<C: Clock> Scheduler<C> {
     }
 
     /// The engine reclaimed log space of `image`: its held writes may try
-    /// again at once. Unknown images are ignored (a late wake after removal).
-    pub fn capacity_released(&mut self, image: ImageId) {
-        if let Some(frontier) = self.images.get_mut(&image) {
-            frontier.capacity_released();
-        }
+    /// again at once. Returns whether writes were held (whether the wake can
+    /// change anything). Unknown images are ignored (a late wake after
+    /// removal).
+    pub fn capacity_released(&mut self, image: ImageId) -> bool {
+        self.images.get_mut(&image).is_some_and(Frontier::capacity_released)
+    }
+
+    /// Whether some image has a request that [`Scheduler::next`] would try
+    /// now, ignoring DRR deficits and log refusals. The thread-safe wrapper
+    /// uses it to wake one more worker after a dispatch.
+    pub fn has_candidate(&mut self) -> bool {
+        let now_ns = self.clock.now_ns();
+        let limits = self.scan_limits();
+        self.images.values_mut().any(|f| f.scan(now_ns, limits).is_some())
     }
 
     /// When a held write is next retried without a wake; callers with

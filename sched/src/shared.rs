@@ -11,10 +11,15 @@
 //! ```
 //!
 //! Every wait is bounded: by the caller's timeout, and for workers also by
-//! the next capacity retry deadline. `submit` wakes one worker (a new request
-//! can make only itself admissible); `complete` and `capacity_released` wake
-//! all (a completed FLUSH or a reclaimed log can free many); `shutdown`
-//! wakes everyone.
+//! the next capacity retry deadline.
+//!
+//! Wakes are targeted, so that a busy scheduler does not wake every worker
+//! on every event: `submit`, `complete` and a `capacity_released` that
+//! finds held writes wake one idle worker; a worker that gets a dispatch
+//! wakes one more if some image still has a candidate (so a completed FLUSH
+//! that frees many requests fans out worker by worker); `shutdown` wakes
+//! everyone. A woken worker always tries `next` before it waits again, so
+//! no admissible request is left waiting for a wake that went elsewhere.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -40,6 +45,9 @@ struct State<C: Clock, K> {
     sched: Scheduler<C>,
     cap: K,
     shutdown: bool,
+    /// Workers waiting on `work` / submitters waiting on `room`.
+    idle_workers: usize,
+    room_waiters: usize,
 }
 
 /// See the module documentation.
@@ -52,7 +60,7 @@ pub struct SharedScheduler<C: Clock, K: Capacity> {
 impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
     pub fn new(sched: Scheduler<C>, cap: K) -> Self {
         SharedScheduler {
-            state: Mutex::new(State { sched, cap, shutdown: false }),
+            state: Mutex::new(State { sched, cap, shutdown: false, idle_workers: 0, room_waiters: 0 }),
             work: Condvar::new(),
             room: Condvar::new(),
         }
@@ -81,8 +89,11 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
             return Err(Error::ShuttingDown);
         }
         let ticket = state.sched.submit(image, desc)?;
+        let wake = state.idle_workers > 0;
         drop(state);
-        self.work.notify_one();
+        if wake {
+            self.work.notify_one();
+        }
         Ok(ticket)
     }
 
@@ -102,13 +113,18 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
             }
             match state.sched.submit(image, desc) {
                 Ok(ticket) => {
+                    let wake = state.idle_workers > 0;
                     drop(state);
-                    self.work.notify_one();
+                    if wake {
+                        self.work.notify_one();
+                    }
                     return Ok(ticket);
                 }
                 Err(Error::Full { .. }) if Instant::now() < deadline => {
                     let wait = deadline.saturating_duration_since(Instant::now());
+                    state.room_waiters += 1;
                     state = self.room.wait_timeout(state, wait).expect("scheduler mutex poisoned").0;
+                    state.room_waiters -= 1;
                 }
                 Err(e) => return Err(e),
             }
@@ -125,6 +141,11 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
             }
             let State { sched, cap, .. } = &mut *state;
             if let Some(dispatch) = sched.next(cap) {
+                let wake = state.idle_workers > 0 && state.sched.has_candidate();
+                drop(state);
+                if wake {
+                    self.work.notify_one();
+                }
                 return Next::Dispatch(dispatch);
             }
             let now = Instant::now();
@@ -139,23 +160,36 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
             if let Some(retry_ns) = sched.next_retry_at_ns().filter(|&r| r > sched_now_ns) {
                 wait = wait.min(Duration::from_nanos(retry_ns - sched_now_ns));
             }
+            state.idle_workers += 1;
             state = self.work.wait_timeout(state, wait).expect("scheduler mutex poisoned").0;
+            state.idle_workers -= 1;
         }
     }
 
     /// Reports a finished request; see [`Scheduler::complete`].
     pub fn complete(&self, image: ImageId, request: RequestId) -> Result<(), Error> {
-        self.lock().sched.complete(image, request)?;
-        self.work.notify_all();
-        self.room.notify_all();
+        let mut state = self.lock();
+        state.sched.complete(image, request)?;
+        let (wake_worker, wake_room) = (state.idle_workers > 0, state.room_waiters > 0);
+        drop(state);
+        if wake_worker {
+            self.work.notify_one();
+        }
+        if wake_room {
+            self.room.notify_all();
+        }
         Ok(())
     }
 
     /// The engine's reclamation listener. Must not be called while holding
     /// a lock that [`Capacity::try_reserve`] takes.
     pub fn capacity_released(&self, image: ImageId) {
-        self.lock().sched.capacity_released(image);
-        self.work.notify_all();
+        let mut state = self.lock();
+        let wake = state.sched.capacity_released(image) && state.idle_workers > 0;
+        drop(state);
+        if wake {
+            self.work.notify_one();
+        }
     }
 
     /// Wakes every waiter; `next_blocking` returns [`Next::Shutdown`] and

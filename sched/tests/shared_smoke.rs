@@ -60,7 +60,9 @@ fn threads_submit_execute_complete_and_shut_down() {
     for &i in &images {
         shared.add_image(i).unwrap();
     }
-    let contract = Arc::new(Mutex::new(Contract::new(&config)));
+    let mut contract = Contract::new(&config);
+    contract.relaxed = true;
+    let contract = Arc::new(Mutex::new(contract));
     // Completed reservations waiting for the compactor: (image, log bytes).
     let reclaimable = Arc::new(Mutex::new(Vec::<(ImageId, u64)>::new()));
     let done = Arc::new(AtomicBool::new(false));
@@ -162,4 +164,47 @@ fn a_blocked_worker_times_out_and_shutdown_wakes_it() {
     assert!(waiter.join().unwrap(), "shutdown must end the worker's wait");
     assert!(shared.is_shutdown());
     assert!(matches!(shared.complete(ImageId(0), RequestId(1)), Err(Error::NotDispatched { .. })));
+}
+
+/// Targeted wakes must fan out: a completed FLUSH frees four reads while
+/// five workers sleep with long timeouts; each read must reach a worker by
+/// a wake (a chain of one wake per dispatch), not by a worker's timeout.
+#[test]
+fn a_completed_flush_wakes_enough_workers_for_everything_it_freed() {
+    let sched = Scheduler::new(Config::default(), MonotonicClock::new()).unwrap();
+    let shared = Arc::new(Shared::new(sched, FakeLog::with(&[(ImageId(0), 0)])));
+    let image = ImageId(0);
+    shared.add_image(image).unwrap();
+    shared.submit(image, Descriptor::read(0, 0, BLOCK)).unwrap();
+    let Next::Dispatch(r0) = shared.next_blocking(Duration::from_secs(1)) else { panic!("R0 is admissible") };
+    shared.submit(image, Descriptor::flush(1)).unwrap();
+    for i in 2..6 {
+        shared.submit(image, Descriptor::read(i, i * BLOCK, BLOCK)).unwrap();
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let workers: Vec<_> = (0..5)
+        .map(|_| {
+            let (shared, tx) = (shared.clone(), tx.clone());
+            // Each worker takes one request and holds it (no completion).
+            thread::spawn(move || {
+                if let Next::Dispatch(d) = shared.next_blocking(Duration::from_secs(60)) {
+                    tx.send((d.op, d.request)).unwrap();
+                }
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(20)); // let them fall asleep
+    shared.complete(image, r0.request).unwrap();
+    let wake_bound = Duration::from_secs(5); // far below the workers' 60 s timeout
+    let (op, flush) = rx.recv_timeout(wake_bound).expect("the completion wakes a worker for the FLUSH");
+    assert_eq!(op, Op::Flush);
+    shared.complete(image, flush).unwrap();
+    let mut reads: Vec<u64> =
+        (0..4).map(|_| rx.recv_timeout(wake_bound).expect("every freed read wakes a worker").1 .0).collect();
+    reads.sort_unstable();
+    assert_eq!(reads, vec![2, 3, 4, 5]);
+    shared.shutdown();
+    for w in workers {
+        w.join().unwrap();
+    }
 }

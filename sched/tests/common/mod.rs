@@ -84,6 +84,11 @@ pub struct Contract {
     writes_inflight: usize,
     pub read_credits: usize,
     pub write_slots: usize,
+    /// Check only the rules that depend on completions (overlap, FLUSH).
+    /// Threaded tests record a dispatch after the scheduler made it, so two
+    /// workers can record theirs out of order; completions are recorded
+    /// before the scheduler learns of them, so those rules stay exact.
+    pub relaxed: bool,
 }
 
 fn range(d: &Descriptor) -> (u64, u64) {
@@ -123,7 +128,11 @@ impl Contract {
                 Some("passed an uncompleted FLUSH")
             } else if me.op == Op::Read && e.op.is_write_kind() && overlap(&me, &e) {
                 Some("read passed an uncompleted overlapping write")
-            } else if me.op.is_write_kind() && e.op.is_write_kind() && earlier.stage == Stage::Waiting {
+            } else if !self.relaxed
+                && me.op.is_write_kind()
+                && e.op.is_write_kind()
+                && earlier.stage == Stage::Waiting
+            {
                 Some("write passed an earlier waiting write (FIFO)")
             } else if me.op.is_write_kind() && overlap(&me, &e) {
                 Some("write passed an uncompleted overlapping request")
@@ -133,6 +142,9 @@ impl Contract {
             if let Some(why) = why {
                 return Some(format!("{why}: {:?} (#{at}) vs {:?} (#{i}) {:?}", me, e, earlier.stage));
             }
+        }
+        if self.relaxed {
+            return None;
         }
         if me.op == Op::Read {
             let reads = reqs.values().filter(|r| r.desc.op == Op::Read && r.stage == Stage::InFlight).count();
