@@ -50,8 +50,8 @@ pub struct StreamResult {
     pub latency_ns: Histogram<u64>,
     pub requests: u64,
     pub errors: u64,
-    /// Longest admission wait (`admitted - arrival`) of its requests.
-    pub admission_wait_ns_max: u64,
+    /// Admission waits (`admitted - arrival`) of its requests.
+    pub admission_wait_ns: Histogram<u64>,
 }
 
 pub struct ArmResult {
@@ -74,7 +74,7 @@ struct StreamShared {
     stream: Stream,
     buffers: Vec<Mutex<Vec<u8>>>,
     done: Sender<Completion>,
-    admission_wait_ns_max: AtomicU64,
+    admission_wait_ns: Mutex<Histogram<u64>>,
     errors: AtomicU64,
 }
 
@@ -109,7 +109,7 @@ pub fn run_arm<E: Engine>(
             stream: *s,
             buffers,
             done: tx,
-            admission_wait_ns_max: AtomicU64::new(0),
+            admission_wait_ns: Mutex::new(latency_histogram()),
             errors: AtomicU64::new(0),
         };
         by_image.insert(s.image, Arc::new(ss));
@@ -150,7 +150,7 @@ pub fn run_arm<E: Engine>(
                 latency_ns,
                 requests,
                 errors: errors + ss.errors.load(Ordering::SeqCst),
-                admission_wait_ns_max: ss.admission_wait_ns_max.load(Ordering::SeqCst),
+                admission_wait_ns: ss.admission_wait_ns.lock().expect("histogram lock").clone(),
             }
         })
         .collect();
@@ -168,7 +168,7 @@ fn queue_thread<E: Engine>(
 ) -> (Histogram<u64>, u64, u64) {
     let s = ss.stream;
     let mut rng = StdRng::seed_from_u64(0x5c4ed ^ seed);
-    let mut hist = Histogram::<u64>::new_with_bounds(1_000, 120_000_000_000, 3).expect("histogram bounds");
+    let mut hist = latency_histogram();
     let mut submitted_at = vec![Instant::now(); s.queue_depth];
     let mut generation = 0u64;
     let (mut requests, mut errors, mut outstanding) = (0u64, 0u64, 0usize);
@@ -197,7 +197,7 @@ fn queue_thread<E: Engine>(
         let now = Instant::now();
         if now <= deadline {
             let ns = now.duration_since(submitted_at[c.slot]).as_nanos() as u64;
-            hist.saturating_record(ns.max(1_000));
+            hist.saturating_record(ns);
             requests += 1;
             errors += u64::from(!c.ok);
             if submit(c.slot, &mut submitted_at) {
@@ -218,7 +218,7 @@ fn worker<E: Engine>(shared: &Shared<E>, engine: &E, by_image: &HashMap<ImageId,
             Next::Shutdown => return,
         };
         let ss = &by_image[&d.image];
-        ss.admission_wait_ns_max.fetch_max(d.admission_wait_ns(), Ordering::Relaxed);
+        ss.admission_wait_ns.lock().expect("histogram lock").saturating_record(d.admission_wait_ns());
         let slot = (d.request.0 & ((1 << SLOT_BITS) - 1)) as usize;
         let result = {
             let mut buf = ss.buffers[slot].lock().expect("slot buffer lock");
@@ -245,6 +245,11 @@ fn worker<E: Engine>(shared: &Shared<E>, engine: &E, by_image: &HashMap<ImageId,
         // request, and counted it as an error already.
         let _ = ss.done.send(Completion { slot, ok: result.is_ok() });
     }
+}
+
+/// Nanoseconds up to 2 minutes, 3 significant digits.
+fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000_000, 3).expect("histogram bounds")
 }
 
 /// Read data must be what the image was seeded with.
