@@ -47,3 +47,6 @@ make_tree() {
 }
 
 verify_tree() { (cd "$1" && sha256sum --quiet -c "$SCRATCH/tree.sums") || fail "file tree checksums differ under $1"; }
+
+# True while PID runs (a zombie awaiting its reaper counts as gone).
+pid_alive() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1; [ -n "$st" ] && [[ $st != Z* ]]; }

@@ -6,7 +6,10 @@ mkdir -p "$SCRATCH/dir"
 expect_error "backing is a directory" "$CASBLK" add --backing "$SCRATCH/dir"
 unreadable=$(new_backing 1M); chmod 000 "$unreadable"; chmod 755 "$SCRATCH"
 expect_error "unreadable backing file (as nobody)" setpriv --reuid=nobody --regid=nogroup --clear-groups "$CASBLK" add --backing "$unreadable"
-expect_error "backing on a read-only filesystem" "$CASBLK" add --backing /etc/hostname
+mkdir -p "$SCRATCH/ro" && mount -t tmpfs -o size=4M tmpfs "$SCRATCH/ro"
+truncate -s 1M "$SCRATCH/ro/disk.img" && mount -o remount,ro "$SCRATCH/ro"
+expect_error "backing on a read-only filesystem" "$CASBLK" add --backing "$SCRATCH/ro/disk.img"
+umount "$SCRATCH/ro"
 empty=$(new_backing 0)
 expect_error "zero-size backing file" "$CASBLK" add --backing "$empty"
 odd=$(new_backing 1000)

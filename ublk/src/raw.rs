@@ -58,6 +58,7 @@ pub fn add(args: AddArgs) -> Result<()> {
     validate_queue_args(args.queues, args.depth, args.io_buf_bytes)?;
     let backing = Backing::open(&args.backing)?;
     control::require_driver()?;
+    control::require_free_id(args.id)?;
     launch::launch(args.foreground, Path::new(DAEMON_LOG), move |ready| serve(&args, backing, ready))
 }
 
