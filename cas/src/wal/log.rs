@@ -102,6 +102,9 @@ impl Log {
             let last_seq = segments.get(i + 1).map(|next| next.header.first_seq - 1);
             segs.push_back(SegState { segment: segment.clone(), last_seq, synced: true });
         }
+        // A kept segment's directory entry may not be durable yet (its
+        // creation's directory sync failed, and a later open adopted it).
+        storage.sync_dir(dir)?;
         let mut write_pos = tail;
         if segs.is_empty() {
             let header = SegmentHeader { index: 1, segment_bytes, first_seq: next_seq, log_id };

@@ -162,10 +162,19 @@ impl Segment {
 
     /// Creates segment `header.index` in `dir`, durably: the header is
     /// written and synced and the directory synced before this returns.
-    /// On failure the half-made file is removed (best effort).
+    /// On failure the half-made file is removed (best effort); a file left
+    /// by such a failure is replaced by the next attempt.
     pub fn create(storage: &dyn Storage, dir: &Path, header: SegmentHeader) -> Result<Segment> {
         let path: PathBuf = dir.join(segment_file_name(header.index));
-        let file = storage.open(&path, OpenMode::CreateNew)?;
+        let file = match storage.open(&path, OpenMode::CreateNew) {
+            // Left by an earlier attempt whose cleanup failed too; it holds
+            // no record (the log never moved past it), so start it afresh.
+            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EEXIST) => {
+                storage.remove_file(&path)?;
+                storage.open(&path, OpenMode::CreateNew)?
+            }
+            other => other?,
+        };
         let made = file
             .write_all_at(&header.encode(), 0)
             .and_then(|()| file.sync_data())
