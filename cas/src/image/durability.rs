@@ -124,6 +124,27 @@ impl Durability {
         }
     }
 
+    /// Waits until every record through `seq` is complete; false if the
+    /// image failed first. Bounded by the writes in flight.
+    pub fn wait_complete(&self, seq: u64) -> bool {
+        let mut st = lock(&self.state);
+        loop {
+            if st.failed.is_some() {
+                return false;
+            }
+            if st.watermark >= seq {
+                return true;
+            }
+            st.waiters += 1;
+            st = self
+                .cond
+                .wait_timeout(st, Duration::from_millis(RECHECK_MS))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            st.waiters -= 1;
+        }
+    }
+
     /// Fails the image: every later write, flush and wait gets an error.
     pub fn fail(&self, why: String) {
         let mut st = lock(&self.state);

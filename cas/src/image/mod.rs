@@ -5,6 +5,7 @@
 //!  write(off, data) --reserve--> Capacity (quota)      never blocks in try_reserve
 //!        |
 //!        +--assign--> Log: seq + slot (roll if full)   short lock, rare I/O
+//!        |            closed segment -> Writeback thread (early sync)
 //!        +--pwrite--> segment file                     no lock held
 //!        +--complete--> Durability (watermark)
 //!        +--publish--> Overlay (seq-wins insert)       short write lock
@@ -25,6 +26,7 @@ pub mod capacity;
 pub mod durability;
 pub mod overlay;
 pub mod stats;
+pub mod writeback;
 
 pub use backing::{ChunkHash, EmptyManifest, ManifestView, BLOCK_BYTES};
 pub use capacity::{CapacityListener, LogReservation, CAPACITY_RETRY_MS};
@@ -40,6 +42,7 @@ use overlay::{Overlay, Source};
 use stats::{bump, Counters};
 use std::path::Path;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use writeback::Writeback;
 
 /// Largest payload one write request may carry.
 pub const MAX_WRITE_BYTES: u64 = 64 << 20;
@@ -60,10 +63,11 @@ pub struct ImageConfig {
 pub struct Image {
     name: String,
     size_bytes: u64,
-    log: Log,
+    log: Arc<Log>,
     overlay: RwLock<Overlay>,
     capacity: Arc<Capacity>,
-    durability: Durability,
+    durability: Arc<Durability>,
+    writeback: Writeback,
     manifest: RwLock<Arc<dyn ManifestView>>,
     counters: Counters,
     recovery: RecoveryReport,
@@ -137,8 +141,11 @@ impl Image {
         }
         let durable = log.next_seq() - 1;
         let capacity = Capacity::new(cfg.quota_bytes, log.used_bytes());
+        let log = Arc::new(log);
+        let durability = Arc::new(Durability::new(format!("image {}", cfg.name), durable));
         Ok(Image {
-            durability: Durability::new(format!("image {}", cfg.name), durable),
+            writeback: Writeback::start(&cfg.name, log.clone(), durability.clone()),
+            durability,
             name: cfg.name,
             size_bytes: cfg.size_bytes,
             log,
@@ -292,9 +299,7 @@ impl Image {
         let mut done = 0usize;
         let mut last_seq = 0;
         while done < data.len() {
-            let slot = self.log.assign(RecordKind::Write, (data.len() - done) as u64).inspect_err(|_| {
-                bump(&self.counters.write_errors, 1);
-            })?;
+            let slot = self.assign(RecordKind::Write, (data.len() - done) as u64)?;
             r.consume(slot.consumed_bytes);
             let piece = &data[done..done + slot.payload_bytes as usize];
             let at = offset + done as u64;
@@ -336,7 +341,7 @@ impl Image {
         fua: bool,
     ) -> Result<()> {
         self.check_reservation(&r, kind, len)?;
-        let slot = self.log.assign(kind, 0).inspect_err(|_| bump(&self.counters.write_errors, 1))?;
+        let slot = self.assign(kind, 0)?;
         r.consume(slot.consumed_bytes);
         drop(r);
         let header = RecordHeader::range(kind, slot.seq, self.durability.durable_seq(), offset, len);
@@ -353,6 +358,16 @@ impl Image {
             self.make_durable(slot.seq)?;
         }
         Ok(())
+    }
+
+    /// Places one record; a segment closed by the roll goes to writeback.
+    fn assign(&self, kind: RecordKind, payload_bytes: u64) -> Result<Slot> {
+        let slot =
+            self.log.assign(kind, payload_bytes).inspect_err(|_| bump(&self.counters.write_errors, 1))?;
+        if let Some((segment, last_seq)) = &slot.closed {
+            self.writeback.closed(segment.clone(), *last_seq);
+        }
+        Ok(slot)
     }
 
     /// Writes one record into its slot and marks it complete. If the write
@@ -385,11 +400,9 @@ impl Image {
     fn make_durable(&self, target: u64) -> Result<()> {
         let work = self.durability.make_durable(target, &|upto| {
             let targets = self.log.sync_targets();
-            for seg in &targets {
-                seg.file.sync_data()?;
-            }
+            let syncs = self.log.sync(&targets)?;
             self.log.note_synced(&targets, upto);
-            Ok(targets.len() as u64)
+            Ok(syncs)
         })?;
         bump(&self.counters.sync_rounds, work.rounds);
         bump(&self.counters.syncs, work.files);
@@ -489,6 +502,7 @@ impl Image {
         s.overlay_extents = read_lock(&self.overlay).extent_count() as u64;
         s.next_seq = self.log.next_seq();
         s.durable_seq = self.durability.durable_seq();
+        s.writeback_syncs = self.writeback.syncs.load(std::sync::atomic::Ordering::Relaxed);
         s.recovery = self.recovery.clone();
         s
     }

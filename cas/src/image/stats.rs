@@ -56,6 +56,8 @@ pub struct ImageStats {
     /// Group-commit rounds, and the file syncs they issued.
     pub sync_rounds: u64,
     pub syncs: u64,
+    /// Closed segments synced early by the writeback thread.
+    pub writeback_syncs: u64,
     /// READ requests, their bytes, and where the bytes came from.
     pub reads: u64,
     pub read_bytes: u64,

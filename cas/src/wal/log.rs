@@ -32,6 +32,8 @@ pub struct Slot {
     /// Log bytes this slot consumed: the record, plus the unused tail of
     /// the previous segment if placing it rolled to a new one.
     pub consumed_bytes: u64,
+    /// The segment this assignment closed by rolling, with its last seq.
+    pub closed: Option<(Arc<Segment>, u64)>,
 }
 
 impl Slot {
@@ -58,6 +60,17 @@ struct LogState {
     segments: VecDeque<SegState>,
     write_pos: u64,
     next_seq: u64,
+    /// Segments created so far, and how many of those creations a directory
+    /// sync has made durable.
+    dir_created: u64,
+    dir_synced: u64,
+}
+
+/// What one group-commit round must sync (from [`Log::sync_targets`]).
+pub struct SyncTargets {
+    pub segments: Vec<Arc<Segment>>,
+    /// `Some(n)`: sync the directory too, covering the first `n` creations.
+    pub dir: Option<u64>,
 }
 
 /// One image's write-ahead log. Shared by all of the image's threads.
@@ -77,7 +90,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Log {
     /// Creates an empty log (its first segment) in `dir`, which must exist.
     pub fn create(storage: &dyn Storage, dir: &Path, segment_bytes: u64, log_id: u64) -> Result<()> {
-        Segment::create(storage, dir, SegmentHeader { index: 1, segment_bytes, first_seq: 1, log_id })?;
+        Segment::create(storage, dir, SegmentHeader { index: 1, segment_bytes, first_seq: 1, log_id }, true)?;
         Ok(())
     }
 
@@ -108,7 +121,7 @@ impl Log {
         let mut write_pos = tail;
         if segs.is_empty() {
             let header = SegmentHeader { index: 1, segment_bytes, first_seq: next_seq, log_id };
-            let segment = Segment::create(&*storage, dir, header)?;
+            let segment = Segment::create(&*storage, dir, header, true)?;
             segs.push_back(SegState { segment: Arc::new(segment), last_seq: None, synced: true });
             write_pos = SEGMENT_HEADER_BYTES as u64;
         }
@@ -117,7 +130,13 @@ impl Log {
             dir: dir.to_path_buf(),
             log_id,
             segment_bytes,
-            state: Mutex::new(LogState { segments: segs, write_pos, next_seq }),
+            state: Mutex::new(LogState {
+                segments: segs,
+                write_pos,
+                next_seq,
+                dir_created: 0,
+                dir_synced: 0,
+            }),
         };
         Ok((log, report))
     }
@@ -159,12 +178,14 @@ impl Log {
         assert_eq!(payload_bytes % SECTOR_BYTES, 0, "payload is whole sectors");
         let mut st = lock(&self.state);
         let mut consumed = 0;
+        let mut closed = None;
         let min = if payload_bytes > 0 { MIN_WRITE_RECORD_BYTES } else { RECORD_HEADER_BYTES as u64 };
-        let current_bytes =
-            st.segments.back().expect("a log always has a segment").segment.header.segment_bytes;
+        let current = st.segments.back().expect("a log always has a segment").segment.clone();
+        let current_bytes = current.header.segment_bytes;
         if current_bytes - st.write_pos < min {
             consumed += current_bytes - st.write_pos;
             self.roll(&mut st)?;
+            closed = Some((current, st.next_seq - 1));
         }
         let seg = st.segments.back().expect("a log always has a segment");
         let room = seg.segment.header.segment_bytes - st.write_pos - RECORD_HEADER_BYTES as u64;
@@ -175,6 +196,7 @@ impl Log {
             position: st.write_pos,
             payload_bytes: granted,
             consumed_bytes: consumed + RECORD_HEADER_BYTES as u64 + granted,
+            closed,
         };
         st.next_seq += 1;
         st.write_pos += RECORD_HEADER_BYTES as u64 + granted;
@@ -190,12 +212,13 @@ impl Log {
             first_seq: st.next_seq,
             log_id: self.log_id,
         };
-        let segment = Segment::create(&*self.storage, &self.dir, header)?;
+        let segment = Segment::create(&*self.storage, &self.dir, header, false)?;
         let last = st.segments.back_mut().expect("a log always has a segment");
         last.last_seq = Some(st.next_seq - 1);
         last.synced = false;
-        st.segments.push_back(SegState { segment: Arc::new(segment), last_seq: None, synced: true });
+        st.segments.push_back(SegState { segment: Arc::new(segment), last_seq: None, synced: false });
         st.write_pos = SEGMENT_HEADER_BYTES as u64;
+        st.dir_created += 1;
         Ok(())
     }
 
@@ -218,29 +241,57 @@ impl Log {
         slot.segment.file.write_all_at(&pad.encode(&[]), slot.position)
     }
 
-    /// Segments a sync must cover to make every completed record durable:
-    /// closed segments not yet known synced, and the current one.
-    pub fn sync_targets(&self) -> Vec<Arc<Segment>> {
+    /// What a sync must cover to make every completed record durable:
+    /// closed segments not yet known synced, the current one, and the
+    /// directory if segments were created since its last sync.
+    pub fn sync_targets(&self) -> SyncTargets {
         let st = lock(&self.state);
         let n = st.segments.len();
-        st.segments
+        let segments = st
+            .segments
             .iter()
             .enumerate()
             .filter(|(i, s)| *i + 1 == n || !s.synced)
             .map(|(_, s)| s.segment.clone())
-            .collect()
+            .collect();
+        let dir = (st.dir_created > st.dir_synced).then_some(st.dir_created);
+        SyncTargets { segments, dir }
     }
 
-    /// Records that a sync of `synced` (taken from `sync_targets`) finished
-    /// after every record through `through_seq` had completed.
-    pub fn note_synced(&self, synced: &[Arc<Segment>], through_seq: u64) {
+    /// Syncs what `sync_targets` named; returns the number of syncs issued.
+    pub fn sync(&self, targets: &SyncTargets) -> Result<u64> {
+        for seg in &targets.segments {
+            seg.file.sync_data()?;
+        }
+        if targets.dir.is_some() {
+            self.storage.sync_dir(&self.dir)?;
+        }
+        Ok(targets.segments.len() as u64 + u64::from(targets.dir.is_some()))
+    }
+
+    /// Records that a sync of `synced` (from `sync_targets`) finished after
+    /// every record through `through_seq` had completed.
+    pub fn note_synced(&self, synced: &SyncTargets, through_seq: u64) {
         let mut st = lock(&self.state);
         for s in st.segments.iter_mut() {
             if s.last_seq.is_some_and(|last| last <= through_seq)
-                && synced.iter().any(|x| Arc::ptr_eq(x, &s.segment))
+                && synced.segments.iter().any(|x| Arc::ptr_eq(x, &s.segment))
             {
                 s.synced = true;
             }
+        }
+        if let Some(n) = synced.dir {
+            st.dir_synced = st.dir_synced.max(n);
+        }
+    }
+
+    /// Marks a closed segment synced; the caller synced it after every
+    /// record in it had completed.
+    pub fn note_segment_synced(&self, segment: &Arc<Segment>) {
+        let mut st = lock(&self.state);
+        if let Some(s) = st.segments.iter_mut().find(|s| Arc::ptr_eq(&s.segment, segment)) {
+            assert!(s.last_seq.is_some(), "only closed segments are synced early");
+            s.synced = true;
         }
     }
 

@@ -18,8 +18,10 @@
 //! - A record whose checksum holds but whose version is newer is refused
 //!   (`UnsupportedVersion`); one whose fields contradict each other is
 //!   refused as corruption.
-//! - A last segment whose header does not decode, and which holds no valid
-//!   record, was torn while being created; it is deleted.
+//! - A segment header that does not decode is a bad slot at offset 0 of
+//!   that segment (a segment rolled to is made durable only by the next
+//!   sync, so its header may be torn): refused if proven durable, else the
+//!   segment and all after it are deleted.
 //!
 //! The pure scanning parts work on in-memory buffers so that the fuzz
 //! target can drive them with arbitrary bytes.
@@ -200,6 +202,83 @@ fn load(storage: &dyn Storage, dir: &Path, index: u64) -> Result<(Arc<dyn Storag
     Ok((file, bytes))
 }
 
+/// A bad slot: in `segment` (position `i` among `indices`), at `offset`
+/// (0: its header), where seq `expected` was due.
+struct BadSlot<'a> {
+    i: usize,
+    file: &'a Arc<dyn StorageFile>,
+    bytes: &'a [u8],
+    offset: u64,
+    expected: u64,
+    why: String,
+}
+
+/// Settles a bad slot: refuses the log if a later record proves the slot
+/// was durable, else cuts the torn tail off (truncating the segment at the
+/// slot, or deleting it if its header is the slot, and deleting every later
+/// segment). `next` is the already loaded following segment, if any.
+fn settle(
+    storage: &dyn Storage,
+    dir: &Path,
+    indices: &[u64],
+    slot: BadSlot<'_>,
+    mut next: Option<(Arc<dyn StorageFile>, Vec<u8>)>,
+    report: &mut RecoveryReport,
+) -> Result<()> {
+    let path = slot.file.path().to_path_buf();
+    let from = slot.offset.max(SEGMENT_HEADER_BYTES as u64 - RECORD_HEADER_BYTES as u64)
+        + RECORD_HEADER_BYTES as u64;
+    let mut proof = find_durability_proof(slot.bytes, from, slot.expected).map(|(p, h)| (path.clone(), p, h));
+    let mut later = Vec::new();
+    for &index in &indices[slot.i + 1..] {
+        let (lfile, lbytes) = match next.take() {
+            Some(l) => l,
+            None => load(storage, dir, index)?,
+        };
+        if proof.is_none() {
+            proof = find_durability_proof(&lbytes, SEGMENT_HEADER_BYTES as u64, slot.expected)
+                .map(|(p, h)| (lfile.path().to_path_buf(), p, h));
+        }
+        later.push((lfile.path().to_path_buf(), lbytes.len() as u64));
+    }
+    if let Some((ppath, ppos, ph)) = proof {
+        return Err(Error::Corruption {
+            path,
+            offset: slot.offset,
+            detail: format!(
+                "WAL segment {} is damaged at offset {} where record seq {} was due ({}), but record seq {} \
+                 in {} at offset {ppos} was written after records through seq {} were durable: this is \
+                 corruption in the middle of the log, not a torn tail; refusing the image",
+                indices[slot.i],
+                slot.offset,
+                slot.expected,
+                slot.why,
+                ph.seq,
+                ppath.display(),
+                ph.durable_seq
+            ),
+        });
+    }
+    // A torn tail: cut it off so that nothing behind it can be mistaken
+    // for a record later, and make the cut durable before appending.
+    if slot.offset == 0 {
+        later.insert(0, (path, slot.bytes.len() as u64));
+    } else if slot.bytes.len() as u64 > slot.offset {
+        report.torn_tail_bytes += slot.bytes.len() as u64 - slot.offset;
+        slot.file.set_len(slot.offset)?;
+        slot.file.sync_data()?;
+    }
+    for (lpath, len) in later.iter().rev() {
+        storage.remove_file(lpath)?;
+        report.deleted_segments += 1;
+        report.torn_tail_bytes += len;
+    }
+    if !later.is_empty() {
+        storage.sync_dir(dir)?;
+    }
+    Ok(())
+}
+
 /// Recovers the log in `dir`: validates every segment and record, calls
 /// `apply` for each valid record with seq above `replay_after_seq` in seq
 /// order, cuts off a torn tail, and refuses mid-log damage. See the module
@@ -235,18 +314,15 @@ pub fn recover_log(
             None => load(storage, dir, indices[i])?,
         };
         let path = file.path().to_path_buf();
+        // Later segments are entered only through a header checked below.
         let header = match check_segment_header(&bytes, &path, indices[i], log_id) {
             Ok(h) => h,
             Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
-            Err(_) if indices.len() == 1 && !holds_any_record(&bytes) => {
-                // The only segment, torn while the image was being created.
-                storage.remove_file(&path)?;
-                storage.sync_dir(dir)?;
-                report.deleted_segments += 1;
-                report.torn_tail_bytes += bytes.len() as u64;
+            Err(e) => {
+                let slot = BadSlot { i, file: &file, bytes: &bytes, offset: 0, expected, why: e.to_string() };
+                settle(storage, dir, &indices, slot, None, &mut report)?;
                 break;
             }
-            Err(e) => return Err(e),
         };
         if i == 0 {
             if header.first_seq > replay_after_seq + 1 {
@@ -263,7 +339,7 @@ pub fn recover_log(
             expected = header.first_seq;
         }
         assert_eq!(header.first_seq, expected, "segments are only entered at their first seq");
-        let seg = Arc::new(Segment { header, file });
+        let seg = Arc::new(Segment { header, file: file.clone() });
         let (next, end) = scan_segment(&bytes, expected, &mut |pos, h| {
             report.records += 1;
             if h.seq > replay_after_seq {
@@ -272,13 +348,12 @@ pub fn recover_log(
             }
         });
         expected = next;
-        kept.push(seg.clone());
-        let (offset, detail) = match end {
+        kept.push(seg);
+        let (offset, mut why) = match end {
             SegmentEnd::Refuse { offset, error } => return Err(refusal(&path, offset, error)),
             SegmentEnd::BadSlot { offset, detail } => (offset, detail),
         };
         // Did this segment simply end, its next record placed in the next one?
-        let mut next_note = String::new();
         if i + 1 < indices.len() {
             let (nfile, nbytes) = load(storage, dir, indices[i + 1])?;
             match check_segment_header(&nbytes, nfile.path(), indices[i + 1], log_id) {
@@ -287,58 +362,15 @@ pub fn recover_log(
                     i += 1;
                     continue;
                 }
-                Ok(nh) => next_note = format!("; the next segment starts at seq {}", nh.first_seq),
+                Ok(nh) => why += &format!("; the next segment starts at seq {}", nh.first_seq),
                 Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
-                Err(e) => next_note = format!("; the next segment's header is bad: {e}"),
+                Err(e) => why += &format!("; the next segment's header is bad: {e}"),
             }
             next_loaded = Some((nfile, nbytes));
         }
-        // Is there proof that seq `expected` had been durable?
-        let mut proof = find_durability_proof(&bytes, offset + RECORD_HEADER_BYTES as u64, expected)
-            .map(|(p, h)| (path.clone(), p, h));
-        let mut later = Vec::new();
-        for (j, &index) in indices.iter().enumerate().skip(i + 1) {
-            let (lfile, lbytes) = match (j == i + 1).then(|| next_loaded.take()).flatten() {
-                Some(l) => l,
-                None => load(storage, dir, index)?,
-            };
-            if proof.is_none() {
-                proof = find_durability_proof(&lbytes, SEGMENT_HEADER_BYTES as u64, expected)
-                    .map(|(p, h)| (lfile.path().to_path_buf(), p, h));
-            }
-            later.push((lfile.path().to_path_buf(), lbytes.len() as u64));
-        }
-        if let Some((ppath, ppos, ph)) = proof {
-            return Err(Error::Corruption {
-                path,
-                offset,
-                detail: format!(
-                    "WAL record seq {expected} in segment {} at offset {offset} is damaged ({detail}{next_note}), \
-                     but record seq {} in {} at offset {ppos} was written after records through seq {} were \
-                     durable: this is corruption in the middle of the log, not a torn tail; refusing the image",
-                    indices[i],
-                    ph.seq,
-                    ppath.display(),
-                    ph.durable_seq
-                ),
-            });
-        }
-        // A torn tail: cut it off so that nothing behind it can be mistaken
-        // for a record later, and make the cut durable before appending.
         tail = offset;
-        if bytes.len() as u64 > offset {
-            report.torn_tail_bytes += bytes.len() as u64 - offset;
-            seg.file.set_len(offset)?;
-            seg.file.sync_data()?;
-        }
-        for (lpath, len) in later.iter().rev() {
-            storage.remove_file(lpath)?;
-            report.deleted_segments += 1;
-            report.torn_tail_bytes += len;
-        }
-        if !later.is_empty() {
-            storage.sync_dir(dir)?;
-        }
+        let slot = BadSlot { i, file: &file, bytes: &bytes, offset, expected, why };
+        settle(storage, dir, &indices, slot, next_loaded.take(), &mut report)?;
         break;
     }
     report.segments = kept.len() as u64;

@@ -22,10 +22,13 @@
 //!      56   456  zero
 //! ```
 //!
-//! A segment is created whole before any record goes into it: header
-//! written, file synced, directory synced. Files are never reused, so the
-//! bytes past the last record are zeros (or the debris of a torn write,
-//! which recovery truncates).
+//! A segment's header is written before any record goes into it. The first
+//! segment of a log is synced (file and directory) at creation; a segment
+//! rolled to later is made durable by the next group-commit round, together
+//! with the records in it, so recovery treats a damaged header of a later
+//! segment like any other bad slot (torn unless proven durable). Files are
+//! never reused, so the bytes past the last record are zeros (or the
+//! debris of a torn write, which recovery truncates).
 
 use crate::error::{Error, Result};
 use crate::format::{check_version, crc32c, crc32c_append, Decoder};
@@ -160,11 +163,18 @@ impl Segment {
         self.file.path()
     }
 
-    /// Creates segment `header.index` in `dir`, durably: the header is
-    /// written and synced and the directory synced before this returns.
-    /// On failure the half-made file is removed (best effort); a file left
-    /// by such a failure is replaced by the next attempt.
-    pub fn create(storage: &dyn Storage, dir: &Path, header: SegmentHeader) -> Result<Segment> {
+    /// Creates segment `header.index` in `dir` and writes its header. With
+    /// `durable`, the file and the directory are synced before this returns;
+    /// without, the next group-commit round syncs both (a segment rolled to
+    /// on the write path costs no sync there). On failure the half-made
+    /// file is removed (best effort); a file left by such a failure is
+    /// replaced by the next attempt.
+    pub fn create(
+        storage: &dyn Storage,
+        dir: &Path,
+        header: SegmentHeader,
+        durable: bool,
+    ) -> Result<Segment> {
         let path: PathBuf = dir.join(segment_file_name(header.index));
         let file = match storage.open(&path, OpenMode::CreateNew) {
             // Left by an earlier attempt whose cleanup failed too; it holds
@@ -175,10 +185,13 @@ impl Segment {
             }
             other => other?,
         };
-        let made = file
-            .write_all_at(&header.encode(), 0)
-            .and_then(|()| file.sync_data())
-            .and_then(|()| storage.sync_dir(dir));
+        let made = file.write_all_at(&header.encode(), 0).and_then(|()| {
+            if durable {
+                file.sync_data()?;
+                storage.sync_dir(dir)?;
+            }
+            Ok(())
+        });
         if let Err(e) = made {
             let _ = storage.remove_file(&path);
             return Err(e);
