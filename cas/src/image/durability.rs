@@ -124,6 +124,19 @@ impl Durability {
         }
     }
 
+    /// Waits for a change (a completion, a sync, a failure), at most
+    /// [`RECHECK_MS`].
+    fn wait<'a>(&self, mut st: MutexGuard<'a, DurState>) -> MutexGuard<'a, DurState> {
+        st.waiters += 1;
+        st = self
+            .cond
+            .wait_timeout(st, Duration::from_millis(RECHECK_MS))
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+        st.waiters -= 1;
+        st
+    }
+
     /// Waits until every record through `seq` is complete; false if the
     /// image failed first. Bounded by the writes in flight.
     pub fn wait_complete(&self, seq: u64) -> bool {
@@ -135,13 +148,7 @@ impl Durability {
             if st.watermark >= seq {
                 return true;
             }
-            st.waiters += 1;
-            st = self
-                .cond
-                .wait_timeout(st, Duration::from_millis(RECHECK_MS))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-            st.waiters -= 1;
+            st = self.wait(st);
         }
     }
 
@@ -191,13 +198,7 @@ impl Durability {
                 self.cond.notify_all();
                 continue;
             }
-            st.waiters += 1;
-            st = self
-                .cond
-                .wait_timeout(st, Duration::from_millis(RECHECK_MS))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-            st.waiters -= 1;
+            st = self.wait(st);
         }
     }
 }
