@@ -7,6 +7,12 @@
 
 pub mod error;
 pub mod format;
+pub mod image;
 pub mod storage;
+pub mod store;
+pub mod wal;
 
 pub use error::{Error, Result};
+pub use image::{Image, ImageStats, LogReservation};
+pub use store::{ImageInfo, Store, StoreOptions};
+pub use wal::RecordKind;

@@ -166,11 +166,6 @@ fn main() {
     for (what, ok) in checks {
         println!("target {what}: {}", if ok { "met" } else { "MISSED" });
     }
-    match casblk_ci::write_bench_json("sched", &out) {
-        Ok(path) => println!("wrote {}", path.display()),
-        Err(e) => {
-            eprintln!("bench_sched: cannot write sched.json: {e}");
-            std::process::exit(1);
-        }
-    }
+    let path = casblk_ci::write_results("sched", &out);
+    println!("wrote {}", path.display());
 }
