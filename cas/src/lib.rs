@@ -9,7 +9,13 @@ pub mod chunk;
 pub mod error;
 pub mod format;
 pub mod gc;
+pub mod image;
 pub mod manifest;
 pub mod storage;
+pub mod store;
+pub mod wal;
 
 pub use error::{Error, Result};
+pub use image::{Image, ImageStats, LogReservation};
+pub use store::{ImageInfo, Store, StoreOptions};
+pub use wal::RecordKind;

@@ -1,2 +1,82 @@
-//! Shared helpers for casblk's native benchmark binaries.
+//! Shared helpers for casblk's native benchmark binaries (`ci/bench NAME`
+//! runs `src/bin/bench_NAME.rs`).
 #![deny(unsafe_code)]
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// The workspace root (the benchmarks run from anywhere).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// Where results go: `$CASBLK_BENCH_DIR`, else the workspace's `target/bench`.
+pub fn results_dir() -> PathBuf {
+    let dir = match std::env::var_os("CASBLK_BENCH_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => workspace_root().join("target").join("bench"),
+    };
+    std::fs::create_dir_all(&dir).expect("create target/bench");
+    dir
+}
+
+/// A fresh scratch directory for one run under `target/bench/` (on the
+/// build's disk, not /tmp, which may be tmpfs). Removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        let dir = results_dir().join(format!("scratch-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The filesystem type of `path` as /proc/mounts names it (longest mount
+/// prefix), for the report.
+pub fn filesystem_of(path: &std::path::Path) -> String {
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_dev, mnt, fs) = (f.next()?, f.next()?, f.next()?);
+            path.starts_with(mnt).then(|| (mnt.len(), fs.to_string()))
+        })
+        .max()
+        .map(|(_, fs)| fs)
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Writes `target/bench/NAME.json` and returns its path.
+pub fn write_results(name: &str, value: &serde_json::Value) -> PathBuf {
+    let path = results_dir().join(format!("{name}.json"));
+    let text = serde_json::to_string_pretty(value).expect("json");
+    std::fs::write(&path, text + "\n").expect("write results");
+    path
+}
+
+/// Seconds since `t`.
+pub fn secs(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64()
+}
+
+/// A small deterministic generator (xorshift) for benchmark offsets.
+pub struct XorShift(pub u64);
+
+impl XorShift {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}

@@ -49,6 +49,10 @@ pub struct AddArgs {
     #[arg(long, default_value_t = 512 * 1024)]
     pub io_buf_bytes: u32,
 
+    /// Busy-poll the queue's ring this many microseconds before sleeping.
+    #[arg(long, default_value_t = 0)]
+    pub poll_us: u64,
+
     /// Stay in the foreground instead of daemonizing.
     #[arg(long)]
     pub foreground: bool,

@@ -42,6 +42,16 @@ pub fn require_driver() -> Result<()> {
     Ok(())
 }
 
+/// Refuses an explicit device id that is taken. Checked before ADD because
+/// libublk's control handle, when ADD fails with EEXIST, deletes the device
+/// with that id on drop: it would remove the device that is in the way.
+pub fn require_free_id(id: i32) -> Result<()> {
+    if id >= 0 && Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists() {
+        bail!("ublk device {id} already exists");
+    }
+    Ok(())
+}
+
 /// The driver's feature mask (kernel 6.5+ answers GET_FEATURES).
 pub fn driver_features() -> Result<u64> {
     require_driver()?;
@@ -69,6 +79,11 @@ pub fn features() -> Result<()> {
 
 /// Opens an existing device by id, mapping "no such device" to a clear error.
 fn open_device(id: u32) -> Result<UblkCtrl> {
+    // Checked first: libublk prints to stderr when asked for a device that
+    // does not exist.
+    if !Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists() {
+        bail!("no ublk device {id}");
+    }
     let id = i32::try_from(id).with_context(|| format!("device id {id} is out of range"))?;
     UblkCtrl::new_simple(id).map_err(|e| match e {
         libublk::UblkError::UringIOError(code) if code == -libc::ENODEV || code == -libc::ENOENT => {

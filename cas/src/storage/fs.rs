@@ -1,6 +1,6 @@
 //! The real backend: files on a local filesystem.
 
-use super::{OpenMode, Storage, StorageFile};
+use super::{OpenMode, Storage, StorageFile, StorageLock};
 use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -108,5 +108,26 @@ impl Storage for FsStorage {
 
     fn exists(&self, path: &Path) -> bool {
         path.exists()
+    }
+
+    fn lock_exclusive(&self, path: &Path) -> Result<StorageLock> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        // flock locks belong to the open file description, so a second
+        // open of the same path in this process conflicts too; the kernel
+        // drops the lock when the file closes or the process dies.
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(StorageLock::new(Box::new(file))),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Err(Error::Unavailable(
+                path.display().to_string(),
+                "locked by another process (or another open in this one)".into(),
+            )),
+            Err(e) => Err(Error::io(path, std::io::Error::from_raw_os_error(e.raw_os_error()))),
+        }
     }
 }

@@ -17,9 +17,9 @@
 //! them is gone. Faults ([`Fault`]) make chosen operations fail with EIO
 //! or ENOSPC, once or from then on.
 
-use super::{OpenMode, Storage, StorageFile};
+use super::{OpenMode, Storage, StorageFile, StorageLock};
 use crate::error::{Error, Result};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -97,6 +97,8 @@ struct State {
     files: HashMap<u64, Arc<Mutex<FileData>>>,
     faults: Vec<(Fault, u64)>,
     syncs: u64,
+    /// Paths locked by `lock_exclusive`; a crash releases them all.
+    locks: HashSet<PathBuf>,
 }
 
 /// In-memory storage with crash and fault injection. Clones share state.
@@ -181,6 +183,7 @@ impl MemStorage {
                 files: HashMap::new(),
                 faults: Vec::new(),
                 syncs: 0,
+                locks: HashSet::new(),
             })),
         }
     }
@@ -205,6 +208,7 @@ impl MemStorage {
         let mut st = lock(&self.state);
         st.generation += 1;
         st.faults.clear();
+        st.locks.clear();
         let mut rng = match mode {
             CrashMode::LoseUnsynced => None,
             CrashMode::Torn { seed } => Some(SplitMix(seed)),
@@ -518,6 +522,33 @@ impl Storage for MemStorage {
 
     fn exists(&self, path: &Path) -> bool {
         lock(&self.state).live.contains_key(path)
+    }
+
+    fn lock_exclusive(&self, path: &Path) -> Result<StorageLock> {
+        drop(self.open(path, OpenMode::Create)?);
+        let mut st = lock(&self.state);
+        if !st.locks.insert(path.to_path_buf()) {
+            return Err(Error::Unavailable(path.display().to_string(), "locked by another holder".into()));
+        }
+        let guard =
+            MemLock { path: path.to_path_buf(), generation: st.generation, state: self.state.clone() };
+        Ok(StorageLock::new(Box::new(guard)))
+    }
+}
+
+/// Releases a `MemStorage` lock on drop, unless a crash already did.
+struct MemLock {
+    path: PathBuf,
+    generation: u64,
+    state: Arc<Mutex<State>>,
+}
+
+impl Drop for MemLock {
+    fn drop(&mut self) {
+        let mut st = lock(&self.state);
+        if st.generation == self.generation {
+            st.locks.remove(&self.path);
+        }
     }
 }
 

@@ -12,6 +12,11 @@
 //! - Creating, renaming and removing files is durable only after
 //!   `sync_dir` on the parent directory returns.
 //! - `rename` atomically replaces the target (POSIX rename).
+//! - A file removed while a handle is open stays readable through that
+//!   handle (POSIX unlink semantics); the WAL relies on this so that a
+//!   read in flight keeps its segment alive (see `image`).
+//! - `lock_exclusive` gives one holder at a time; the lock dies with the
+//!   process (flock), or with a simulated crash in `MemStorage`.
 
 mod fs;
 mod mem;
@@ -48,6 +53,28 @@ pub trait Storage: Send + Sync + 'static {
     /// Makes creations, renames and removals in `dir` durable.
     fn sync_dir(&self, dir: &Path) -> Result<()>;
     fn exists(&self, path: &Path) -> bool;
+    /// Takes an exclusive lock on `path` (creating the file if missing),
+    /// held until the returned guard drops. Never waits: if another holder
+    /// has it, fails with [`Error::Unavailable`](crate::Error::Unavailable).
+    fn lock_exclusive(&self, path: &Path) -> Result<StorageLock>;
+}
+
+/// An exclusive lock from [`Storage::lock_exclusive`]; dropping it unlocks.
+pub struct StorageLock {
+    _held: Box<dyn Send + Sync>,
+}
+
+impl StorageLock {
+    /// Wraps whatever keeps the lock held (an flock'ed file, a guard).
+    pub fn new(held: Box<dyn Send + Sync>) -> StorageLock {
+        StorageLock { _held: held }
+    }
+}
+
+impl std::fmt::Debug for StorageLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StorageLock")
+    }
 }
 
 /// One open file. Reads and writes are positional, so one handle can be
@@ -118,6 +145,12 @@ mod tests {
         assert!(s.list_dir(&dir).unwrap().is_empty());
         s.remove_dir_all(&dir).unwrap();
         assert!(!s.exists(&dir));
+        let l = root.join("LOCK");
+        let held = s.lock_exclusive(&l).unwrap();
+        let again = s.lock_exclusive(&l).unwrap_err();
+        assert!(matches!(again, crate::Error::Unavailable(..)), "{again}");
+        drop(held);
+        let _held = s.lock_exclusive(&l).unwrap();
     }
 
     #[test]

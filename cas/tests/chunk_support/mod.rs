@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use cas::chunk::{hash_block, ChunkHash, CHUNK_BYTES};
-use cas::storage::{MemStorage, OpenMode, Storage, StorageFile};
+use cas::storage::{MemStorage, OpenMode, Storage, StorageFile, StorageLock};
 use cas::{Error, Result};
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -140,6 +140,10 @@ impl Storage for Crashing {
     }
     fn exists(&self, path: &Path) -> bool {
         self.0.inner.exists(path)
+    }
+    fn lock_exclusive(&self, path: &Path) -> Result<StorageLock> {
+        self.0.alive(path)?;
+        self.0.inner.lock_exclusive(path)
     }
 }
 

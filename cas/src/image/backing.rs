@@ -1,0 +1,41 @@
+//! The seam between an image's log overlay and its compacted data: what a
+//! read asks for every sector the overlay does not hold.
+//!
+//! The cas-chunk side (`cas::manifest::Manifest` plus `cas::chunk::ChunkStore`)
+//! implements [`ManifestView`]; until then, and for images never compacted,
+//! [`EmptyManifest`] says every block is a hole.
+
+use crate::error::Result;
+
+/// blake3 of one 4 KiB block.
+pub type ChunkHash = [u8; 32];
+
+/// The unit of the manifest and of chunks.
+pub const BLOCK_BYTES: u64 = 4096;
+
+/// Compacted data of one image: block -> chunk hash, and the chunk bytes.
+pub trait ManifestView: Send + Sync {
+    /// The chunk holding `block` (image offset / 4096), or None for a hole.
+    fn lookup(&self, block: u64) -> Result<Option<ChunkHash>>;
+    /// Reads the 4096 bytes of chunk `hash` into `out` (`out.len()` is 4096).
+    fn read_chunk(&self, hash: &ChunkHash, out: &mut [u8]) -> Result<()>;
+}
+
+/// A manifest with no blocks: everything outside the overlay reads as zeros.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EmptyManifest;
+
+impl ManifestView for EmptyManifest {
+    fn lookup(&self, _block: u64) -> Result<Option<ChunkHash>> {
+        Ok(None)
+    }
+
+    fn read_chunk(&self, hash: &ChunkHash, _out: &mut [u8]) -> Result<()> {
+        Err(crate::Error::NotFound(format!("chunk {} in an empty manifest", hex(hash))))
+    }
+}
+
+/// Lower-case hex of a hash, for messages.
+pub fn hex(hash: &ChunkHash) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,253 @@
+//! Log capacity: the per-image quota, reservations, and the wake-ups when
+//! space comes back.
+//!
+//! ```text
+//!   quota_bytes  >=  consumed_bytes + reserved_bytes
+//!                    |                |
+//!                    |                +-- granted to writes not yet placed
+//!                    +-- closed segments whole + the current segment's
+//!                        write position (unused segment tails included)
+//! ```
+//!
+//! - [`Capacity::try_reserve`] never blocks: it grants the bytes or says
+//!   no (and remembers that someone was refused).
+//! - Placing a record converts reserved bytes into consumed bytes; what a
+//!   write did not use returns when its [`LogReservation`] drops.
+//! - Reclamation returns consumed bytes ([`Capacity::release_consumed`]).
+//! - Whenever bytes return while someone had been refused, the capacity
+//!   listener is called (outside every lock) and blocked writers wake.
+//!   Blocked writers also retry every [`CAPACITY_RETRY_MS`] on their own,
+//!   so a missed wake-up costs a bounded delay, never a hang or an error.
+//!
+//! Because the log can always hold what was reserved, the number of
+//! segment files never exceeds `quota / segment_bytes + 1`.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Period of a blocked writer's own retry.
+pub const CAPACITY_RETRY_MS: u64 = 100;
+
+/// Called when log space is released after a refusal.
+pub type CapacityListener = Arc<dyn Fn() + Send + Sync>;
+
+struct CapState {
+    consumed_bytes: u64,
+    reserved_bytes: u64,
+    /// Someone was refused since the last release.
+    refused: bool,
+}
+
+/// The quota accounting of one image's log.
+pub struct Capacity {
+    quota_bytes: u64,
+    state: Mutex<CapState>,
+    cond: Condvar,
+    listener: Mutex<Option<CapacityListener>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Log bytes granted to one write (or a batch) by the quota. Dropping it
+/// returns whatever was not used.
+pub struct LogReservation {
+    bytes: u64,
+    cap: Arc<Capacity>,
+}
+
+impl std::fmt::Debug for LogReservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogReservation").field("bytes", &self.bytes).finish()
+    }
+}
+
+impl LogReservation {
+    /// Bytes still reserved.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub(crate) fn belongs_to(&self, cap: &Arc<Capacity>) -> bool {
+        Arc::ptr_eq(&self.cap, cap)
+    }
+
+    /// Moves `bytes` of this reservation into the log's consumed bytes.
+    pub(crate) fn consume(&mut self, bytes: u64) {
+        assert!(bytes <= self.bytes, "placing {bytes} log bytes on a reservation of {}", self.bytes);
+        self.bytes -= bytes;
+        let mut st = lock(&self.cap.state);
+        st.reserved_bytes -= bytes;
+        st.consumed_bytes += bytes;
+    }
+}
+
+impl Drop for LogReservation {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            let notify = {
+                let mut st = lock(&self.cap.state);
+                st.reserved_bytes -= self.bytes;
+                std::mem::take(&mut st.refused)
+            };
+            self.bytes = 0;
+            if notify {
+                self.cap.notify();
+            }
+        }
+    }
+}
+
+impl Capacity {
+    pub fn new(quota_bytes: u64, consumed_bytes: u64) -> Arc<Capacity> {
+        Arc::new(Capacity {
+            quota_bytes,
+            state: Mutex::new(CapState { consumed_bytes, reserved_bytes: 0, refused: false }),
+            cond: Condvar::new(),
+            listener: Mutex::new(None),
+        })
+    }
+
+    pub fn quota_bytes(&self) -> u64 {
+        self.quota_bytes
+    }
+
+    pub fn consumed_bytes(&self) -> u64 {
+        lock(&self.state).consumed_bytes
+    }
+
+    pub fn reserved_bytes(&self) -> u64 {
+        lock(&self.state).reserved_bytes
+    }
+
+    /// Grants `bytes` if they fit under the quota now; never blocks.
+    pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<LogReservation> {
+        let mut st = lock(&self.state);
+        if st.consumed_bytes + st.reserved_bytes + bytes <= self.quota_bytes {
+            st.reserved_bytes += bytes;
+            Some(LogReservation { bytes, cap: self.clone() })
+        } else {
+            st.refused = true;
+            None
+        }
+    }
+
+    /// Waits until `bytes` fit. Retries every [`CAPACITY_RETRY_MS`] even
+    /// without a wake-up; `check` runs before each try and may end the wait
+    /// with an error (the image failed or closed). `on_wait` runs once if
+    /// the first try is refused.
+    pub fn reserve_blocking<E>(
+        self: &Arc<Self>,
+        bytes: u64,
+        mut check: impl FnMut() -> Result<(), E>,
+        on_wait: impl FnOnce(),
+    ) -> Result<LogReservation, E> {
+        assert!(bytes <= self.quota_bytes, "a reservation larger than the quota can never be granted");
+        check()?;
+        if let Some(r) = self.try_reserve(bytes) {
+            return Ok(r);
+        }
+        on_wait();
+        loop {
+            {
+                let st = lock(&self.state);
+                if st.consumed_bytes + st.reserved_bytes + bytes > self.quota_bytes {
+                    let timeout = Duration::from_millis(CAPACITY_RETRY_MS);
+                    let _ = self.cond.wait_timeout(st, timeout).unwrap_or_else(|p| p.into_inner());
+                }
+            }
+            check()?;
+            if let Some(r) = self.try_reserve(bytes) {
+                return Ok(r);
+            }
+        }
+    }
+
+    /// Returns `bytes` of consumed log space (reclamation) and wakes waiters.
+    pub fn release_consumed(&self, bytes: u64) {
+        {
+            let mut st = lock(&self.state);
+            assert!(bytes <= st.consumed_bytes, "releasing more log bytes than are in use");
+            st.consumed_bytes -= bytes;
+            st.refused = false;
+        }
+        if bytes > 0 {
+            self.notify();
+        }
+    }
+
+    pub fn set_listener(&self, f: CapacityListener) {
+        *lock(&self.listener) = Some(f);
+    }
+
+    /// Wakes blocked writers and calls the listener (outside all locks).
+    pub fn notify(&self) {
+        self.cond.notify_all();
+        let f = lock(&self.listener).clone();
+        if let Some(f) = f {
+            f();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[test]
+    fn reservations_respect_the_quota_and_return_unused_bytes() {
+        let cap = Capacity::new(1000, 100);
+        let calls = Arc::new(AtomicU64::new(0));
+        let c = calls.clone();
+        cap.set_listener(Arc::new(move || {
+            c.fetch_add(1, Ordering::SeqCst);
+        }));
+        let mut a = cap.try_reserve(600).unwrap();
+        assert!(cap.try_reserve(301).is_none());
+        let b = cap.try_reserve(300).unwrap();
+        a.consume(400);
+        assert_eq!(cap.consumed_bytes(), 500);
+        drop(a); // returns 200, after a refusal: listener fires
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(cap.reserved_bytes(), 300);
+        drop(b); // nobody refused since: no call
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        cap.release_consumed(500);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert_eq!(cap.consumed_bytes(), 0);
+    }
+
+    #[test]
+    fn blocked_reservation_wakes_on_release() {
+        let cap = Capacity::new(100, 100);
+        let c2 = cap.clone();
+        let t = std::thread::spawn(move || {
+            let r = c2.reserve_blocking::<()>(50, || Ok(()), || {}).unwrap();
+            r.bytes()
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        cap.release_consumed(60);
+        assert_eq!(t.join().unwrap(), 50);
+    }
+
+    #[test]
+    fn blocked_reservation_ends_when_check_fails() {
+        let cap = Capacity::new(100, 100);
+        let mut n = 0;
+        let r = cap.reserve_blocking(
+            10,
+            || {
+                n += 1;
+                if n > 2 {
+                    Err("closed")
+                } else {
+                    Ok(())
+                }
+            },
+            || {},
+        );
+        assert_eq!(r.unwrap_err(), "closed");
+    }
+}

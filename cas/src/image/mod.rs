@@ -1,0 +1,515 @@
+//! One image: its log, its overlay index, its capacity and durability
+//! state, and the read/write/zero/discard/flush operations on it.
+//!
+//! ```text
+//!  write(off, data) --reserve--> Capacity (quota)      never blocks in try_reserve
+//!        |
+//!        +--assign--> Log: seq + slot (roll if full)   short lock, rare I/O
+//!        |            closed segment -> Writeback thread (early sync)
+//!        +--pwrite--> segment file                     no lock held
+//!        +--complete--> Durability (watermark)
+//!        +--publish--> Overlay (seq-wins insert)       short write lock
+//!        +--(FUA) make_durable(seq)                    group commit
+//!
+//!  read(off, buf) --lookup--> Overlay pieces           short read lock
+//!        +-- Log piece:  pread from the segment (its Arc keeps it open)
+//!        +-- Zero piece: zeros
+//!        +-- gap:        ManifestView::lookup per 4 KiB block -> chunk or hole
+//! ```
+//!
+//! `Image` is `Send + Sync`; every method takes `&self` and may run on many
+//! threads at once. No lock is held across I/O on record bytes. The
+//! durability protocol is written out in docs/design.md.
+
+pub mod backing;
+pub mod capacity;
+pub mod durability;
+pub mod overlay;
+pub mod stats;
+pub mod writeback;
+
+pub use backing::{ChunkHash, EmptyManifest, ManifestView, BLOCK_BYTES};
+pub use capacity::{CapacityListener, LogReservation, CAPACITY_RETRY_MS};
+pub use stats::ImageStats;
+
+use crate::error::{Error, Result};
+use crate::storage::Storage;
+use crate::wal::segment::SEGMENT_BYTES_MIN;
+use crate::wal::{Log, RecordHeader, RecordKind, RecoveryReport, Slot, RECORD_HEADER_BYTES, SECTOR_BYTES};
+use capacity::Capacity;
+use durability::Durability;
+use overlay::{Overlay, Source};
+use stats::{bump, Counters};
+use std::path::Path;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use writeback::Writeback;
+
+/// Largest payload one write request may carry.
+pub const MAX_WRITE_BYTES: u64 = 64 << 20;
+
+/// How an image is opened.
+#[derive(Clone)]
+pub struct ImageConfig {
+    pub name: String,
+    pub size_bytes: u64,
+    pub log_id: u64,
+    pub segment_bytes: u64,
+    pub quota_bytes: u64,
+    /// Records with seq at or below this are covered by the manifest.
+    pub replay_after_seq: u64,
+}
+
+/// One open image. See the module docs.
+pub struct Image {
+    name: String,
+    size_bytes: u64,
+    log: Arc<Log>,
+    overlay: RwLock<Overlay>,
+    capacity: Arc<Capacity>,
+    durability: Arc<Durability>,
+    writeback: Writeback,
+    manifest: RwLock<Arc<dyn ManifestView>>,
+    counters: Counters,
+    recovery: RecoveryReport,
+}
+
+fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write_lock<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+fn sectors(bytes: u64) -> u64 {
+    bytes / SECTOR_BYTES
+}
+
+impl Image {
+    /// Creates the (empty) log of a new image in `image_dir`/wal.
+    pub(crate) fn create_log(
+        storage: &dyn Storage,
+        image_dir: &Path,
+        segment_bytes: u64,
+        log_id: u64,
+    ) -> Result<()> {
+        let wal = image_dir.join("wal");
+        storage.create_dir_all(&wal)?;
+        storage.sync_dir(image_dir)?;
+        Log::create(storage, &wal, segment_bytes, log_id)
+    }
+
+    /// Opens an image whose directory is `image_dir`: replays its log
+    /// (recovery) and rebuilds the overlay.
+    pub(crate) fn open(
+        storage: Arc<dyn Storage>,
+        image_dir: &Path,
+        cfg: ImageConfig,
+        manifest: Arc<dyn ManifestView>,
+    ) -> Result<Image> {
+        let mut overlay = Overlay::new();
+        let size_sectors = sectors(cfg.size_bytes);
+        let mut beyond = None;
+        let (log, recovery) = Log::open(
+            storage,
+            &image_dir.join("wal"),
+            cfg.segment_bytes,
+            cfg.log_id,
+            cfg.replay_after_seq,
+            &mut |seg, pos, h: &RecordHeader| {
+                let (start, len) = (sectors(h.offset_bytes), sectors(h.len_bytes));
+                let src = match h.kind {
+                    RecordKind::Pad => return,
+                    RecordKind::Write => {
+                        Source::Log { segment: seg.clone(), position: pos + RECORD_HEADER_BYTES as u64 }
+                    }
+                    RecordKind::WriteZeroes | RecordKind::Discard => Source::Zero,
+                };
+                if start + len > size_sectors {
+                    beyond.get_or_insert((seg.path().to_path_buf(), pos, h.seq));
+                    return;
+                }
+                overlay.insert(start, len, h.seq, src);
+            },
+        )?;
+        if let Some((path, offset, seq)) = beyond {
+            return Err(Error::Corruption {
+                path,
+                offset,
+                detail: format!("record seq {seq} reaches past the image's {} bytes", cfg.size_bytes),
+            });
+        }
+        let durable = log.next_seq() - 1;
+        let capacity = Capacity::new(cfg.quota_bytes, log.used_bytes());
+        let log = Arc::new(log);
+        let durability = Arc::new(Durability::new(format!("image {}", cfg.name), durable));
+        Ok(Image {
+            writeback: Writeback::start(&cfg.name, log.clone(), durability.clone()),
+            durability,
+            name: cfg.name,
+            size_bytes: cfg.size_bytes,
+            log,
+            overlay: RwLock::new(overlay),
+            capacity,
+            manifest: RwLock::new(manifest),
+            counters: Counters::default(),
+            recovery,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    /// Replaces the compacted-data view (the manifest side sets it).
+    pub fn set_manifest(&self, manifest: Arc<dyn ManifestView>) {
+        *write_lock(&self.manifest) = manifest;
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        if !offset.is_multiple_of(SECTOR_BYTES) || !len.is_multiple_of(SECTOR_BYTES) || len == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "range {offset}+{len} is not a non-empty multiple of {SECTOR_BYTES} bytes"
+            )));
+        }
+        if offset.checked_add(len).is_none_or(|end| end > self.size_bytes) {
+            return Err(Error::InvalidArgument(format!(
+                "range {offset}+{len} is outside image {} of {} bytes",
+                self.name, self.size_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Log bytes a request of `kind` over `len` bytes may need: an upper
+    /// bound (record headers, splits at segment ends, the unused tail of a
+    /// segment it rolls past). What a write does not use returns to the
+    /// quota when it completes.
+    pub fn log_bytes_needed(&self, kind: RecordKind, len: u64) -> u64 {
+        match kind {
+            RecordKind::Write => {
+                // Every segment but the first absorbs more than half a
+                // minimal segment of this request before the next roll.
+                let rolls = 2 + len / (SEGMENT_BYTES_MIN / 2);
+                let records = rolls + 1;
+                let roll_waste = RECORD_HEADER_BYTES as u64 + SECTOR_BYTES;
+                len + records * RECORD_HEADER_BYTES as u64 + rolls * roll_waste
+            }
+            // Range records have no payload, so a roll wastes nothing.
+            RecordKind::WriteZeroes | RecordKind::Discard => RECORD_HEADER_BYTES as u64,
+            RecordKind::Pad => 0,
+        }
+    }
+
+    /// Reserves `log_bytes` of log capacity if they fit now; never blocks.
+    pub fn try_reserve(&self, log_bytes: u64) -> Option<LogReservation> {
+        self.capacity.try_reserve(log_bytes)
+    }
+
+    /// Called whenever log space is released after a reservation was refused.
+    pub fn set_capacity_listener(&self, f: CapacityListener) {
+        self.capacity.set_listener(f);
+    }
+
+    /// Log bytes in use (segments, including unused segment tails).
+    pub fn log_used_bytes(&self) -> u64 {
+        self.capacity.consumed_bytes()
+    }
+
+    pub fn log_quota_bytes(&self) -> u64 {
+        self.capacity.quota_bytes()
+    }
+
+    /// The seq below which (inclusive) every record is durable. The manifest
+    /// may cover at most this much of the log.
+    pub fn durable_seq(&self) -> u64 {
+        self.durability.durable_seq()
+    }
+
+    fn reserve_blocking(&self, kind: RecordKind, len: u64) -> Result<LogReservation> {
+        let needed = self.log_bytes_needed(kind, len);
+        if needed > self.capacity.quota_bytes() {
+            return Err(Error::InvalidArgument(format!(
+                "a request of {len} bytes needs up to {needed} log bytes, more than image {}'s whole log quota of {}",
+                self.name,
+                self.capacity.quota_bytes()
+            )));
+        }
+        self.capacity.reserve_blocking(
+            needed,
+            || self.durability.check(),
+            || bump(&self.counters.capacity_waits, 1),
+        )
+    }
+
+    /// Writes `data` at `offset`, waiting for log capacity if needed (never
+    /// failing for lack of it). With `fua`, durable when it returns.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_range(offset, data.len() as u64)?;
+        if data.len() as u64 > MAX_WRITE_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "write of {} bytes (max {MAX_WRITE_BYTES})",
+                data.len()
+            )));
+        }
+        let r = self.reserve_blocking(RecordKind::Write, data.len() as u64)?;
+        self.write_reserved(r, offset, data, fua)
+    }
+
+    /// Makes `[offset, offset + len)` read as zeros, waiting for capacity.
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.check_range(offset, len)?;
+        let r = self.reserve_blocking(RecordKind::WriteZeroes, len)?;
+        self.range_reserved(r, RecordKind::WriteZeroes, offset, len, fua)
+    }
+
+    /// Deallocates `[offset, offset + len)`; it reads as zeros afterwards.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_range(offset, len)?;
+        let r = self.reserve_blocking(RecordKind::Discard, len)?;
+        self.range_reserved(r, RecordKind::Discard, offset, len, false)
+    }
+
+    fn check_reservation(&self, r: &LogReservation, kind: RecordKind, len: u64) -> Result<()> {
+        if !r.belongs_to(&self.capacity) {
+            return Err(Error::InvalidArgument(format!(
+                "log reservation of another image used on {}",
+                self.name
+            )));
+        }
+        let needed = self.log_bytes_needed(kind, len);
+        if r.bytes() < needed {
+            return Err(Error::InvalidArgument(format!(
+                "reservation of {} log bytes for a {kind:?} of {len} bytes that needs {needed}",
+                r.bytes()
+            )));
+        }
+        self.durability.check()
+    }
+
+    /// Writes with capacity reserved beforehand (see `log_bytes_needed`).
+    pub fn write_reserved(&self, mut r: LogReservation, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_range(offset, data.len() as u64)?;
+        self.check_reservation(&r, RecordKind::Write, data.len() as u64)?;
+        bump(&self.counters.writes, 1);
+        let mut done = 0usize;
+        let mut last_seq = 0;
+        while done < data.len() {
+            let slot = self.assign(RecordKind::Write, (data.len() - done) as u64)?;
+            r.consume(slot.consumed_bytes);
+            let piece = &data[done..done + slot.payload_bytes as usize];
+            let at = offset + done as u64;
+            let header = RecordHeader::write(slot.seq, self.durability.durable_seq(), at, piece.len());
+            self.append(&slot, &header, piece)?;
+            bump(&self.counters.write_records, 1);
+            bump(&self.counters.payload_bytes_written, piece.len() as u64);
+            let src = Source::Log { segment: slot.segment.clone(), position: slot.payload_position() };
+            write_lock(&self.overlay).insert(sectors(at), sectors(piece.len() as u64), slot.seq, src);
+            last_seq = slot.seq;
+            done += piece.len();
+        }
+        drop(r);
+        if fua {
+            bump(&self.counters.fua_writes, 1);
+            self.make_durable(last_seq)?;
+        }
+        Ok(())
+    }
+
+    /// WRITE_ZEROES with capacity reserved beforehand.
+    pub fn write_zeroes_reserved(&self, r: LogReservation, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.check_range(offset, len)?;
+        self.range_reserved(r, RecordKind::WriteZeroes, offset, len, fua)
+    }
+
+    /// DISCARD with capacity reserved beforehand.
+    pub fn discard_reserved(&self, r: LogReservation, offset: u64, len: u64) -> Result<()> {
+        self.check_range(offset, len)?;
+        self.range_reserved(r, RecordKind::Discard, offset, len, false)
+    }
+
+    fn range_reserved(
+        &self,
+        mut r: LogReservation,
+        kind: RecordKind,
+        offset: u64,
+        len: u64,
+        fua: bool,
+    ) -> Result<()> {
+        self.check_reservation(&r, kind, len)?;
+        let slot = self.assign(kind, 0)?;
+        r.consume(slot.consumed_bytes);
+        drop(r);
+        let header = RecordHeader::range(kind, slot.seq, self.durability.durable_seq(), offset, len);
+        self.append(&slot, &header, &[])?;
+        let counter = if kind == RecordKind::Discard {
+            &self.counters.discard_records
+        } else {
+            &self.counters.zero_records
+        };
+        bump(counter, 1);
+        write_lock(&self.overlay).insert(sectors(offset), sectors(len), slot.seq, Source::Zero);
+        if fua {
+            bump(&self.counters.fua_writes, 1);
+            self.make_durable(slot.seq)?;
+        }
+        Ok(())
+    }
+
+    /// Places one record; a segment closed by the roll goes to writeback.
+    fn assign(&self, kind: RecordKind, payload_bytes: u64) -> Result<Slot> {
+        let slot =
+            self.log.assign(kind, payload_bytes).inspect_err(|_| bump(&self.counters.write_errors, 1))?;
+        if let Some((segment, last_seq)) = &slot.closed {
+            self.writeback.closed(segment.clone(), *last_seq);
+        }
+        Ok(slot)
+    }
+
+    /// Writes one record into its slot and marks it complete. If the write
+    /// fails the slot is voided with PAD (the log stays whole and the image
+    /// usable); if even that fails, the image fails.
+    fn append(&self, slot: &Slot, header: &RecordHeader, payload: &[u8]) -> Result<()> {
+        bump(&self.counters.log_bytes_written, u64::from(slot.record_bytes()));
+        match self.log.write_record(slot, header, payload) {
+            Ok(()) => {
+                self.durability.complete(slot.seq);
+                Ok(())
+            }
+            Err(e) => {
+                bump(&self.counters.write_errors, 1);
+                match self.log.void(slot, self.durability.durable_seq()) {
+                    Ok(()) => {
+                        bump(&self.counters.pad_records, 1);
+                        self.durability.complete(slot.seq);
+                    }
+                    Err(e2) => self.durability.fail(format!(
+                        "writing log record seq {} failed ({e}) and voiding its slot failed too ({e2})",
+                        slot.seq
+                    )),
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn make_durable(&self, target: u64) -> Result<()> {
+        let work = self.durability.make_durable(target, &|upto| {
+            let targets = self.log.sync_targets();
+            let syncs = self.log.sync(&targets)?;
+            self.log.note_synced(&targets, upto);
+            Ok(syncs)
+        })?;
+        bump(&self.counters.sync_rounds, work.rounds);
+        bump(&self.counters.syncs, work.files);
+        Ok(())
+    }
+
+    /// Makes every write published before this call durable. Concurrent
+    /// flushes share syncs (group commit).
+    pub fn flush(&self) -> Result<()> {
+        bump(&self.counters.flushes, 1);
+        self.durability.check()?;
+        self.make_durable(self.durability.max_completed())
+    }
+
+    /// Reads `buf.len()` bytes at `offset`: newest log data, else the
+    /// manifest's chunk, else zeros.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        bump(&self.counters.reads, 1);
+        bump(&self.counters.read_bytes, buf.len() as u64);
+        let first = sectors(offset);
+        let pieces = read_lock(&self.overlay).lookup(first, sectors(buf.len() as u64));
+        for p in pieces {
+            let out =
+                &mut buf[((p.start - first) * SECTOR_BYTES) as usize..][..(p.len * SECTOR_BYTES) as usize];
+            match p.src {
+                Some(Source::Zero) => {
+                    out.fill(0);
+                    bump(&self.counters.read_zero_bytes, out.len() as u64);
+                }
+                Some(Source::Log { segment, position }) => {
+                    segment.file.read_exact_at(out, position)?;
+                    bump(&self.counters.read_log_bytes, out.len() as u64);
+                }
+                None => self.read_compacted(p.start * SECTOR_BYTES, out)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads bytes the overlay does not hold, block by block from the manifest.
+    fn read_compacted(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let manifest = read_lock(&self.manifest).clone();
+        let mut chunk = Vec::new();
+        let mut done = 0usize;
+        while done < out.len() {
+            let at = offset + done as u64;
+            let block = at / BLOCK_BYTES;
+            let in_block = (at % BLOCK_BYTES) as usize;
+            let n = (BLOCK_BYTES as usize - in_block).min(out.len() - done);
+            let dst = &mut out[done..done + n];
+            match manifest.lookup(block)? {
+                None => {
+                    dst.fill(0);
+                    bump(&self.counters.read_hole_bytes, n as u64);
+                }
+                Some(hash) => {
+                    chunk.resize(BLOCK_BYTES as usize, 0);
+                    manifest.read_chunk(&hash, &mut chunk)?;
+                    dst.copy_from_slice(&chunk[in_block..in_block + n]);
+                    bump(&self.counters.read_chunk_bytes, n as u64);
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reclamation hook (the compactor calls it after committing a
+    /// manifest that covers every record through `covered_seq`): drops
+    /// those records from the overlay, deletes the segments holding only
+    /// such records, returns their space to the quota and wakes waiting
+    /// writers and the capacity listener. Returns the bytes freed.
+    pub fn reclaim_log(&self, covered_seq: u64) -> Result<u64> {
+        let durable = self.durability.durable_seq();
+        if covered_seq > durable {
+            return Err(Error::InvalidArgument(format!(
+                "cannot reclaim log through seq {covered_seq}: only seq {durable} is durable"
+            )));
+        }
+        write_lock(&self.overlay).remove_through(covered_seq);
+        let before = self.log.segment_count();
+        let freed = self.log.reclaim_through(covered_seq)?;
+        bump(&self.counters.segments_reclaimed, (before - self.log.segment_count()) as u64);
+        self.capacity.release_consumed(freed);
+        Ok(freed)
+    }
+
+    /// Counters and state, as a plain struct.
+    pub fn stats(&self) -> ImageStats {
+        let mut s = ImageStats::default();
+        self.counters.fill(&mut s);
+        s.log_used_bytes = self.capacity.consumed_bytes();
+        s.log_reserved_bytes = self.capacity.reserved_bytes();
+        s.log_quota_bytes = self.capacity.quota_bytes();
+        s.log_segments = self.log.segment_count() as u64;
+        s.overlay_extents = read_lock(&self.overlay).extent_count() as u64;
+        s.next_seq = self.log.next_seq();
+        s.durable_seq = self.durability.durable_seq();
+        s.writeback_syncs = self.writeback.syncs.load(std::sync::atomic::Ordering::Relaxed);
+        s.recovery = self.recovery.clone();
+        s
+    }
+}
+
+impl std::fmt::Debug for Image {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Image").field("name", &self.name).field("size_bytes", &self.size_bytes).finish()
+    }
+}

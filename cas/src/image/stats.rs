@@ -1,0 +1,107 @@
+//! Per-image counters, and the plain struct `Image::stats` returns.
+
+use crate::wal::RecoveryReport;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Live counters; every field only grows.
+#[derive(Default, Debug)]
+pub struct Counters {
+    pub write_records: AtomicU64,
+    pub zero_records: AtomicU64,
+    pub discard_records: AtomicU64,
+    pub pad_records: AtomicU64,
+    pub log_bytes_written: AtomicU64,
+    pub payload_bytes_written: AtomicU64,
+    pub writes: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub fua_writes: AtomicU64,
+    pub flushes: AtomicU64,
+    pub sync_rounds: AtomicU64,
+    pub syncs: AtomicU64,
+    pub reads: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub read_log_bytes: AtomicU64,
+    pub read_zero_bytes: AtomicU64,
+    pub read_hole_bytes: AtomicU64,
+    pub read_chunk_bytes: AtomicU64,
+    pub capacity_waits: AtomicU64,
+    pub segments_reclaimed: AtomicU64,
+}
+
+pub(crate) fn bump(c: &AtomicU64, by: u64) {
+    c.fetch_add(by, Ordering::Relaxed);
+}
+
+fn get(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+/// A snapshot of one image's counters and state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ImageStats {
+    /// Records appended, by kind (PAD: slots voided after a failed write).
+    pub write_records: u64,
+    pub zero_records: u64,
+    pub discard_records: u64,
+    pub pad_records: u64,
+    /// Log bytes appended (headers + payload) and payload bytes alone.
+    pub log_bytes_written: u64,
+    pub payload_bytes_written: u64,
+    /// WRITE requests served, failed, and with FUA.
+    pub writes: u64,
+    pub write_errors: u64,
+    pub fua_writes: u64,
+    /// FLUSH requests served.
+    pub flushes: u64,
+    /// Group-commit rounds, and the file syncs they issued.
+    pub sync_rounds: u64,
+    pub syncs: u64,
+    /// Closed segments synced early by the writeback thread.
+    pub writeback_syncs: u64,
+    /// READ requests, their bytes, and where the bytes came from.
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub read_log_bytes: u64,
+    pub read_zero_bytes: u64,
+    pub read_hole_bytes: u64,
+    pub read_chunk_bytes: u64,
+    /// Blocking writes that had to wait for log capacity.
+    pub capacity_waits: u64,
+    pub segments_reclaimed: u64,
+    /// State now.
+    pub log_used_bytes: u64,
+    pub log_reserved_bytes: u64,
+    pub log_quota_bytes: u64,
+    pub log_segments: u64,
+    pub overlay_extents: u64,
+    pub next_seq: u64,
+    pub durable_seq: u64,
+    /// What the last open recovered.
+    pub recovery: RecoveryReport,
+}
+
+impl Counters {
+    /// Fills the counter fields of `s`.
+    pub fn fill(&self, s: &mut ImageStats) {
+        s.write_records = get(&self.write_records);
+        s.zero_records = get(&self.zero_records);
+        s.discard_records = get(&self.discard_records);
+        s.pad_records = get(&self.pad_records);
+        s.log_bytes_written = get(&self.log_bytes_written);
+        s.payload_bytes_written = get(&self.payload_bytes_written);
+        s.writes = get(&self.writes);
+        s.write_errors = get(&self.write_errors);
+        s.fua_writes = get(&self.fua_writes);
+        s.flushes = get(&self.flushes);
+        s.sync_rounds = get(&self.sync_rounds);
+        s.syncs = get(&self.syncs);
+        s.reads = get(&self.reads);
+        s.read_bytes = get(&self.read_bytes);
+        s.read_log_bytes = get(&self.read_log_bytes);
+        s.read_zero_bytes = get(&self.read_zero_bytes);
+        s.read_hole_bytes = get(&self.read_hole_bytes);
+        s.read_chunk_bytes = get(&self.read_chunk_bytes);
+        s.capacity_waits = get(&self.capacity_waits);
+        s.segments_reclaimed = get(&self.segments_reclaimed);
+    }
+}

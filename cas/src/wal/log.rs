@@ -1,0 +1,332 @@
+//! The appending side of one image's log: seq numbers, record positions,
+//! segment rolls, the set of segments a sync must cover, and reclamation.
+//!
+//! Appending is split so that no I/O on record bytes happens under the
+//! log's lock: [`Log::assign`] hands out a seq and a slot (rolling to a new
+//! segment if the record does not fit, which does I/O but is rare), then
+//! the caller writes the record into its slot with [`Log::write_record`],
+//! concurrently with other writers. A slot whose write fails is voided
+//! with a PAD record so that the seq sequence keeps no hole.
+
+use super::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, SECTOR_BYTES};
+use super::recovery::{recover_log, Recovered, RecoveryReport};
+use super::segment::{Segment, SegmentHeader, SEGMENT_HEADER_BYTES};
+use crate::error::Result;
+use crate::storage::Storage;
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The smallest WRITE record worth placing: header plus one sector.
+const MIN_WRITE_RECORD_BYTES: u64 = RECORD_HEADER_BYTES as u64 + SECTOR_BYTES;
+
+/// A place in the log for one record.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    pub seq: u64,
+    pub segment: Arc<Segment>,
+    /// File offset of the record header in the segment.
+    pub position: u64,
+    /// Payload bytes granted (WRITE: at most what was asked for; else 0).
+    pub payload_bytes: u64,
+    /// Log bytes this slot consumed: the record, plus the unused tail of
+    /// the previous segment if placing it rolled to a new one.
+    pub consumed_bytes: u64,
+    /// The segment this assignment closed by rolling, with its last seq.
+    pub closed: Option<(Arc<Segment>, u64)>,
+}
+
+impl Slot {
+    pub fn record_bytes(&self) -> u32 {
+        u32::try_from(RECORD_HEADER_BYTES as u64 + self.payload_bytes).expect("record fits a segment")
+    }
+
+    /// File offset of the first payload byte.
+    pub fn payload_position(&self) -> u64 {
+        self.position + RECORD_HEADER_BYTES as u64
+    }
+}
+
+struct SegState {
+    segment: Arc<Segment>,
+    /// Seq of the last record placed here, once the segment is closed.
+    last_seq: Option<u64>,
+    /// True once a sync covered every record of this closed segment.
+    synced: bool,
+}
+
+struct LogState {
+    /// Oldest first; the last one is the segment being appended to.
+    segments: VecDeque<SegState>,
+    write_pos: u64,
+    next_seq: u64,
+    /// Segments created so far, and how many of those creations a directory
+    /// sync has made durable.
+    dir_created: u64,
+    dir_synced: u64,
+}
+
+/// What one group-commit round must sync (from [`Log::sync_targets`]).
+pub struct SyncTargets {
+    pub segments: Vec<Arc<Segment>>,
+    /// `Some(n)`: sync the directory too, covering the first `n` creations.
+    pub dir: Option<u64>,
+}
+
+/// One image's write-ahead log. Shared by all of the image's threads.
+pub struct Log {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    log_id: u64,
+    /// Size of segments created from now on.
+    segment_bytes: u64,
+    state: Mutex<LogState>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Log {
+    /// Creates an empty log (its first segment) in `dir`, which must exist.
+    pub fn create(storage: &dyn Storage, dir: &Path, segment_bytes: u64, log_id: u64) -> Result<()> {
+        Segment::create(storage, dir, SegmentHeader { index: 1, segment_bytes, first_seq: 1, log_id }, true)?;
+        Ok(())
+    }
+
+    /// Opens the log in `dir`, replaying records above `replay_after_seq`
+    /// through `apply` (see `recovery`). Everything recovered is synced
+    /// before this returns, so later records may rely on it being durable.
+    pub fn open(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        segment_bytes: u64,
+        log_id: u64,
+        replay_after_seq: u64,
+        apply: &mut dyn FnMut(&Arc<Segment>, u64, &RecordHeader),
+    ) -> Result<(Log, RecoveryReport)> {
+        let Recovered { segments, tail, next_seq, report } =
+            recover_log(&*storage, dir, log_id, replay_after_seq, apply)?;
+        let mut segs: VecDeque<SegState> = VecDeque::new();
+        for (i, segment) in segments.iter().enumerate() {
+            // Records recovered from a process crash may sit only in the
+            // page cache; make them durable before anything builds on them.
+            segment.file.sync_data()?;
+            let last_seq = segments.get(i + 1).map(|next| next.header.first_seq - 1);
+            segs.push_back(SegState { segment: segment.clone(), last_seq, synced: true });
+        }
+        // A kept segment's directory entry may not be durable yet (its
+        // creation's directory sync failed, and a later open adopted it).
+        storage.sync_dir(dir)?;
+        let mut write_pos = tail;
+        if segs.is_empty() {
+            let header = SegmentHeader { index: 1, segment_bytes, first_seq: next_seq, log_id };
+            let segment = Segment::create(&*storage, dir, header, true)?;
+            segs.push_back(SegState { segment: Arc::new(segment), last_seq: None, synced: true });
+            write_pos = SEGMENT_HEADER_BYTES as u64;
+        }
+        let log = Log {
+            storage,
+            dir: dir.to_path_buf(),
+            log_id,
+            segment_bytes,
+            state: Mutex::new(LogState {
+                segments: segs,
+                write_pos,
+                next_seq,
+                dir_created: 0,
+                dir_synced: 0,
+            }),
+        };
+        Ok((log, report))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Size of new segments.
+    pub fn segment_bytes(&self) -> u64 {
+        self.segment_bytes
+    }
+
+    /// The seq the next record will get.
+    pub fn next_seq(&self) -> u64 {
+        lock(&self.state).next_seq
+    }
+
+    /// Log bytes in use: closed segments whole, the current one up to its
+    /// write position.
+    pub fn used_bytes(&self) -> u64 {
+        let st = lock(&self.state);
+        let closed: u64 = st.segments.iter().rev().skip(1).map(|s| s.segment.header.segment_bytes).sum();
+        closed + st.write_pos
+    }
+
+    pub fn segment_count(&self) -> usize {
+        lock(&self.state).segments.len()
+    }
+
+    /// Assigns the next seq and a slot for one record. A WRITE asks for
+    /// `payload_bytes` (> 0, a multiple of 512) and may be granted less (at
+    /// least 512) when the segment is nearly full; the caller places the
+    /// rest in further records. Range records ask for 0. Rolls to a new
+    /// segment when the record does not fit; a failed roll consumes no seq.
+    pub fn assign(&self, kind: RecordKind, payload_bytes: u64) -> Result<Slot> {
+        assert!(kind != RecordKind::Pad, "PAD records are only written by void()");
+        assert_eq!(kind == RecordKind::Write, payload_bytes > 0, "only WRITE records carry payload");
+        assert_eq!(payload_bytes % SECTOR_BYTES, 0, "payload is whole sectors");
+        let mut st = lock(&self.state);
+        let mut consumed = 0;
+        let mut closed = None;
+        let min = if payload_bytes > 0 { MIN_WRITE_RECORD_BYTES } else { RECORD_HEADER_BYTES as u64 };
+        let current = st.segments.back().expect("a log always has a segment").segment.clone();
+        let current_bytes = current.header.segment_bytes;
+        if current_bytes - st.write_pos < min {
+            consumed += current_bytes - st.write_pos;
+            self.roll(&mut st)?;
+            closed = Some((current, st.next_seq - 1));
+        }
+        let seg = st.segments.back().expect("a log always has a segment");
+        let room = seg.segment.header.segment_bytes - st.write_pos - RECORD_HEADER_BYTES as u64;
+        let granted = payload_bytes.min(room / SECTOR_BYTES * SECTOR_BYTES);
+        let slot = Slot {
+            seq: st.next_seq,
+            segment: seg.segment.clone(),
+            position: st.write_pos,
+            payload_bytes: granted,
+            consumed_bytes: consumed + RECORD_HEADER_BYTES as u64 + granted,
+            closed,
+        };
+        st.next_seq += 1;
+        st.write_pos += RECORD_HEADER_BYTES as u64 + granted;
+        Ok(slot)
+    }
+
+    /// Closes the current segment and creates the next one, durably.
+    fn roll(&self, st: &mut LogState) -> Result<()> {
+        let cur = st.segments.back().expect("a log always has a segment");
+        let header = SegmentHeader {
+            index: cur.segment.index() + 1,
+            segment_bytes: self.segment_bytes,
+            first_seq: st.next_seq,
+            log_id: self.log_id,
+        };
+        let segment = Segment::create(&*self.storage, &self.dir, header, false)?;
+        let last = st.segments.back_mut().expect("a log always has a segment");
+        last.last_seq = Some(st.next_seq - 1);
+        last.synced = false;
+        st.segments.push_back(SegState { segment: Arc::new(segment), last_seq: None, synced: false });
+        st.write_pos = SEGMENT_HEADER_BYTES as u64;
+        st.dir_created += 1;
+        Ok(())
+    }
+
+    /// Writes a record into its slot: payload first, then the header whose
+    /// checksum covers both.
+    pub fn write_record(&self, slot: &Slot, header: &RecordHeader, payload: &[u8]) -> Result<()> {
+        assert_eq!(header.seq, slot.seq, "header must match its slot");
+        assert_eq!(header.record_bytes, slot.record_bytes(), "header must match its slot");
+        let encoded = header.encode(payload);
+        if !payload.is_empty() {
+            slot.segment.file.write_all_at(payload, slot.payload_position())?;
+        }
+        slot.segment.file.write_all_at(&encoded, slot.position)
+    }
+
+    /// Voids a slot whose write failed with a PAD record, so the log keeps
+    /// no hole in its seq sequence.
+    pub fn void(&self, slot: &Slot, durable_seq: u64) -> Result<()> {
+        let pad = RecordHeader::pad(slot.seq, durable_seq, slot.record_bytes());
+        slot.segment.file.write_all_at(&pad.encode(&[]), slot.position)
+    }
+
+    /// What a sync must cover to make every completed record durable:
+    /// closed segments not yet known synced, the current one, and the
+    /// directory if segments were created since its last sync.
+    pub fn sync_targets(&self) -> SyncTargets {
+        let st = lock(&self.state);
+        let n = st.segments.len();
+        let segments = st
+            .segments
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| *i + 1 == n || !s.synced)
+            .map(|(_, s)| s.segment.clone())
+            .collect();
+        let dir = (st.dir_created > st.dir_synced).then_some(st.dir_created);
+        SyncTargets { segments, dir }
+    }
+
+    /// Syncs what `sync_targets` named; returns the number of syncs issued.
+    pub fn sync(&self, targets: &SyncTargets) -> Result<u64> {
+        for seg in &targets.segments {
+            seg.file.sync_data()?;
+        }
+        if targets.dir.is_some() {
+            self.storage.sync_dir(&self.dir)?;
+        }
+        Ok(targets.segments.len() as u64 + u64::from(targets.dir.is_some()))
+    }
+
+    /// Records that a sync of `synced` (from `sync_targets`) finished after
+    /// every record through `through_seq` had completed.
+    pub fn note_synced(&self, synced: &SyncTargets, through_seq: u64) {
+        let mut st = lock(&self.state);
+        for s in st.segments.iter_mut() {
+            if s.last_seq.is_some_and(|last| last <= through_seq)
+                && synced.segments.iter().any(|x| Arc::ptr_eq(x, &s.segment))
+            {
+                s.synced = true;
+            }
+        }
+        if let Some(n) = synced.dir {
+            st.dir_synced = st.dir_synced.max(n);
+        }
+    }
+
+    /// Marks a closed segment synced; the caller synced it after every
+    /// record in it had completed.
+    pub fn note_segment_synced(&self, segment: &Arc<Segment>) {
+        let mut st = lock(&self.state);
+        if let Some(s) = st.segments.iter_mut().find(|s| Arc::ptr_eq(&s.segment, segment)) {
+            assert!(s.last_seq.is_some(), "only closed segments are synced early");
+            s.synced = true;
+        }
+    }
+
+    /// Deletes the closed segments whose every record has seq <=
+    /// `covered_seq` and returns the bytes they held. The caller guarantees
+    /// their records are no longer needed (committed to the manifest and
+    /// durable) and that no overlay extent points into them any more;
+    /// reads already in flight keep their segment's file open.
+    pub fn reclaim_through(&self, covered_seq: u64) -> Result<u64> {
+        let doomed: Vec<Arc<Segment>> = {
+            let mut st = lock(&self.state);
+            let mut out = Vec::new();
+            while st.segments.len() > 1 {
+                let front = st.segments.front().expect("len > 1");
+                let last = front.last_seq.expect("closed segments know their last seq");
+                if last > covered_seq {
+                    break;
+                }
+                out.push(st.segments.pop_front().expect("len > 1").segment);
+            }
+            out
+        };
+        let mut freed = 0;
+        for seg in &doomed {
+            self.storage.remove_file(seg.path())?;
+            freed += seg.header.segment_bytes;
+        }
+        if !doomed.is_empty() {
+            self.storage.sync_dir(&self.dir)?;
+        }
+        Ok(freed)
+    }
+
+    /// The log id every segment carries.
+    pub fn log_id(&self) -> u64 {
+        self.log_id
+    }
+}

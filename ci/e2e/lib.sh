@@ -1,0 +1,52 @@
+# Shared helpers for the end-to-end tests (sourced; run inside ci/vm).
+set -euo pipefail
+: "${CASBLK:?CASBLK must name the casblk binary}"
+SCRATCH=${SCRATCH:-/tmp/casblk-e2e}
+mkdir -p "$SCRATCH"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+note() { echo "  - $*"; }
+
+# A sparse backing file of SIZE (truncate syntax) at a fresh path.
+new_backing() { local f; f=$(mktemp "$SCRATCH/backing.XXXXXX"); truncate -s "$1" "$f"; echo "$f"; }
+
+# Attach FILE in raw mode (extra casblk args follow); prints the device path.
+add_raw() { local f=$1; shift; "$CASBLK" add --backing "$f" "$@"; }
+
+dev_id() { echo "${1#/dev/ublkb}"; }
+
+# No ublk device may be left: tests clean up after themselves.
+assert_no_devices() {
+    local left
+    left=$(ls /sys/class/ublk-char 2>/dev/null || true)
+    [ -z "$left" ] || fail "devices left behind: $left"
+}
+
+# expect_error DESCRIPTION CMD...: CMD must fail with exactly one line on
+# stderr that starts with "casblk:" and does not mention a panic.
+expect_error() {
+    local what=$1; shift
+    local err rc=0
+    err=$("$@" 2>&1 >/dev/null) || rc=$?
+    [ "$rc" -ne 0 ] || fail "$what: succeeded but should have failed"
+    [ "$rc" -ne 101 ] || fail "$what: exit code 101 (a panic)"
+    case "$err" in *panick*) fail "$what: panicked: $err" ;; esac
+    [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] || fail "$what: expected one line of error, got: $err"
+    case "$err" in casblk:*) ;; *) fail "$what: error does not start with 'casblk:': $err" ;; esac
+    note "$what -> rc $rc: $err"
+}
+
+# Builds a small file tree of random files under DIR and records its sums.
+make_tree() {
+    local dir=$1 n=${2:-60} i
+    mkdir -p "$dir/a/b" "$dir/c"
+    for i in $(seq 1 "$n"); do
+        head -c $(( (i * 7919) % 300000 + 1 )) /dev/urandom > "$dir/$( [ $((i % 3)) -eq 0 ] && echo a/b || echo c )/f$i"
+    done
+    (cd "$dir" && find . -type f -print0 | sort -z | xargs -0 sha256sum) > "$SCRATCH/tree.sums"
+}
+
+verify_tree() { (cd "$1" && sha256sum --quiet -c "$SCRATCH/tree.sums") || fail "file tree checksums differ under $1"; }
+
+# True while PID runs (a zombie awaiting its reaper counts as gone).
+pid_alive() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1; [ -n "$st" ] && [[ $st != Z* ]]; }

@@ -1,0 +1,82 @@
+//! The scheduler's one error type. Every variant is bad input or a refused
+//! request, never corruption or I/O (sched touches no storage); each maps to
+//! the negative errno a ublk completion returns.
+
+use crate::descriptor::{ImageId, RequestId};
+
+/// Errors from [`crate::Scheduler`] and [`crate::SharedScheduler`].
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// The image was never added, or has been removed.
+    #[error("image {0} is not registered with the scheduler")]
+    UnknownImage(ImageId),
+    /// `add_image` for an image that is already registered.
+    #[error("image {0} is already registered with the scheduler")]
+    ImageExists(ImageId),
+    /// Back-pressure: the image's frontier holds its quota of descriptors.
+    /// The caller keeps the request and submits it again after a completion.
+    #[error("frontier of image {image} is full ({limit} descriptors); retry after a completion")]
+    Full { image: ImageId, limit: usize },
+    /// A request id that is already outstanding on this image.
+    #[error("request {request} is already outstanding on image {image}")]
+    DuplicateRequest { image: ImageId, request: RequestId },
+    /// `complete` for a request this image does not hold.
+    #[error("request {request} is not outstanding on image {image}")]
+    UnknownRequest { image: ImageId, request: RequestId },
+    /// `complete` for a request that was submitted but never dispatched.
+    #[error("request {request} on image {image} was never dispatched")]
+    NotDispatched { image: ImageId, request: RequestId },
+    /// `remove_image` while requests are still being executed.
+    #[error("image {image} still has {inflight} requests in flight")]
+    ImageBusy { image: ImageId, inflight: usize },
+    /// A descriptor that cannot describe a block request.
+    #[error("invalid descriptor: {reason}")]
+    InvalidDescriptor { reason: &'static str },
+    /// A configuration value out of its range.
+    #[error("invalid scheduler configuration: {reason}")]
+    InvalidConfig { reason: &'static str },
+    /// The shared scheduler was shut down.
+    #[error("the scheduler is shutting down")]
+    ShuttingDown,
+}
+
+impl Error {
+    /// The negative errno a ublk completion reports for this error.
+    pub fn errno(&self) -> i32 {
+        -match self {
+            Error::UnknownImage(_) => libc::ENODEV,
+            Error::ImageExists(_) => libc::EEXIST,
+            Error::Full { .. } => libc::EBUSY,
+            Error::DuplicateRequest { .. } => libc::EEXIST,
+            Error::UnknownRequest { .. } | Error::NotDispatched { .. } => libc::EINVAL,
+            Error::ImageBusy { .. } => libc::EBUSY,
+            Error::InvalidDescriptor { .. } | Error::InvalidConfig { .. } => libc::EINVAL,
+            Error::ShuttingDown => libc::ESHUTDOWN,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errnos_are_negative() {
+        let all = [
+            Error::UnknownImage(ImageId(1)),
+            Error::ImageExists(ImageId(1)),
+            Error::Full { image: ImageId(1), limit: 4 },
+            Error::DuplicateRequest { image: ImageId(1), request: RequestId(2) },
+            Error::UnknownRequest { image: ImageId(1), request: RequestId(2) },
+            Error::NotDispatched { image: ImageId(1), request: RequestId(2) },
+            Error::ImageBusy { image: ImageId(1), inflight: 3 },
+            Error::InvalidDescriptor { reason: "x" },
+            Error::InvalidConfig { reason: "x" },
+            Error::ShuttingDown,
+        ];
+        for e in all {
+            assert!(e.errno() < 0, "{e} maps to {}", e.errno());
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The thread-safe scheduler the daemon and the benchmark use: a
+//! [`Scheduler`] and the [`Capacity`] adapter behind one mutex, with two
+//! condition variables.
+//!
+//! ```text
+//!  ublk queue threads            SharedScheduler              worker pool
+//!  submit / submit_timeout -->  Mutex{Scheduler, Capacity}  <-- next_blocking(timeout)
+//!        (waits on `room`)          |  work: Condvar            (waits on `work`)
+//!  engine reclamation:              |  room: Condvar        --> execute in cas
+//!  capacity_released -------------->|                       <-- complete
+//! ```
+//!
+//! Every wait is bounded: by the caller's timeout, and for workers also by
+//! the next capacity retry deadline.
+//!
+//! Wakes are targeted, so that a busy scheduler does not wake every worker
+//! on every event: `submit`, `complete` and a `capacity_released` that
+//! finds held writes wake one idle worker; a worker that gets a dispatch
+//! wakes one more if some image still has a candidate (so a completed FLUSH
+//! that frees many requests fans out worker by worker); `shutdown` wakes
+//! everyone. A woken worker always tries `next` before it waits again, so
+//! no admissible request is left waiting for a wake that went elsewhere.
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::capacity::Capacity;
+use crate::clock::Clock;
+use crate::counters::ImageCounters;
+use crate::descriptor::{Descriptor, ImageId, RequestId, Ticket};
+use crate::error::Error;
+use crate::scheduler::{Dispatch, Scheduler};
+
+/// What a worker's [`SharedScheduler::next_blocking`] got.
+#[derive(Debug)]
+pub enum Next<R> {
+    Dispatch(Dispatch<R>),
+    /// Nothing admissible within the timeout; call again.
+    TimedOut,
+    /// [`SharedScheduler::shutdown`] was called: the worker exits.
+    Shutdown,
+}
+
+struct State<C: Clock, K> {
+    sched: Scheduler<C>,
+    cap: K,
+    shutdown: bool,
+    /// Workers waiting on `work` / submitters waiting on `room`.
+    idle_workers: usize,
+    room_waiters: usize,
+}
+
+/// See the module documentation.
+pub struct SharedScheduler<C: Clock, K: Capacity> {
+    state: Mutex<State<C, K>>,
+    work: Condvar,
+    room: Condvar,
+}
+
+impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
+    pub fn new(sched: Scheduler<C>, cap: K) -> Self {
+        SharedScheduler {
+            state: Mutex::new(State { sched, cap, shutdown: false, idle_workers: 0, room_waiters: 0 }),
+            work: Condvar::new(),
+            room: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<C, K>> {
+        self.state.lock().expect("scheduler mutex poisoned: a thread panicked while scheduling")
+    }
+
+    pub fn add_image(&self, image: ImageId) -> Result<(), Error> {
+        self.lock().sched.add_image(image)
+    }
+
+    /// See [`Scheduler::remove_image`].
+    pub fn remove_image(&self, image: ImageId) -> Result<Vec<Descriptor>, Error> {
+        let removed = self.lock().sched.remove_image(image);
+        self.room.notify_all(); // submitters waiting for this image learn it is gone
+        removed
+    }
+
+    /// Retains a descriptor without waiting; [`Error::Full`] is
+    /// back-pressure.
+    pub fn submit(&self, image: ImageId, desc: Descriptor) -> Result<Ticket, Error> {
+        let mut state = self.lock();
+        if state.shutdown {
+            return Err(Error::ShuttingDown);
+        }
+        let ticket = state.sched.submit(image, desc)?;
+        let wake = state.idle_workers > 0;
+        drop(state);
+        if wake {
+            self.work.notify_one();
+        }
+        Ok(ticket)
+    }
+
+    /// Like [`SharedScheduler::submit`], but waits up to `timeout` for room
+    /// in a full frontier (a completion makes room).
+    pub fn submit_timeout(
+        &self,
+        image: ImageId,
+        desc: Descriptor,
+        timeout: Duration,
+    ) -> Result<Ticket, Error> {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.lock();
+        loop {
+            if state.shutdown {
+                return Err(Error::ShuttingDown);
+            }
+            match state.sched.submit(image, desc) {
+                Ok(ticket) => {
+                    let wake = state.idle_workers > 0;
+                    drop(state);
+                    if wake {
+                        self.work.notify_one();
+                    }
+                    return Ok(ticket);
+                }
+                Err(Error::Full { .. }) if Instant::now() < deadline => {
+                    let wait = deadline.saturating_duration_since(Instant::now());
+                    state.room_waiters += 1;
+                    state = self.room.wait_timeout(state, wait).expect("scheduler mutex poisoned").0;
+                    state.room_waiters -= 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Blocks up to `timeout` for the next admitted request.
+    pub fn next_blocking(&self, timeout: Duration) -> Next<K::Reservation> {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.lock();
+        loop {
+            if state.shutdown {
+                return Next::Shutdown;
+            }
+            let State { sched, cap, .. } = &mut *state;
+            if let Some(dispatch) = sched.next(cap) {
+                let wake = state.idle_workers > 0 && state.sched.has_candidate();
+                drop(state);
+                if wake {
+                    self.work.notify_one();
+                }
+                return Next::Dispatch(dispatch);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Next::TimedOut;
+            }
+            let mut wait = deadline - now;
+            // A held write is retried at its deadline even if no wake comes.
+            // A deadline already past means the write is held by another
+            // gate, whose completion will notify.
+            let sched_now_ns = sched.now_ns();
+            if let Some(retry_ns) = sched.next_retry_at_ns().filter(|&r| r > sched_now_ns) {
+                wait = wait.min(Duration::from_nanos(retry_ns - sched_now_ns));
+            }
+            state.idle_workers += 1;
+            state = self.work.wait_timeout(state, wait).expect("scheduler mutex poisoned").0;
+            state.idle_workers -= 1;
+        }
+    }
+
+    /// Reports a finished request; see [`Scheduler::complete`].
+    pub fn complete(&self, image: ImageId, request: RequestId) -> Result<(), Error> {
+        let mut state = self.lock();
+        state.sched.complete(image, request)?;
+        let (wake_worker, wake_room) = (state.idle_workers > 0, state.room_waiters > 0);
+        drop(state);
+        if wake_worker {
+            self.work.notify_one();
+        }
+        if wake_room {
+            self.room.notify_all();
+        }
+        Ok(())
+    }
+
+    /// The engine's reclamation listener. Must not be called while holding
+    /// a lock that [`Capacity::try_reserve`] takes.
+    pub fn capacity_released(&self, image: ImageId) {
+        let mut state = self.lock();
+        let wake = state.sched.capacity_released(image) && state.idle_workers > 0;
+        drop(state);
+        if wake {
+            self.work.notify_one();
+        }
+    }
+
+    /// Wakes every waiter; `next_blocking` returns [`Next::Shutdown`] and
+    /// submits fail from now on. Completions are still accepted.
+    pub fn shutdown(&self) {
+        self.lock().shutdown = true;
+        self.work.notify_all();
+        self.room.notify_all();
+    }
+
+    pub fn is_shutdown(&self) -> bool {
+        self.lock().shutdown
+    }
+
+    pub fn counters(&self, image: ImageId) -> Option<ImageCounters> {
+        self.lock().sched.counters(image)
+    }
+
+    /// Runs `f` on the capacity adapter under the scheduler lock.
+    pub fn with_capacity<T>(&self, f: impl FnOnce(&mut K) -> T) -> T {
+        f(&mut self.lock().cap)
+    }
+}

@@ -1,0 +1,160 @@
+//! A latency histogram: log-bucketed counts (`hdrhistogram`) plus the exact
+//! maximum and sum.
+//!
+//! Values are nanoseconds. Two significant digits (each bucket within 1% of
+//! its values) keep one histogram at 24 KiB for values up to 1 s; it grows
+//! automatically (a few KiB per doubling) when a longer latency arrives, up
+//! to [`HIGHEST_NS`], above which values are clamped into the top bucket
+//! (the exact maximum is still kept beside it).
+
+use hdrhistogram::Histogram;
+
+use crate::clock::ns_to_us;
+use crate::schema::LatencyStats;
+
+/// Initial highest trackable value: 1 s.
+const INITIAL_HIGHEST_NS: u64 = 1_000_000_000;
+/// Largest value the histogram grows to hold: 1 hour.
+pub const HIGHEST_NS: u64 = 3_600 * 1_000_000_000;
+/// Significant decimal digits kept per value.
+const SIGFIG: u8 = 2;
+
+#[derive(Clone, Debug)]
+pub(crate) struct LatencyHist {
+    hist: Histogram<u64>,
+    max_ns: u64,
+    sum_ns: u128,
+}
+
+impl LatencyHist {
+    pub fn new() -> LatencyHist {
+        let mut hist = Histogram::new_with_bounds(1, INITIAL_HIGHEST_NS, SIGFIG)
+            .expect("constant histogram bounds are valid");
+        hist.auto(true);
+        LatencyHist { hist, max_ns: 0, sum_ns: 0 }
+    }
+
+    #[inline]
+    pub fn record(&mut self, ns: u64) {
+        // 0 is below the lowest discernible value (1) and lands in bucket 0.
+        // Auto-resize only fails if the counts array would overflow usize.
+        if self.hist.record(ns.min(HIGHEST_NS)).is_err() {
+            self.hist.saturating_record(ns);
+        }
+        self.max_ns = self.max_ns.max(ns);
+        self.sum_ns += u128::from(ns);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.hist.len()
+    }
+
+    pub fn merge(&mut self, other: &LatencyHist) {
+        // Both auto-resize, so adding cannot fail on range; a failure would
+        // be a bug in the bounds above.
+        self.hist.add(&other.hist).expect("histograms with equal precision add");
+        self.max_ns = self.max_ns.max(other.max_ns);
+        self.sum_ns += other.sum_ns;
+    }
+
+    /// Value at quantile `q` (0..=1) in ns: the highest value equivalent to
+    /// the bucket, never above the exact maximum.
+    pub fn quantile_ns(&self, q: f64) -> u64 {
+        if self.count() == 0 {
+            return 0;
+        }
+        self.hist.value_at_quantile(q).min(self.max_ns)
+    }
+
+    pub fn stats(&self) -> LatencyStats {
+        let count = self.count();
+        let mean_us = if count == 0 { 0.0 } else { self.sum_ns as f64 / count as f64 / 1_000.0 };
+        LatencyStats {
+            count,
+            latency_us_mean: mean_us,
+            latency_us_p50: ns_to_us(self.quantile_ns(0.50)),
+            latency_us_p99: ns_to_us(self.quantile_ns(0.99)),
+            latency_us_p999: ns_to_us(self.quantile_ns(0.999)),
+            latency_us_max: ns_to_us(self.max_ns),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn within(actual: f64, expected: f64, rel: f64) -> bool {
+        (actual - expected).abs() <= expected * rel
+    }
+
+    #[test]
+    fn percentiles_of_a_uniform_range() {
+        // 1..=100_000 us, one of each.
+        let mut h = LatencyHist::new();
+        for us in 1..=100_000u64 {
+            h.record(us * 1_000);
+        }
+        let s = h.stats();
+        assert_eq!(s.count, 100_000);
+        assert!(within(s.latency_us_p50, 50_000.0, 0.01), "{s:?}");
+        assert!(within(s.latency_us_p99, 99_000.0, 0.01), "{s:?}");
+        assert!(within(s.latency_us_p999, 99_900.0, 0.01), "{s:?}");
+        assert_eq!(s.latency_us_max, 100_000.0);
+        assert!(within(s.latency_us_mean, 50_000.5, 1e-9), "{s:?}");
+    }
+
+    #[test]
+    fn a_rare_outlier_shows_in_max_and_p999_only() {
+        let mut h = LatencyHist::new();
+        for _ in 0..9_999 {
+            h.record(100_000); // 100 us
+        }
+        h.record(7_926_004_000); // 7.9 s: grows the histogram past 1 s
+        let s = h.stats();
+        assert!(within(s.latency_us_p50, 100.0, 0.01));
+        assert!(within(s.latency_us_p99, 100.0, 0.01));
+        assert!(within(s.latency_us_p999, 100.0, 0.01), "{s:?}");
+        assert_eq!(s.latency_us_max, 7_926_004.0);
+        assert!(within(h.quantile_ns(1.0) as f64, 7_926_004_000.0, 0.01));
+    }
+
+    #[test]
+    fn values_past_the_highest_are_clamped_but_max_is_exact() {
+        let mut h = LatencyHist::new();
+        h.record(u64::MAX);
+        h.record(0);
+        assert_eq!(h.count(), 2);
+        assert_eq!(h.stats().latency_us_max, ns_to_us(u64::MAX));
+        assert!(h.quantile_ns(1.0) >= HIGHEST_NS);
+    }
+
+    #[test]
+    fn merge_equals_recording_into_one() {
+        let (mut a, mut b, mut both) = (LatencyHist::new(), LatencyHist::new(), LatencyHist::new());
+        for i in 0..5_000u64 {
+            let v = (i * 7_919) % 2_000_000_000;
+            if i % 3 == 0 { &mut a } else { &mut b }.record(v);
+            both.record(v);
+        }
+        a.merge(&b);
+        assert_eq!(a.stats(), both.stats());
+    }
+
+    #[test]
+    fn memory_stays_within_the_documented_bound() {
+        let mut h = LatencyHist::new();
+        let initial_bytes = h.hist.distinct_values() * 8;
+        h.record(u64::MAX);
+        let grown_bytes = h.hist.distinct_values() * 8;
+        eprintln!("histogram counts: {initial_bytes} bytes initially, {grown_bytes} at the cap");
+        assert!(initial_bytes <= 24 << 10, "{initial_bytes}");
+        assert!(grown_bytes <= 40 << 10, "{grown_bytes}");
+    }
+
+    #[test]
+    fn empty_histogram_reports_zeros() {
+        let s = LatencyHist::new().stats();
+        assert_eq!(s, LatencyStats::default());
+    }
+}
