@@ -49,6 +49,7 @@ mod iter;
 mod page;
 mod rewrite;
 mod root;
+mod view;
 
 pub use crate::chunk::ChunkHash;
 pub use edit::{CommitStats, ManifestEdit};
@@ -59,6 +60,7 @@ pub use page::{
 };
 pub use rewrite::RewriteStats;
 pub use root::{fuzz_decode_root, RootRecord};
+pub use view::CompactedView;
 
 use crate::chunk::ClockCache;
 use crate::error::{Error, Result};
