@@ -25,6 +25,50 @@ pub enum Command {
     List(ListArgs),
     /// Print the features the running ublk driver advertises.
     Features,
+    /// Manage the images of the store.
+    #[command(subcommand)]
+    Image(ImageCommand),
+    /// Per-request latency, gate waits and engine counters from a running daemon.
+    Stats(StatsArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ImageCommand {
+    /// Create an image (creates the store if it does not exist yet).
+    Create {
+        name: String,
+        /// Size in bytes, or with a binary suffix: 512M, 10G, 1T.
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+    },
+    /// List the store's images.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an image and its data (refused while it is attached).
+    Rm { name: String },
+}
+
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    /// Only the image attached as device ID.
+    #[arg(short = 'n', long = "number")]
+    pub id: Option<u32>,
+    /// Print JSON (schema: docs/stats-schema.md) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every SECS seconds, like iostat, until interrupted.
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2")]
+    pub watch: Option<u64>,
+}
+
+/// Parses "4096", "512M", "10G", "1T" (binary units) into bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s)
+        .map_err(|e| format!("{s:?} is not a size ({e}); use bytes or a suffix like 512M, 10G"))
 }
 
 #[derive(Args, Debug)]
@@ -33,9 +77,13 @@ pub struct AddArgs {
     #[arg(short = 'n', long = "number", default_value_t = -1, allow_hyphen_values = true)]
     pub id: i32,
 
+    /// Serve this image of the store (content-addressed mode).
+    #[arg(long, value_name = "NAME", conflicts_with = "backing", required_unless_present = "backing")]
+    pub image: Option<String>,
+
     /// Raw passthrough: serve this file or block device as the device.
     #[arg(long, value_name = "FILE")]
-    pub backing: PathBuf,
+    pub backing: Option<PathBuf>,
 
     /// Number of hardware queues (one io thread and io_uring each).
     #[arg(short = 'q', long = "queues", default_value_t = 1)]

@@ -93,6 +93,14 @@ fn open_device(id: u32) -> Result<UblkCtrl> {
     })
 }
 
+/// The target data a device's daemon exported (e.g. `{"cas": {...}}`).
+pub fn target_data(id: u32) -> Result<serde_json::Value> {
+    require_driver()?;
+    open_device(id)?
+        .get_target_data_from_json()
+        .with_context(|| format!("ublk device {id} exported no target data"))
+}
+
 fn device_ids() -> Vec<u32> {
     let mut ids = Vec::new();
     if let Ok(entries) = std::fs::read_dir("/sys/class/ublk-char") {

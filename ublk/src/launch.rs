@@ -68,6 +68,7 @@ where
     F: FnOnce(Ready) -> Result<()>,
 {
     if foreground {
+        crate::set_sigpipe(false);
         return work(Ready::new(None));
     }
 
@@ -97,6 +98,7 @@ where
             std::process::exit(1);
         }
         daemonize::Outcome::Child(Ok(_)) => {
+            crate::set_sigpipe(false);
             drop(reader);
             let _ = writeln!(writer, "pid {}", std::process::id());
             let ready = Ready::new(Some(writer));

@@ -5,15 +5,29 @@
 //! crate; this crate only moves requests between the kernel and a target.
 
 mod cli;
+mod client;
 mod control;
+mod daemon;
 mod launch;
 mod params;
 mod raw;
+mod ring;
 
 use clap::Parser;
 use std::process::ExitCode;
 
+/// Sets what SIGPIPE does: the CLI dies quietly when its reader goes away
+/// (`casblk stats --json | head`), like other Unix tools; daemons ignore it
+/// and see EPIPE, so a client that hangs up cannot kill them.
+pub fn set_sigpipe(default: bool) {
+    let action = if default { libc::SIG_DFL } else { libc::SIG_IGN };
+    // SAFETY: installing SIG_DFL or SIG_IGN runs no handler code; it only
+    // changes the disposition of SIGPIPE for this process.
+    unsafe { libc::signal(libc::SIGPIPE, action) };
+}
+
 fn main() -> ExitCode {
+    set_sigpipe(true);
     let cli = cli::Cli::parse();
     // Logs go through `tracing`, filtered by RUST_LOG (default: warnings).
     tracing_subscriber::fmt()
@@ -34,7 +48,12 @@ fn main() -> ExitCode {
 
 fn run(cli: cli::Cli) -> anyhow::Result<()> {
     match cli.command {
-        cli::Command::Add(args) => raw::add(args),
+        cli::Command::Add(args) => match args.backing.clone() {
+            Some(backing) => raw::add(args, &backing),
+            None => client::add_image(&cli.store, args),
+        },
+        cli::Command::Image(cmd) => client::image(&cli.store, cmd),
+        cli::Command::Stats(args) => client::stats(&cli.store, &args),
         cli::Command::Del(args) => control::del(&args),
         cli::Command::List(args) => control::list(&args),
         cli::Command::Features => control::features(),

@@ -10,6 +10,7 @@ use crate::cli::AddArgs;
 use crate::control;
 use crate::launch::{self, Ready};
 use crate::params::{device_params, Backing, ZeroMethod, SECTOR_SHIFT};
+use crate::ring;
 use anyhow::{bail, Context, Result};
 use io_uring::{opcode, squeue, types};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
@@ -54,9 +55,9 @@ pub fn validate_queue_args(queues: u16, depth: u16, io_buf_bytes: u32) -> Result
     Ok(())
 }
 
-pub fn add(args: AddArgs) -> Result<()> {
+pub fn add(args: AddArgs, backing: &Path) -> Result<()> {
     validate_queue_args(args.queues, args.depth, args.io_buf_bytes)?;
-    let backing = Backing::open(&args.backing)?;
+    let backing = Backing::open(backing)?;
     control::require_driver()?;
     control::require_free_id(args.id)?;
     launch::launch(args.foreground, Path::new(DAEMON_LOG), move |ready| serve(&args, backing, ready))
@@ -169,32 +170,8 @@ fn serve(args: &AddArgs, backing: Backing, ready: Ready) -> Result<()> {
     Ok(())
 }
 
-/// Creates this thread's io_uring before libublk would: single issuer
-/// with deferred task work, so completions (ublk commands and backing IO
-/// alike) are processed only when the thread enters the ring, without
-/// task-work interrupts. Falls back to libublk's default ring on kernels
-/// without DEFER_TASKRUN (< 6.1).
-fn init_queue_ring(dev: &UblkDev) {
-    let depth = u32::from(dev.dev_info.queue_depth);
-    let _ = libublk::io::ublk_init_task_ring(|cell| {
-        if cell.get().is_none() {
-            let ring = io_uring::IoUring::<squeue::Entry, io_uring::cqueue::Entry>::builder()
-                .setup_cqsize(depth * 2)
-                .setup_coop_taskrun()
-                .setup_taskrun_flag()
-                .setup_single_issuer()
-                .setup_defer_taskrun()
-                .build(depth * 2);
-            if let Ok(ring) = ring {
-                let _ = cell.set(std::cell::RefCell::new(ring));
-            }
-        }
-        Ok(())
-    });
-}
-
 fn queue_thread(qid: u16, dev: &UblkDev, target: &Arc<RawTarget>) {
-    init_queue_ring(dev);
+    ring::init_queue_ring(dev);
     let queue = match UblkQueue::new(qid, dev) {
         Ok(q) => Rc::new(q),
         Err(e) => {
@@ -214,21 +191,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, target: &Arc<RawTarget>) {
             }
         }));
     }
-    let exe2 = exe.clone();
-    let spin = target.spin;
-    smol::block_on(exe.run(async move {
-        let run_ops = || while exe2.try_tick() {};
-        let done = || tasks.iter().all(|t| t.is_finished());
-        let poll = || async { poll_ring(&queue, spin) };
-        let reap = |timed_out| {
-            libublk::uring_async::ublk_reap_io_events_with_update_queue(&queue, timed_out, None, |cqe| {
-                libublk::uring_async::ublk_wake_task(cqe.user_data(), cqe)
-            })
-        };
-        if let Err(e) = libublk::run_uring_tasks(poll, reap, run_ops, done).await {
-            tracing::error!(qid, "queue event loop failed: {e}");
-        }
-    }));
+    ring::run_event_loop(&queue, &exe, target.spin, || tasks.iter().all(|t| t.is_finished()));
 }
 
 async fn serve_tag(q: &UblkQueue<'_>, tag: u16, target: &RawTarget) -> Result<(), UblkError> {
@@ -338,40 +301,4 @@ async fn transfer(write: bool, fua: bool, off: u64, data: &mut [u8]) -> i32 {
         done += res as usize;
     }
     data.len() as i32
-}
-
-/// Waits for completions on this thread's ring. With a spin budget, it
-/// first submits without sleeping and busy-polls the completion ring (and
-/// the kernel's pending-task-work flag) for up to `spin`, so a busy queue
-/// never pays a sleep and wake-up per request; then it blocks (20 s cap,
-/// which lets libublk notice an idle queue).
-fn poll_ring(q: &UblkQueue<'_>, spin: Duration) -> Result<bool, UblkError> {
-    if !spin.is_zero() && !q.is_stopping() {
-        let ready = libublk::io::with_task_io_ring_mut(|r| -> std::io::Result<bool> {
-            if !r.submission().is_empty() {
-                r.submit()?;
-            }
-            let start = Instant::now();
-            let mut n = 0u32;
-            loop {
-                if !r.completion().is_empty() {
-                    return Ok(true);
-                }
-                if r.submission().taskrun() {
-                    return Ok(false);
-                }
-                n += 1;
-                if n.is_multiple_of(32) && start.elapsed() >= spin {
-                    return Ok(false);
-                }
-                std::hint::spin_loop();
-            }
-        })
-        .map_err(UblkError::IOError)?;
-        if ready {
-            return Ok(false);
-        }
-    }
-    let timeout = types::Timespec::new().sec(20);
-    libublk::uring_poll_io_fn::<squeue::Entry>(q, Some(timeout), 1)
 }

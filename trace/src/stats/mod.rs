@@ -43,12 +43,25 @@ pub enum Request {
         #[serde(default)]
         image: Option<String>,
     },
+    /// A daemon command (attach a device, manage images, run GC). The
+    /// socket only frames it; the daemon's provider interprets `action`
+    /// and `args` and answers with a JSON value or `{"error": ...}`.
+    Control {
+        action: String,
+        #[serde(default)]
+        args: serde_json::Value,
+    },
 }
 
 impl Request {
     /// `{"cmd":"stats","image":...}`.
     pub fn stats(image: Option<&str>) -> Request {
         Request::Stats { image: image.map(str::to_owned) }
+    }
+
+    /// `{"cmd":"control","action":...,"args":...}`.
+    pub fn control(action: &str, args: serde_json::Value) -> Request {
+        Request::Control { action: action.to_owned(), args }
     }
 }
 

@@ -1,0 +1,220 @@
+//! The command-line side of the store daemon: `add --image`, `image ...`
+//! and `stats`. With a daemon running for the store, commands go over its
+//! control socket (the daemon holds the store's lock); without one, image
+//! management opens the store directly and `add` starts the daemon.
+
+use crate::cli::{AddArgs, ImageCommand, StatsArgs};
+use crate::daemon::{self, AddImageArgs};
+use crate::launch;
+use crate::raw::DAEMON_LOG;
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bound on a control or stats round trip.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on attaching a device through a running daemon.
+const ADD_TIMEOUT: Duration = Duration::from_secs(150);
+
+/// The store directory, canonical (so every client names the same socket).
+fn store_dir(store: &Path, create: bool) -> Result<PathBuf> {
+    if create {
+        std::fs::create_dir_all(store)
+            .with_context(|| format!("creating store directory {}", store.display()))?;
+    }
+    store.canonicalize().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            anyhow!(
+                "no store at {} (create an image first: casblk image create NAME --size SIZE)",
+                store.display()
+            )
+        } else {
+            anyhow!("store {}: {e}", store.display())
+        }
+    })
+}
+
+fn query(socket: &Path, request: &trace::stats::Request, timeout: Duration) -> Result<Value> {
+    trace::stats::query(socket, request, timeout).map_err(|e| match e {
+        trace::Error::Remote(msg) => anyhow!(msg),
+        other => anyhow!("store daemon at {}: {other}", socket.display()),
+    })
+}
+
+/// The socket of the daemon serving `dir`, if one answers.
+fn running_daemon(dir: &Path) -> Option<PathBuf> {
+    let socket = daemon::socket_path(dir);
+    if !socket.exists() {
+        return None;
+    }
+    query(&socket, &trace::stats::Request::control("ping", json!({})), QUERY_TIMEOUT).ok().map(|_| socket)
+}
+
+fn control(socket: &Path, action: &str, args: Value, timeout: Duration) -> Result<Value> {
+    query(socket, &trace::stats::Request::control(action, args), timeout)
+}
+
+fn open_store(dir: &Path, create: bool) -> Result<Arc<cas::Store>> {
+    let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
+    let opts = cas::StoreOptions::default();
+    let store = if create {
+        cas::Store::open_or_create(storage, dir, opts)
+    } else {
+        cas::Store::open(storage, dir, opts)
+    };
+    store.with_context(|| format!("store {}", dir.display()))
+}
+
+pub fn add_image(store: &Path, args: AddArgs) -> Result<()> {
+    let image = args.image.clone().expect("clap requires --image or --backing");
+    let dir = store_dir(store, false)?;
+    let req = AddImageArgs {
+        image,
+        id: args.id,
+        queues: args.queues,
+        depth: args.depth,
+        io_buf_bytes: args.io_buf_bytes,
+        poll_us: args.poll_us,
+    };
+    if let Some(socket) = running_daemon(&dir) {
+        return attach_via(&socket, &req);
+    }
+    crate::control::require_driver()?;
+    crate::control::require_free_id(req.id)?;
+    let (d, r) = (dir.clone(), req.clone());
+    match launch::launch(args.foreground, Path::new(DAEMON_LOG), move |ready| {
+        daemon::serve_store(d, r, ready)
+    }) {
+        Err(e) if format!("{e:#}").contains("locked by another") => {
+            // Another `add` started this store's daemon first: use it.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(socket) = running_daemon(&dir) {
+                    return attach_via(&socket, &req);
+                }
+                if Instant::now() > deadline {
+                    return Err(e);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        other => other,
+    }
+}
+
+fn attach_via(socket: &Path, req: &AddImageArgs) -> Result<()> {
+    let reply = control(socket, "add", serde_json::to_value(req)?, ADD_TIMEOUT)?;
+    let device =
+        reply.get("device").and_then(Value::as_str).ok_or_else(|| anyhow!("malformed reply: {reply}"))?;
+    println!("{device}");
+    Ok(())
+}
+
+pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
+    let create = matches!(cmd, ImageCommand::Create { .. });
+    let dir = store_dir(store, create)?;
+    let daemon = running_daemon(&dir);
+    match cmd {
+        ImageCommand::Create { name, size } => {
+            match &daemon {
+                Some(s) => {
+                    control(s, "image_create", json!({ "name": name, "size_bytes": size }), QUERY_TIMEOUT)?;
+                }
+                None => open_store(&dir, true)?.create_image(&name, size)?,
+            }
+            println!("{name}");
+        }
+        ImageCommand::Rm { name } => match &daemon {
+            Some(s) => {
+                control(s, "image_remove", json!({ "name": name }), QUERY_TIMEOUT)?;
+            }
+            None => open_store(&dir, false)?.remove_image(&name)?,
+        },
+        ImageCommand::List { json } => {
+            let rows = match &daemon {
+                Some(s) => control(s, "image_list", json!({}), QUERY_TIMEOUT)?,
+                None => Value::Array(
+                    open_store(&dir, false)?
+                        .list_images()?
+                        .into_iter()
+                        .map(|i| json!({ "name": i.name, "size_bytes": i.size_bytes, "device": null }))
+                        .collect(),
+                ),
+            };
+            print_images(&rows, json)?;
+        }
+    }
+    Ok(())
+}
+
+fn print_images(rows: &Value, as_json: bool) -> Result<()> {
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(rows)?);
+        return Ok(());
+    }
+    println!("{:<32} {:>16}  DEVICE", "NAME", "SIZE");
+    for row in rows.as_array().ok_or_else(|| anyhow!("malformed image list"))? {
+        let name = row.get("name").and_then(Value::as_str).unwrap_or("?");
+        let size = row.get("size_bytes").and_then(Value::as_u64).unwrap_or(0);
+        let device = row.get("device").and_then(Value::as_str).unwrap_or("-");
+        println!("{name:<32} {size:>16}  {device}");
+    }
+    Ok(())
+}
+
+/// Where `stats` asks, and for which image: `-n ID` names a device, whose
+/// exported target data says which daemon and image serve it.
+fn stats_target(store: &Path, id: Option<u32>) -> Result<(PathBuf, Option<String>)> {
+    match id {
+        None => {
+            let dir = store_dir(store, false)?;
+            let socket = running_daemon(&dir)
+                .ok_or_else(|| anyhow!("no casblk daemon is serving store {}", dir.display()))?;
+            Ok((socket, None))
+        }
+        Some(id) => {
+            let target = crate::control::target_data(id)?;
+            let cas = target.get("cas").ok_or_else(|| {
+                anyhow!("ublk device {id} is not a casblk store device (raw mode has no stats)")
+            })?;
+            let socket =
+                cas.get("socket").and_then(Value::as_str).ok_or_else(|| anyhow!("device {id}: no socket"))?;
+            let image = cas.get("image").and_then(Value::as_str).map(str::to_owned);
+            Ok((PathBuf::from(socket), image))
+        }
+    }
+}
+
+pub fn stats(store: &Path, args: &StatsArgs) -> Result<()> {
+    let (socket, image) = stats_target(store, args.id)?;
+    let fetch = || {
+        trace::stats::query_snapshot(&socket, image.as_deref(), QUERY_TIMEOUT)
+            .map_err(|e| anyhow!("stats from {}: {e}", socket.display()))
+    };
+    let Some(secs) = args.watch else {
+        let snap = fetch()?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&snap.to_value())?);
+        } else {
+            print!("{}", trace::render_table(&snap));
+        }
+        return Ok(());
+    };
+    if secs == 0 {
+        bail!("--watch needs an interval of at least 1 second");
+    }
+    let mut previous = fetch()?;
+    loop {
+        std::thread::sleep(Duration::from_secs(secs));
+        let current = fetch()?;
+        if args.json {
+            println!("{}", serde_json::to_string(&current.to_value())?);
+        } else {
+            // Clear the screen and home the cursor, as watch(1) does.
+            print!("\x1b[2J\x1b[H{}", trace::render_table_since(&previous, &current));
+        }
+        previous = current;
+    }
+}

@@ -1,0 +1,367 @@
+//! The daemon's lifecycle and its control socket: attaching and detaching
+//! devices, image management, and stats.
+
+use super::device::DeviceCore;
+use super::{queue, worker, EngineCapacity, Registry, Sched};
+use crate::launch::Ready;
+use crate::params::device_params;
+use crate::raw;
+use anyhow::{anyhow, bail, Context, Result};
+use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::io::UblkDev;
+use libublk::UblkFlags;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// Worker threads executing requests against the store.
+const WORKERS: usize = 4;
+/// How long attaching a device may take before it is given up.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(90);
+/// Where the daemons' control sockets live (root-only).
+pub const RUN_DIR: &str = "/run/casblk";
+
+/// What `casblk add --image` asks of the daemon.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AddImageArgs {
+    pub image: String,
+    pub id: i32,
+    pub queues: u16,
+    pub depth: u16,
+    pub io_buf_bytes: u32,
+    pub poll_us: u64,
+}
+
+/// The control socket of the daemon serving `store_dir` (which must be
+/// canonical): one per store, named by a hash of the path so any path
+/// length fits a socket address.
+pub fn socket_path(store_dir: &Path) -> PathBuf {
+    let hash = blake3::hash(store_dir.as_os_str().as_encoded_bytes());
+    PathBuf::from(RUN_DIR).join(format!("store-{}.sock", &hash.to_hex()[..16]))
+}
+
+struct Attached {
+    sched_id: sched::ImageId,
+    dev_id: Option<u32>,
+    path: Option<String>,
+}
+
+#[derive(Default)]
+struct Table {
+    attached: HashMap<String, Attached>,
+    shutting_down: bool,
+}
+
+struct Daemon {
+    store: Arc<cas::Store>,
+    store_dir: PathBuf,
+    socket: PathBuf,
+    sched: Arc<Sched>,
+    registry: Arc<Registry>,
+    table: Mutex<Table>,
+    changed: Condvar,
+    next_id: AtomicU32,
+}
+
+/// Runs the daemon of `store_dir`: attaches `first`, reports readiness,
+/// serves the control socket, and returns once no device is left.
+pub fn serve_store(store_dir: PathBuf, first: AddImageArgs, ready: Ready) -> Result<()> {
+    let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
+    let store = cas::Store::open(storage, &store_dir, cas::StoreOptions::default())
+        .with_context(|| format!("opening store {}", store_dir.display()))?;
+    let scheduler = sched::Scheduler::new(sched::Config::default(), sched::MonotonicClock::new())
+        .map_err(|e| anyhow!("scheduler: {e}"))?;
+    let sched = Arc::new(sched::SharedScheduler::new(scheduler, EngineCapacity::default()));
+    let registry = Arc::new(Registry::default());
+    let workers = worker::spawn(WORKERS, &sched, &registry);
+    let socket = socket_path(&store_dir);
+    std::fs::create_dir_all(RUN_DIR).with_context(|| format!("creating {RUN_DIR}"))?;
+    let daemon = Arc::new(Daemon {
+        store,
+        store_dir,
+        socket: socket.clone(),
+        sched: sched.clone(),
+        registry,
+        table: Mutex::new(Table::default()),
+        changed: Condvar::new(),
+        next_id: AtomicU32::new(1),
+    });
+    let provider = {
+        let d = daemon.clone();
+        move |req: &trace::stats::Request| d.answer(req)
+    };
+    let server = trace::stats::Server::spawn(&socket, provider).context("starting the control socket")?;
+    stop_all_on_signals(daemon.clone())?;
+    let started = daemon.attach(&first);
+    match &started {
+        Ok(path) => ready.ok(path),
+        Err(e) => ready.fail(e),
+    }
+    if started.is_ok() {
+        daemon.wait_until_idle();
+    }
+    drop(server);
+    sched.shutdown();
+    for w in workers {
+        let _ = w.join();
+    }
+    tracing::info!(store = %daemon.store_dir.display(), "daemon exiting");
+    started.map(|_| ())
+}
+
+fn stop_all_on_signals(daemon: Arc<Daemon>) -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .context("installing signal handlers")?;
+    std::thread::Builder::new()
+        .name("casblk-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                tracing::info!(sig, "stopping every device on signal");
+                for id in daemon.device_ids() {
+                    if let Ok(ctrl) = UblkCtrl::new_simple(id as i32) {
+                        let _ = ctrl.kill_dev();
+                    }
+                }
+            }
+        })
+        .context("spawning the signal thread")?;
+    Ok(())
+}
+
+impl Daemon {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn device_ids(&self) -> Vec<u32> {
+        self.lock().attached.values().filter_map(|a| a.dev_id).collect()
+    }
+
+    /// Blocks until no device is attached, then refuses new attachments.
+    fn wait_until_idle(&self) {
+        let mut table = self.lock();
+        while !table.attached.is_empty() {
+            table = self.changed.wait(table).unwrap_or_else(|p| p.into_inner());
+        }
+        table.shutting_down = true;
+    }
+
+    /// Attaches an image as a new ublk device; returns its path once usable.
+    fn attach(self: &Arc<Self>, args: &AddImageArgs) -> Result<String> {
+        raw::validate_queue_args(args.queues, args.depth, args.io_buf_bytes)?;
+        crate::control::require_free_id(args.id)?;
+        let frontier = sched::Config::default().frontier_limit();
+        if usize::from(args.queues) * usize::from(args.depth) > frontier {
+            bail!("queues x depth must be at most {frontier} (the scheduler's descriptor quota)");
+        }
+        let mut table = self.lock();
+        if table.shutting_down {
+            bail!("the store daemon is shutting down; retry");
+        }
+        if let Some(a) = table.attached.get(&args.image) {
+            let at = a.path.clone().unwrap_or_else(|| "a device being attached".into());
+            bail!("image {} is already attached as {at}", args.image);
+        }
+        let image =
+            self.store.open_image(&args.image).with_context(|| format!("opening image {}", args.image))?;
+        let sched_id = sched::ImageId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let core = Arc::new(DeviceCore::new(
+            sched_id,
+            &args.image,
+            image.clone(),
+            args.queues,
+            args.depth,
+            args.io_buf_bytes,
+        )?);
+        self.sched.add_image(sched_id).map_err(|e| anyhow!("scheduler: {e}"))?;
+        self.sched.with_capacity(|k| k.images.insert(sched_id, image.clone()));
+        let weak = Arc::downgrade(&self.sched);
+        image.set_capacity_listener(Arc::new(move || {
+            if let Some(s) = weak.upgrade() {
+                s.capacity_released(sched_id);
+            }
+        }));
+        self.registry.insert(core.clone());
+        table.attached.insert(args.image.clone(), Attached { sched_id, dev_id: None, path: None });
+        drop(table);
+
+        let (tx, rx) = mpsc::channel::<Result<(u32, String)>>();
+        let (d, a) = (self.clone(), args.clone());
+        std::thread::Builder::new()
+            .name(format!("casblk-dev-{}", args.image))
+            .spawn(move || d.run_device(core, &a, tx))
+            .context("spawning the device thread")?;
+        let (dev_id, path) = match rx.recv_timeout(ATTACH_TIMEOUT) {
+            Ok(r) => r?,
+            Err(_) => bail!("the device for image {} did not start within {:?}", args.image, ATTACH_TIMEOUT),
+        };
+        if let Some(a) = self.lock().attached.get_mut(&args.image) {
+            a.dev_id = Some(dev_id);
+            a.path = Some(path.clone());
+        }
+        tracing::info!(image = %args.image, dev = %path, "attached");
+        Ok(path)
+    }
+
+    /// The device thread: serves the device until it is stopped, then
+    /// detaches the image. Reports start-up through `ready`.
+    fn run_device(
+        self: Arc<Self>,
+        core: Arc<DeviceCore>,
+        args: &AddImageArgs,
+        ready: mpsc::Sender<Result<(u32, String)>>,
+    ) {
+        let served = self.serve_device(&core, args, ready.clone());
+        if let Err(e) = served {
+            let _ = ready.send(Err(e));
+        }
+        self.detach(&core);
+    }
+
+    fn serve_device(
+        &self,
+        core: &Arc<DeviceCore>,
+        args: &AddImageArgs,
+        ready: mpsc::Sender<Result<(u32, String)>>,
+    ) -> Result<()> {
+        let ctrl = UblkCtrlBuilder::default()
+            .name("casblk")
+            .id(args.id)
+            .nr_queues(args.queues)
+            .depth(args.depth)
+            .io_buf_bytes(args.io_buf_bytes)
+            .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
+            .build()
+            .map_err(|e| raw::ctrl_error(args.id, e))?;
+        let dev_id = ctrl.dev_info().dev_id;
+        let size = core.image.size_bytes();
+        let io_buf_bytes = args.io_buf_bytes;
+        let target_json = json!({ "cas": {
+            "store": self.store_dir.display().to_string(),
+            "image": core.name,
+            "socket": self.socket.display().to_string(),
+        }});
+        let tgt_init = move |dev: &mut UblkDev| {
+            dev.tgt.dev_size = size;
+            // The store serves DISCARD and WRITE_ZEROES as log records.
+            dev.tgt.params = device_params(size, io_buf_bytes, true);
+            dev.set_target_json(target_json);
+            Ok(())
+        };
+        let (qcore, qsched, spin) = (core.clone(), self.sched.clone(), Duration::from_micros(args.poll_us));
+        let queue_fn = move |qid: u16, dev: &UblkDev| queue::queue_thread(qid, dev, &qcore, &qsched, spin);
+        let on_started = move |c: &UblkCtrl| {
+            let path = c.get_bdev_path();
+            match raw::wait_for_node(&path) {
+                Ok(()) => {
+                    let _ = ready.send(Ok((dev_id, path)));
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                    let _ = c.kill_dev();
+                }
+            }
+        };
+        ctrl.run_target(tgt_init, queue_fn, on_started).map_err(|e| raw::ctrl_error(dev_id as i32, e))?;
+        Ok(())
+    }
+
+    /// After the device stopped: make everything durable, and forget it.
+    fn detach(&self, core: &DeviceCore) {
+        if let Err(e) = core.image.flush() {
+            tracing::error!(image = %core.name, "flush at detach failed: {e}");
+        }
+        core.image.set_capacity_listener(Arc::new(|| {}));
+        if let Err(e) = self.sched.remove_image(core.sched_id) {
+            tracing::error!(image = %core.name, "removing the image from the scheduler failed: {e}");
+        }
+        self.sched.with_capacity(|k| k.images.remove(&core.sched_id));
+        self.registry.remove(core.sched_id);
+        let mut table = self.lock();
+        if table.attached.get(&core.name).is_some_and(|a| a.sched_id == core.sched_id) {
+            table.attached.remove(&core.name);
+        }
+        self.changed.notify_all();
+        tracing::info!(image = %core.name, "detached");
+    }
+
+    fn answer(self: &Arc<Self>, req: &trace::stats::Request) -> trace::Result<Value> {
+        match req {
+            trace::stats::Request::Stats { image } => {
+                Ok(self.snapshot().select(image.as_deref())?.to_value())
+            }
+            trace::stats::Request::Control { action, args } => Ok(match self.control(action, args) {
+                Ok(v) => v,
+                Err(e) => trace::stats::error_reply(format!("{e:#}")),
+            }),
+            _ => Ok(trace::stats::error_reply("unsupported request")),
+        }
+    }
+
+    fn control(self: &Arc<Self>, action: &str, args: &Value) -> Result<Value> {
+        let field = |name: &str| args.get(name).ok_or_else(|| anyhow!("{action}: missing argument {name}"));
+        match action {
+            "ping" => Ok(json!({ "store": self.store_dir.display().to_string() })),
+            "add" => {
+                let add: AddImageArgs = serde_json::from_value(args.clone()).context("add: bad arguments")?;
+                Ok(json!({ "device": self.attach(&add)? }))
+            }
+            "image_create" => {
+                let name = field("name")?.as_str().ok_or_else(|| anyhow!("name must be a string"))?;
+                let size =
+                    field("size_bytes")?.as_u64().ok_or_else(|| anyhow!("size_bytes must be a number"))?;
+                self.store.create_image(name, size)?;
+                Ok(json!({ "created": name }))
+            }
+            "image_remove" => {
+                let name = field("name")?.as_str().ok_or_else(|| anyhow!("name must be a string"))?;
+                if self.lock().attached.contains_key(name) {
+                    bail!("image {name} is attached; delete its device first");
+                }
+                self.store.remove_image(name)?;
+                Ok(json!({ "removed": name }))
+            }
+            "image_list" => Ok(self.image_list()?),
+            other => bail!("unknown control action {other:?}"),
+        }
+    }
+
+    fn image_list(&self) -> Result<Value> {
+        let table = self.lock();
+        let rows: Vec<Value> = self
+            .store
+            .list_images()?
+            .into_iter()
+            .map(|i| {
+                let device = table.attached.get(&i.name).and_then(|a| a.path.clone());
+                json!({ "name": i.name, "size_bytes": i.size_bytes, "device": device })
+            })
+            .collect();
+        Ok(Value::Array(rows))
+    }
+
+    fn snapshot(&self) -> trace::Snapshot {
+        let mut images = Vec::new();
+        for core in self.registry.all() {
+            let mut stats = core.tracer.snapshot();
+            match trace::counters_from("cas", &core.image.stats()) {
+                Ok(c) => stats.attach("cas", c),
+                Err(e) => tracing::warn!("cas counters: {e}"),
+            }
+            if let Some(sc) = self.sched.counters(core.sched_id) {
+                match trace::counters_from("sched", &sc) {
+                    Ok(c) => stats.attach("sched", c),
+                    Err(e) => tracing::warn!("sched counters: {e}"),
+                }
+            }
+            images.push(stats);
+        }
+        images.sort_by(|a, b| a.name.cmp(&b.name));
+        trace::Snapshot::new(images)
+    }
+}

@@ -1,0 +1,83 @@
+//! One attached image: what its queue threads and the workers share.
+
+use super::bridge::{Completions, TagBuffers};
+use anyhow::{Context, Result};
+use std::sync::{Arc, Mutex};
+
+/// A request between its queue thread and the worker that serves it.
+pub struct Job {
+    pub trace: trace::RequestTrace,
+    pub fua: bool,
+}
+
+/// Per hardware queue: where workers find payloads and post results.
+pub struct QueueShared {
+    pub completions: Completions,
+    pub bufs: TagBuffers,
+}
+
+/// The state of one attached image shared by its queue threads and the
+/// worker pool. Requests are named `qid << 16 | tag` in the scheduler.
+pub struct DeviceCore {
+    /// The image's id in the scheduler (unique per attachment).
+    pub sched_id: sched::ImageId,
+    pub name: String,
+    pub image: Arc<cas::image::Image>,
+    pub tracer: Arc<trace::Tracer>,
+    pub depth: u16,
+    pub io_buf_bytes: u32,
+    pub queues: Vec<QueueShared>,
+    jobs: Vec<Mutex<Option<Job>>>,
+}
+
+impl DeviceCore {
+    pub fn new(
+        sched_id: sched::ImageId,
+        name: &str,
+        image: Arc<cas::image::Image>,
+        nr_queues: u16,
+        depth: u16,
+        io_buf_bytes: u32,
+    ) -> Result<DeviceCore> {
+        let mut queues = Vec::with_capacity(usize::from(nr_queues));
+        for _ in 0..nr_queues {
+            queues.push(QueueShared {
+                completions: Completions::new().context("creating a queue eventfd")?,
+                bufs: TagBuffers::new(usize::from(depth), io_buf_bytes as usize),
+            });
+        }
+        let slots = usize::from(nr_queues) * usize::from(depth);
+        Ok(DeviceCore {
+            sched_id,
+            name: name.to_string(),
+            image,
+            tracer: Arc::new(trace::Tracer::new(name)),
+            depth,
+            io_buf_bytes,
+            queues,
+            jobs: (0..slots).map(|_| Mutex::new(None)).collect(),
+        })
+    }
+
+    pub fn request_id(qid: u16, tag: u16) -> sched::RequestId {
+        sched::RequestId((u64::from(qid) << 16) | u64::from(tag))
+    }
+
+    pub fn split_request(id: sched::RequestId) -> (u16, u16) {
+        ((id.0 >> 16) as u16, id.0 as u16)
+    }
+
+    fn slot(&self, qid: u16, tag: u16) -> &Mutex<Option<Job>> {
+        &self.jobs[usize::from(qid) * usize::from(self.depth) + usize::from(tag)]
+    }
+
+    pub fn put_job(&self, qid: u16, tag: u16, job: Job) {
+        let mut slot = self.slot(qid, tag).lock().unwrap_or_else(|p| p.into_inner());
+        assert!(slot.is_none(), "queue {qid} tag {tag} already has a request in flight");
+        *slot = Some(job);
+    }
+
+    pub fn take_job(&self, qid: u16, tag: u16) -> Option<Job> {
+        self.slot(qid, tag).lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}

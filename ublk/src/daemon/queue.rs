@@ -1,0 +1,149 @@
+//! The queue thread of an attached image.
+//!
+//! One async task per tag takes a request from the kernel, records it
+//! (descriptor snapshot and trace), submits it to the scheduler and waits
+//! for a worker's result; one more task keeps an eventfd read in flight on
+//! the queue's ring and delivers the results workers post (see `bridge`).
+//! The queue thread never blocks on the engine.
+
+use super::bridge::LocalSlots;
+use super::device::{DeviceCore, Job};
+use super::Sched;
+use crate::params::SECTOR_SHIFT;
+use crate::ring;
+use io_uring::{opcode, types};
+use libublk::io::{UblkDev, UblkQueue};
+use libublk::uring_async::ublk_submit_sqe_async;
+use libublk::{BufDesc, UblkError, UblkUringData};
+use std::cell::Cell;
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub fn queue_thread(qid: u16, dev: &UblkDev, core: &Arc<DeviceCore>, sched: &Arc<Sched>, spin: Duration) {
+    ring::init_queue_ring(dev);
+    let queue = match UblkQueue::new(qid, dev) {
+        Ok(q) => Rc::new(q),
+        Err(e) => {
+            tracing::error!(qid, image = %core.name, "creating queue failed: {e}");
+            return;
+        }
+    };
+    let slots = Rc::new(LocalSlots::new(usize::from(core.depth)));
+    let stop = Rc::new(Cell::new(false));
+    let exe = smol::LocalExecutor::new();
+    let mut tags = Vec::new();
+    for tag in queue.tags() {
+        let (q, c, s, l) = (queue.clone(), core.clone(), sched.clone(), slots.clone());
+        tags.push(exe.spawn(async move {
+            match serve_tag(&q, tag, &c, &s, &l).await {
+                Err(UblkError::QueueIsDown) | Ok(()) => {}
+                Err(e) => tracing::error!(qid, tag, image = %c.name, "io task failed: {e}"),
+            }
+        }));
+    }
+    let efd_task = {
+        let (c, l, st) = (core.clone(), slots.clone(), stop.clone());
+        exe.spawn(async move { deliver_results(qid, &c, &l, &st).await })
+    };
+    let completions = &core.queues[usize::from(qid)].completions;
+    ring::run_event_loop(&queue, &exe, spin, || {
+        if !tags.iter().all(|t| t.is_finished()) {
+            return false;
+        }
+        // Every tag task is done, so no result can still arrive: stop the
+        // eventfd task, whose read must complete before its buffer goes.
+        if !stop.replace(true) {
+            completions.kick();
+        }
+        efd_task.is_finished()
+    });
+}
+
+/// Keeps a read of the queue's eventfd in flight and hands posted results
+/// to the waiting tag tasks.
+async fn deliver_results(qid: u16, core: &DeviceCore, slots: &LocalSlots, stop: &Cell<bool>) {
+    let completions = &core.queues[usize::from(qid)].completions;
+    let fd = completions.eventfd().as_raw_fd();
+    let mut counter = [0u8; 8];
+    loop {
+        let sqe = opcode::Read::new(types::Fd(fd), counter.as_mut_ptr(), 8).build();
+        let res = ublk_submit_sqe_async(sqe, UblkUringData::Target as u64).await.unwrap_or(-libc::EIO);
+        for done in completions.drain() {
+            slots.fill(done);
+        }
+        if stop.get() {
+            return;
+        }
+        if res < 0 && res != -libc::EINTR && res != -libc::EAGAIN {
+            tracing::error!(qid, image = %core.name, "eventfd read failed: {}", std::io::Error::from_raw_os_error(-res));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+async fn serve_tag(
+    q: &UblkQueue<'_>,
+    tag: u16,
+    core: &DeviceCore,
+    sched: &Sched,
+    slots: &LocalSlots,
+) -> Result<(), UblkError> {
+    let buf = core.queues[usize::from(q.get_qid())].bufs.buf(tag);
+    q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(buf)).await?;
+    loop {
+        let res = handle(q, tag, core, sched, slots).await;
+        q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?;
+    }
+}
+
+/// The scheduler's and the tracer's names for a ublk operation.
+fn classify(op: u32) -> Option<(sched::Op, trace::Op)> {
+    Some(match op {
+        libublk::sys::UBLK_IO_OP_READ => (sched::Op::Read, trace::Op::Read),
+        libublk::sys::UBLK_IO_OP_WRITE => (sched::Op::Write, trace::Op::Write),
+        libublk::sys::UBLK_IO_OP_FLUSH => (sched::Op::Flush, trace::Op::Flush),
+        libublk::sys::UBLK_IO_OP_DISCARD => (sched::Op::Discard, trace::Op::Discard),
+        libublk::sys::UBLK_IO_OP_WRITE_ZEROES => (sched::Op::WriteZeroes, trace::Op::WriteZeroes),
+        _ => return None,
+    })
+}
+
+async fn handle(q: &UblkQueue<'_>, tag: u16, core: &DeviceCore, sched: &Sched, slots: &LocalSlots) -> i32 {
+    let seen_ns = trace::now_ns();
+    let iod = q.get_iod(tag);
+    let Some((op, trace_op)) = classify(iod.op_flags & 0xff) else {
+        return -libc::EOPNOTSUPP;
+    };
+    let fua = iod.op_flags & libublk::sys::UBLK_IO_F_FUA != 0;
+    let (offset, len) = if op == sched::Op::Flush {
+        (0, 0)
+    } else {
+        (iod.start_sector << SECTOR_SHIFT, u64::from(iod.nr_sectors) << SECTOR_SHIFT)
+    };
+    let data_op = matches!(op, sched::Op::Read | sched::Op::Write);
+    if offset.checked_add(len).is_none_or(|end| end > core.image.size_bytes())
+        || (data_op && len > u64::from(core.io_buf_bytes))
+    {
+        return -libc::EINVAL;
+    }
+    let qid = q.get_qid();
+    let mut trace = trace::RequestTrace::new(trace_op, seen_ns);
+    trace.set_location(qid, tag, offset, len.min(u64::from(u32::MAX)) as u32);
+    core.put_job(qid, tag, Job { trace, fua });
+    let desc = sched::Descriptor {
+        request: DeviceCore::request_id(qid, tag),
+        op,
+        offset_bytes: offset,
+        len_bytes: len,
+    };
+    if let Err(e) = sched.submit(core.sched_id, desc) {
+        core.take_job(qid, tag);
+        tracing::warn!(qid, tag, image = %core.name, "scheduler refused a request: {e}");
+        return e.errno();
+    }
+    let done = slots.wait(tag).await;
+    core.tracer.finish(&done.trace, trace::now_ns(), done.result.min(0));
+    done.result
+}

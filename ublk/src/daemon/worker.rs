@@ -1,0 +1,106 @@
+//! The worker pool: threads that take admitted requests from the
+//! scheduler, run them against the store (blocking calls into `cas`), and
+//! post each result back to the request's queue thread.
+
+use super::bridge::Done;
+use super::device::DeviceCore;
+use super::{Registry, Sched};
+use sched::{Dispatch, Next, Op};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long an idle worker waits before checking for shutdown again.
+const IDLE_WAIT: Duration = Duration::from_millis(200);
+
+pub fn spawn(n: usize, sched: &Arc<Sched>, registry: &Arc<Registry>) -> Vec<std::thread::JoinHandle<()>> {
+    (0..n)
+        .map(|i| {
+            let (sched, registry) = (sched.clone(), registry.clone());
+            std::thread::Builder::new()
+                .name(format!("casblk-worker-{i}"))
+                .spawn(move || run(&sched, &registry))
+                .expect("spawning a worker thread")
+        })
+        .collect()
+}
+
+fn run(sched: &Sched, registry: &Registry) {
+    loop {
+        match sched.next_blocking(IDLE_WAIT) {
+            Next::Shutdown => return,
+            Next::TimedOut => continue,
+            Next::Dispatch(d) => serve(sched, registry, d),
+        }
+    }
+}
+
+fn serve(sched: &Sched, registry: &Registry, d: Dispatch<cas::image::LogReservation>) {
+    let Some(core) = registry.get(d.image) else {
+        // The device went away while this request waited; nothing to answer.
+        let _ = sched.complete(d.image, d.request);
+        return;
+    };
+    let (qid, tag) = DeviceCore::split_request(d.request);
+    let mut job = core.take_job(qid, tag).expect("a dispatched request has its job");
+    let now = trace::now_ns();
+    for (gate, wait_ns) in d.waits.iter() {
+        if wait_ns > 0 {
+            job.trace.add_wait(gate, wait_ns);
+        }
+    }
+    job.trace.admitted(now);
+    job.trace.dispatched(now);
+    let begin = trace::now_ns();
+    let result = execute(&core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, job.fua);
+    let end = trace::now_ns();
+    if d.op != Op::Read {
+        // Writes, zeroes, discards and flushes go to the image's log. A
+        // read's sources (log, chunk cache, chunks) are not reported per
+        // request by the engine, so its execution is not labelled.
+        job.trace.io_span(trace::IoSource::Log, begin, end);
+    }
+    job.trace.executed(end);
+    if let Err(e) = sched.complete(d.image, d.request) {
+        tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
+    }
+    core.queues[usize::from(qid)].completions.post(Done { tag, result, trace: job.trace });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn execute(
+    core: &DeviceCore,
+    qid: u16,
+    tag: u16,
+    op: Op,
+    offset: u64,
+    len: u64,
+    reservation: Option<cas::image::LogReservation>,
+    fua: bool,
+) -> i32 {
+    let image = &core.image;
+    let bufs = &core.queues[usize::from(qid)].bufs;
+    let reserved = || reservation.expect("write-kind requests are dispatched with a log reservation");
+    let result = match op {
+        Op::Read => {
+            // SAFETY: this worker alone serves (qid, tag) until it posts the
+            // result; the queue thread and the kernel wait for that post.
+            let buf = unsafe { bufs.request_bytes(tag, len as usize) };
+            image.read(offset, buf).map(|()| len as i32)
+        }
+        Op::Write => {
+            // SAFETY: as above; the kernel filled the buffer before delivery.
+            let buf = unsafe { bufs.request_bytes(tag, len as usize) };
+            image.write_reserved(reserved(), offset, buf, fua).map(|()| len as i32)
+        }
+        Op::WriteZeroes => image.write_zeroes_reserved(reserved(), offset, len, fua).map(|()| 0),
+        Op::Discard => image
+            .discard_reserved(reserved(), offset, len)
+            .and_then(|()| if fua { image.flush() } else { Ok(()) })
+            .map(|()| 0),
+        Op::Flush => image.flush().map(|()| 0),
+    };
+    result.unwrap_or_else(|e| {
+        tracing::warn!(image = %core.name, ?op, offset, len, "request failed: {e}");
+        e.errno()
+    })
+}
