@@ -50,3 +50,20 @@ verify_tree() { (cd "$1" && sha256sum --quiet -c "$SCRATCH/tree.sums") || fail "
 
 # True while PID runs (a zombie awaiting its reaper counts as gone).
 pid_alive() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1; [ -n "$st" ] && [[ $st != Z* ]]; }
+
+# A fresh store with one image NAME of SIZE; prints the store path.
+new_store() { local s=$SCRATCH/store-$RANDOM; "$CASBLK" --store "$s" image create "$1" --size "$2" >/dev/null; echo "$s"; }
+
+# Attach image NAME of STORE (extra casblk args follow); prints the device.
+add_image() { local s=$1 n=$2; shift 2; "$CASBLK" --store "$s" add --image "$n" "$@"; }
+
+# The pid of the daemon serving device PATH.
+daemon_pid() {
+    "$CASBLK" list --json | python3 -c "import json,sys; print([d['daemon_pid'] for d in json.load(sys.stdin) if d['bdev']=='$1'][0])"
+}
+
+# Waits (bounded) until no ublk device is left.
+wait_no_devices() {
+    for _ in $(seq 100); do [ -z "$(ls /sys/class/ublk-char 2>/dev/null)" ] && return 0; sleep 0.1; done
+    fail "devices still present: $(ls /sys/class/ublk-char)"
+}

@@ -28,7 +28,10 @@ pub fn set_sigpipe(default: bool) {
 
 fn main() -> ExitCode {
     set_sigpipe(true);
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     // Logs go through `tracing`, filtered by RUST_LOG (default: warnings).
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -44,6 +47,27 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Help and version print as clap formats them; a usage error becomes one
+/// line on stderr (like every other casblk error) and exit status 2.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let line = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    eprintln!("casblk: {}", line.strip_prefix("error: ").unwrap_or(&line));
+    ExitCode::from(2)
 }
 
 fn run(cli: cli::Cli) -> anyhow::Result<()> {

@@ -1,0 +1,25 @@
+# fio with verify=crc32c through a store image: random mixed sizes with
+# periodic fsync (FLUSH), then O_DSYNC writes (FUA), then a verify-only
+# pass after detaching and reattaching.
+source "$(dirname "$0")/lib.sh"
+store=$(new_store vm 256M)
+dev=$(add_image "$store" vm -q 2 -d 32)
+cd "$SCRATCH"
+run_fio() {
+    local name=$1; shift
+    fio --name="$name" --filename="$dev" --ioengine=io_uring --direct=1 --verify=crc32c \
+        --verify_fatal=1 --verify_state_save=0 --output="$SCRATCH/$name.txt" "$@" \
+        || { cat "$SCRATCH/$name.txt"; fail "fio $name failed"; }
+    grep -q "err= 0" "$SCRATCH/$name.txt" || { cat "$SCRATCH/$name.txt"; fail "fio $name reported an error"; }
+}
+run_fio rand --rw=randwrite --bsrange=4k-64k --size=48M --iodepth=16 --fsync=32 --do_verify=1 --randseed=7
+note "random writes with fsync + verify: ok"
+run_fio fua --rw=write --bs=16k --size=16M --offset=64M --iodepth=4 --sync=dsync --do_verify=1
+note "O_DSYNC (FUA) writes + verify: ok"
+"$CASBLK" del -a
+wait_no_devices
+dev=$(add_image "$store" vm)
+run_fio rand --rw=randwrite --bsrange=4k-64k --size=48M --iodepth=16 --randseed=7 --verify_only
+note "verify-only after reattach: ok"
+"$CASBLK" del -a
+wait_no_devices
