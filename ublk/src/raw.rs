@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 /// Index of the backing file in the queue ring's fixed-file table
 /// (index 0 is the ublk char device, registered by libublk).
 const BACKING_FIXED_FD: types::Fixed = types::Fixed(1);
+/// Largest write served inline for a memory-backed backing.
+const INLINE_WRITE_BYTES_MAX: usize = 64 << 10;
 /// EAGAIN retries before a request fails.
 const EAGAIN_RETRIES: u32 = 4;
 /// Largest queue depth and queue count the ublk driver accepts.
@@ -36,6 +38,10 @@ pub const DAEMON_LOG: &str = "/run/casblk/casblk.log";
 
 /// What every queue thread needs to serve requests.
 struct RawTarget {
+    /// For a memory-backed backing, reads and writes are served inline on
+    /// the queue thread: a memory copy is cheaper than a trip through the
+    /// ring, and it cannot block on a device.
+    inline: Option<std::fs::File>,
     punch: bool,
     zeroes: ZeroMethod,
     /// Busy-poll budget before the queue thread sleeps in the ring.
@@ -136,7 +142,12 @@ fn serve(args: &AddArgs, backing: Backing, ready: Ready) -> Result<()> {
     let dev_id = ctrl.dev_info().dev_id;
     stop_on_signals(dev_id)?;
 
+    let inline = match backing.in_memory {
+        true => Some(backing.file.try_clone().context("duplicating the backing file handle")?),
+        false => None,
+    };
     let target = Arc::new(RawTarget {
+        inline,
         punch: backing.punch,
         zeroes: backing.zeroes,
         spin: Duration::from_micros(args.poll_us),
@@ -149,6 +160,7 @@ fn serve(args: &AddArgs, backing: Backing, ready: Ready) -> Result<()> {
             "direct_io": backing.direct,
             "discard": backing.punch,
             "write_zeroes": format!("{:?}", backing.zeroes),
+            "inline_io": backing.in_memory,
         }
     });
     let tgt_init = move |dev: &mut UblkDev| {
@@ -219,7 +231,16 @@ async fn handle(q: &UblkQueue<'_>, tag: u16, target: &RawTarget, buf: &mut [u8])
             let Some(data) = buf.get_mut(..len as usize) else {
                 return -libc::EINVAL;
             };
-            transfer(op == libublk::sys::UBLK_IO_OP_WRITE, fua, off, data).await
+            let write = op == libublk::sys::UBLK_IO_OP_WRITE;
+            match &target.inline {
+                // Large writes still go through the ring: io_uring hands
+                // them to its workers, so their copy into the backing runs
+                // beside the queue thread's copy of the next request.
+                Some(file) if !write || data.len() <= INLINE_WRITE_BYTES_MAX => {
+                    transfer_inline(file, write, fua, off, data)
+                }
+                _ => transfer(write, fua, off, data).await,
+            }
         }
         libublk::sys::UBLK_IO_OP_FLUSH => return datasync().await,
         libublk::sys::UBLK_IO_OP_DISCARD if target.punch => punch(off, len).await,
@@ -301,4 +322,35 @@ async fn transfer(write: bool, fua: bool, off: u64, data: &mut [u8]) -> i32 {
         done += res as usize;
     }
     data.len() as i32
+}
+
+/// Serves a read or write of a memory-backed file synchronously.
+fn transfer_inline(file: &std::fs::File, write: bool, fua: bool, off: u64, data: &mut [u8]) -> i32 {
+    use std::os::unix::fs::FileExt;
+    let res = if write {
+        file.write_all_at(data, off).and_then(|()| if fua { file.sync_data() } else { Ok(()) })
+    } else {
+        // Past the end of a shrunk file reads as zeros, as on the ring path.
+        let mut done = 0;
+        loop {
+            match file.read_at(&mut data[done..], off + done as u64) {
+                Ok(0) => {
+                    data[done..].fill(0);
+                    break Ok(());
+                }
+                Ok(n) => {
+                    done += n;
+                    if done == data.len() {
+                        break Ok(());
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        }
+    };
+    match res {
+        Ok(()) => data.len() as i32,
+        Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+    }
 }
