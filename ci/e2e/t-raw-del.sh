@@ -30,3 +30,11 @@ sleep 1
 "$CASBLK" del -n "$(dev_id "$d1")" || fail "del after kill -9 failed"
 assert_no_devices
 note "a device whose daemon was killed -9 is deleted by del"
+d1=$(add_raw "$b1")
+mkfs.ext4 -q -F "$d1" && mkdir -p "$SCRATCH/m" && mount "$d1" "$SCRATCH/m"
+expect_error "del of a mounted device" "$CASBLK" del -n "$(dev_id "$d1")"
+[ -b "$d1" ] || fail "the refused del removed the device anyway"
+umount "$SCRATCH/m"
+"$CASBLK" del -n "$(dev_id "$d1")"
+assert_no_devices
+note "del of a mounted device is refused; after umount it succeeds"

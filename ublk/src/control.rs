@@ -6,6 +6,7 @@ use anyhow::{bail, Context, Result};
 use libublk::ctrl::UblkCtrl;
 use serde::Serialize;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 pub const CONTROL_NODE: &str = "/dev/ublk-control";
 
@@ -116,12 +117,54 @@ fn device_ids() -> Vec<u32> {
     ids
 }
 
+/// Where block device `ublkb{id}` is mounted, if anywhere.
+fn mount_point(id: u32) -> Option<String> {
+    let devno = std::fs::read_to_string(format!("/sys/class/block/ublkb{id}/dev")).ok()?;
+    let devno = devno.trim();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|line| {
+        let mut fields = line.split(' ');
+        let (_id, _parent, dev, _root, mnt) =
+            (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
+        (dev == devno).then(|| mnt.to_string())
+    })
+}
+
+/// Kernel holders of `ublkb{id}` (device-mapper, md, ...).
+fn holders(id: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/sys/class/block/ublkb{id}/holders"))
+        .map(|d| d.flatten().filter_map(|e| e.file_name().to_str().map(String::from)).collect())
+        .unwrap_or_default()
+}
+
+/// How long `del` waits for a stopped device to go away.
+const DEL_WAIT: Duration = Duration::from_secs(10);
+
 fn delete(id: u32) -> Result<()> {
+    // The kernel's DEL waits until nobody holds the disk, so deleting a
+    // mounted device would hang: refuse it with the reason instead.
+    if let Some(mnt) = mount_point(id) {
+        bail!("/dev/ublkb{id} is mounted at {mnt}; unmount it first");
+    }
+    let held = holders(id);
+    if !held.is_empty() {
+        bail!("/dev/ublkb{id} is in use by {}; remove those first", held.join(", "));
+    }
     let ctrl = open_device(id)?;
-    // STOP first so the serving daemon sees its queues go down, then DEL,
-    // which waits for the daemon to release the char device.
+    // STOP first so the serving daemon sees its queues go down; then the
+    // asynchronous DEL, so an opener we cannot see (a VM holding the disk)
+    // cannot make this command hang. Then wait, bounded, for it to go.
     let _ = ctrl.kill_dev();
-    ctrl.del_dev().map_err(|e| anyhow::anyhow!("deleting ublk device {id} failed: {e}"))?;
+    if ctrl.del_dev_async().is_err() {
+        ctrl.del_dev().map_err(|e| anyhow::anyhow!("deleting ublk device {id} failed: {e}"))?;
+    }
+    let deadline = Instant::now() + DEL_WAIT;
+    while Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists() {
+        if Instant::now() > deadline {
+            bail!("ublk device {id} is stopped but still open elsewhere; it is removed when its last user closes it");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     Ok(())
 }
 
