@@ -55,6 +55,19 @@ impl<R> Dispatch<R> {
     pub fn admission_wait_ns(&self) -> u64 {
         self.admitted_ns.saturating_sub(self.arrival_ns)
     }
+
+    /// Records this dispatch in the request's trace: each gate it waited
+    /// on, with its wait, then the admitted and dispatched marks at
+    /// `now_ns` (the trace's clock; the scheduler's may differ).
+    pub fn record_into(&self, trace: &mut trace::RequestTrace, now_ns: u64) {
+        for (gate, wait_ns) in self.waits.iter() {
+            if wait_ns > 0 {
+                trace.add_wait(gate, wait_ns);
+            }
+        }
+        trace.admitted(now_ns);
+        trace.dispatched(now_ns);
+    }
 }
 
 /// See the module documentation.

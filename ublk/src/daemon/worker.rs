@@ -42,14 +42,7 @@ fn serve(sched: &Sched, registry: &Registry, d: Dispatch<cas::image::LogReservat
     };
     let (qid, tag) = DeviceCore::split_request(d.request);
     let mut job = core.take_job(qid, tag).expect("a dispatched request has its job");
-    let now = trace::now_ns();
-    for (gate, wait_ns) in d.waits.iter() {
-        if wait_ns > 0 {
-            job.trace.add_wait(gate, wait_ns);
-        }
-    }
-    job.trace.admitted(now);
-    job.trace.dispatched(now);
+    d.record_into(&mut job.trace, trace::now_ns());
     let begin = trace::now_ns();
     let result = execute(&core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, job.fua);
     let end = trace::now_ns();
