@@ -1,7 +1,7 @@
 # Shared helpers for the end-to-end tests (sourced; run inside ci/vm).
 set -euo pipefail
 : "${CASBLK:?CASBLK must name the casblk binary}"
-SCRATCH=${SCRATCH:-/tmp/casblk-e2e}
+SCRATCH=${SCRATCH:-${CASBLK_VM_SCRATCH:-/tmp}/casblk-e2e}
 mkdir -p "$SCRATCH"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
