@@ -92,7 +92,12 @@ impl Model {
 }
 
 fn opts() -> StoreOptions {
-    StoreOptions { log_segment_bytes: 1 << 20, log_quota_bytes: 256 << 20, ..StoreOptions::default() }
+    StoreOptions {
+        log_segment_bytes: 1 << 20,
+        log_quota_bytes: 256 << 20,
+        background_compaction: false,
+        ..StoreOptions::default()
+    }
 }
 
 /// A random 512-aligned range: mostly small, sometimes up to 1 MiB (2 MiB

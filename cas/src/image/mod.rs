@@ -32,16 +32,17 @@ pub use backing::{ChunkHash, EmptyManifest, ManifestView, BLOCK_BYTES};
 pub use capacity::{CapacityListener, LogReservation, CAPACITY_RETRY_MS};
 pub use stats::ImageStats;
 
+use crate::compact::ImageCompaction;
 use crate::error::{Error, Result};
 use crate::storage::Storage;
-use crate::wal::segment::SEGMENT_BYTES_MIN;
+use crate::wal::segment::{SEGMENT_BYTES_MIN, SEGMENT_HEADER_BYTES};
 use crate::wal::{Log, RecordHeader, RecordKind, RecoveryReport, Slot, RECORD_HEADER_BYTES, SECTOR_BYTES};
 use capacity::Capacity;
 use durability::Durability;
 use overlay::{Overlay, Source};
 use stats::{bump, Counters};
 use std::path::Path;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use writeback::Writeback;
 
 /// Largest payload one write request may carry.
@@ -71,7 +72,16 @@ pub struct Image {
     manifest: RwLock<Arc<dyn ManifestView>>,
     counters: Counters,
     recovery: RecoveryReport,
+    /// Where the first record above the checkpoint was at open (segment
+    /// index, file offset, seq): the compactor's first cursor.
+    start_cursor: (u64, u64, u64),
+    /// The compactor's state for this image (set by the store).
+    compaction: OnceLock<Arc<ImageCompaction>>,
 }
+
+/// How long reclamation waits for pins on a covered segment before it
+/// leaves the segment for a later call.
+pub const RECLAIM_PIN_WAIT_MS: u64 = 50;
 
 fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|p| p.into_inner())
@@ -110,6 +120,7 @@ impl Image {
         let mut overlay = Overlay::new();
         let size_sectors = sectors(cfg.size_bytes);
         let mut beyond = None;
+        let mut first = None;
         let (log, recovery) = Log::open(
             storage,
             &image_dir.join("wal"),
@@ -117,6 +128,7 @@ impl Image {
             cfg.log_id,
             cfg.replay_after_seq,
             &mut |seg, pos, h: &RecordHeader| {
+                first.get_or_insert((seg.index(), pos, h.seq));
                 let (start, len) = (sectors(h.offset_bytes), sectors(h.len_bytes));
                 let src = match h.kind {
                     RecordKind::Pad => return,
@@ -140,6 +152,7 @@ impl Image {
             });
         }
         let durable = log.next_seq() - 1;
+        let start_cursor = first.unwrap_or_else(|| log.end_position());
         let capacity = Capacity::new(cfg.quota_bytes, log.used_bytes());
         let log = Arc::new(log);
         let durability = Arc::new(Durability::new(format!("image {}", cfg.name), durable));
@@ -154,7 +167,33 @@ impl Image {
             manifest: RwLock::new(manifest),
             counters: Counters::default(),
             recovery,
+            start_cursor,
+            compaction: OnceLock::new(),
         })
+    }
+
+    /// Attaches the compactor's per-image state (once, by the store).
+    pub(crate) fn attach_compaction(&self, c: Arc<ImageCompaction>) {
+        assert!(self.compaction.set(c).is_ok(), "compaction state attached twice");
+    }
+
+    /// The compactor's state for this image (None: opened with a custom view).
+    pub fn compaction(&self) -> Option<&Arc<ImageCompaction>> {
+        self.compaction.get()
+    }
+
+    pub(crate) fn log(&self) -> &Arc<Log> {
+        &self.log
+    }
+
+    /// See `start_cursor`.
+    pub(crate) fn start_cursor(&self) -> (u64, u64, u64) {
+        self.start_cursor
+    }
+
+    /// Fails if the image failed (a sync or an unvoidable write failed).
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        self.durability.check()
     }
 
     pub fn name(&self) -> &str {
@@ -196,11 +235,16 @@ impl Image {
                 // minimal segment of this request before the next roll.
                 let rolls = 2 + len / (SEGMENT_BYTES_MIN / 2);
                 let records = rolls + 1;
-                let roll_waste = RECORD_HEADER_BYTES as u64 + SECTOR_BYTES;
+                // The unused tail (< one record header + sector) and the
+                // next segment's header.
+                let roll_waste = RECORD_HEADER_BYTES as u64 + SECTOR_BYTES + SEGMENT_HEADER_BYTES as u64;
                 len + records * RECORD_HEADER_BYTES as u64 + rolls * roll_waste
             }
-            // Range records have no payload, so a roll wastes nothing.
-            RecordKind::WriteZeroes | RecordKind::Discard => RECORD_HEADER_BYTES as u64,
+            // Range records have no payload, so a roll leaves no tail (record
+            // positions are multiples of 64) but may start a segment.
+            RecordKind::WriteZeroes | RecordKind::Discard => {
+                RECORD_HEADER_BYTES as u64 + SEGMENT_HEADER_BYTES as u64
+            }
             RecordKind::Pad => 0,
         }
     }
@@ -228,6 +272,38 @@ impl Image {
     /// may cover at most this much of the log.
     pub fn durable_seq(&self) -> u64 {
         self.durability.durable_seq()
+    }
+
+    /// Makes every record completed so far durable, without waiting for
+    /// writes in flight (the compactor calls this when the log is under
+    /// pressure and nobody flushes: only durable log can be compacted).
+    /// Returns the durable seq.
+    pub(crate) fn make_completed_durable(&self) -> Result<u64> {
+        let target = self.durability.watermark();
+        if target > self.durability.durable_seq() {
+            self.make_durable(target)?;
+        }
+        Ok(self.durability.durable_seq())
+    }
+
+    /// True when records are complete but not yet durable.
+    pub(crate) fn has_undurable_records(&self) -> bool {
+        self.durability.watermark() > self.durability.durable_seq()
+    }
+
+    /// Registers the compactor's pressure listener: called when log use
+    /// reaches `threshold_bytes` or a reservation is refused.
+    pub(crate) fn set_pressure_listener(&self, threshold_bytes: u64, f: CapacityListener) {
+        self.capacity.set_pressure_listener(threshold_bytes, f);
+    }
+
+    pub(crate) fn rearm_pressure(&self) {
+        self.capacity.rearm_pressure();
+    }
+
+    /// True if a reservation was refused since space was last released.
+    pub(crate) fn capacity_refused(&self) -> bool {
+        self.capacity.refused()
     }
 
     fn reserve_blocking(&self, kind: RecordKind, len: u64) -> Result<LogReservation> {
@@ -471,12 +547,19 @@ impl Image {
         Ok(())
     }
 
-    /// Reclamation hook (the compactor calls it after committing a
-    /// manifest that covers every record through `covered_seq`): drops
-    /// those records from the overlay, deletes the segments holding only
-    /// such records, returns their space to the quota and wakes waiting
-    /// writers and the capacity listener. Returns the bytes freed.
+    /// Reclamation (the compactor calls it after committing a manifest
+    /// that covers every record through `covered_seq`): drops those records
+    /// from the overlay, deletes the segments holding only such records once
+    /// no read or scan pins them (see `Log::reclaim_through`), returns their
+    /// space to the quota and wakes waiting writers and the capacity
+    /// listener. Returns the bytes freed; a pinned segment is left for a
+    /// later call (which `covered_seq` no higher than before retries).
     pub fn reclaim_log(&self, covered_seq: u64) -> Result<u64> {
+        self.reclaim_counted(covered_seq).map(|(freed, _)| freed)
+    }
+
+    /// `reclaim_log`, returning the bytes freed and the segments deleted.
+    pub(crate) fn reclaim_counted(&self, covered_seq: u64) -> Result<(u64, u64)> {
         let durable = self.durability.durable_seq();
         if covered_seq > durable {
             return Err(Error::InvalidArgument(format!(
@@ -484,11 +567,37 @@ impl Image {
             )));
         }
         write_lock(&self.overlay).remove_through(covered_seq);
-        let before = self.log.segment_count();
-        let freed = self.log.reclaim_through(covered_seq)?;
-        bump(&self.counters.segments_reclaimed, (before - self.log.segment_count()) as u64);
-        self.capacity.release_consumed(freed);
-        Ok(freed)
+        let wait = std::time::Duration::from_millis(RECLAIM_PIN_WAIT_MS);
+        let out = self.log.reclaim_through(covered_seq, wait);
+        bump(&self.counters.segments_reclaimed, out.deleted);
+        bump(&self.counters.reclaim_deferred, out.deferred);
+        self.capacity.release_consumed(out.freed_bytes);
+        match out.error {
+            Some(e) => Err(e),
+            None => Ok((out.freed_bytes, out.deleted)),
+        }
+    }
+
+    /// When every record is covered through `covered_seq` and writers wait
+    /// for capacity, closes the current segment so that `reclaim_log` can
+    /// delete it (otherwise a request needing more than the quota minus one
+    /// segment could wait forever). Returns true if it rolled.
+    pub(crate) fn roll_covered_segment(&self, covered_seq: u64) -> Result<bool> {
+        if covered_seq > self.durability.durable_seq() {
+            return Ok(false);
+        }
+        match self.log.roll_if_covered(covered_seq)? {
+            Some(consumed) => {
+                self.capacity.add_consumed(consumed);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Covered segments still waiting for pins to drop.
+    pub(crate) fn retired_segments(&self) -> usize {
+        self.log.retired_count()
     }
 
     /// Counters and state, as a plain struct.
@@ -504,6 +613,9 @@ impl Image {
         s.durable_seq = self.durability.durable_seq();
         s.writeback_syncs = self.writeback.syncs.load(std::sync::atomic::Ordering::Relaxed);
         s.recovery = self.recovery.clone();
+        if let Some(c) = self.compaction.get() {
+            s.compaction = c.stats();
+        }
         s
     }
 }

@@ -12,7 +12,12 @@ pub const SECTOR: usize = 512;
 
 /// Small segments so that tests roll and recover across many of them.
 pub fn small_opts() -> StoreOptions {
-    StoreOptions { log_segment_bytes: 1 << 20, log_quota_bytes: 64 << 20, ..StoreOptions::default() }
+    StoreOptions {
+        log_segment_bytes: 1 << 20,
+        log_quota_bytes: 64 << 20,
+        background_compaction: false,
+        ..StoreOptions::default()
+    }
 }
 
 pub fn store_dir() -> PathBuf {

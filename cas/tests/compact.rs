@@ -1,0 +1,146 @@
+//! Compaction through the store: data moves from the log into chunks and
+//! the manifest, the covered log is reclaimed, only durable data is
+//! compacted, reads and recovery see the same bytes throughout.
+
+mod common;
+
+use cas::compact::{PassControl, StopAt};
+use cas::storage::{CrashMode, MemStorage};
+use cas::{Error, Store, StoreOptions};
+use common::*;
+use std::sync::Arc;
+
+fn opts() -> StoreOptions {
+    StoreOptions {
+        log_segment_bytes: 1 << 20,
+        log_quota_bytes: 16 << 20,
+        background_compaction: false,
+        compaction_batch_bytes: 1 << 20,
+        ..StoreOptions::default()
+    }
+}
+
+/// Sectors of a mixed workload: whole blocks, sub-4K writes, zeroes and
+/// discards, some overwritten within the same batch.
+fn mixed_writes(image: &cas::Image, token0: u64) -> u64 {
+    let mut t = token0;
+    let mut w = |first: u64, n: u64| {
+        image.write(first * 512, &payload(t, first, n), false).unwrap();
+        t += 1;
+    };
+    w(0, 64); // blocks 0..8
+    w(3, 2); // inside block 0
+    w(70, 20); // straddles blocks 8..11, partial at both ends
+    w(200, 8); // block 25 whole
+    w(201, 1);
+    image.write_zeroes(16 * 512, 8 * 512, false).unwrap(); // block 2 zeroed
+    image.discard(44 * 512, 4 * 512).unwrap(); // half of block 5
+    image.write(300 * 512, &vec![0u8; 4096], false).unwrap(); // zeros as data
+    t
+}
+
+#[test]
+fn compaction_moves_durable_data_and_reclaims_the_log() {
+    let mem = MemStorage::new();
+    let store = Store::create(Arc::new(mem.clone()), &store_dir(), opts()).unwrap();
+    store.create_image("i", 4 << 20).unwrap();
+    let image = store.open_image("i").unwrap();
+    let mut t = mixed_writes(&image, 1);
+    // Fill a few segments so that some can be reclaimed.
+    for i in 0..12u64 {
+        image.write((1 << 20) + i * (128 << 10), &payload(t, 2048 + i * 256, 256), false).unwrap();
+        t += 1;
+    }
+    let before = read_tokens(&image).unwrap();
+    let r = store.compact_once(&image).unwrap();
+    assert_eq!(r.covered_after, 0, "nothing is durable yet: nothing compacted");
+    image.flush().unwrap();
+    let segs_before = image.stats().log_segments;
+    let r = store.compact_once(&image).unwrap();
+    assert_eq!(r.covered_after, image.durable_seq());
+    assert!(r.work.batches >= 2, "{r:?}");
+    assert!(r.work.blocks_merged >= 3, "{r:?}");
+    assert!(r.work.blocks_holes >= 2, "{r:?}");
+    assert!(r.work.segments_reclaimed >= 1, "{r:?}");
+    assert!(image.stats().log_segments < segs_before);
+    assert_eq!(read_tokens(&image).unwrap(), before, "reads after compaction");
+    assert!(image.stats().read_chunk_bytes > 0);
+    let st = image.stats();
+    assert_eq!(st.compaction.batches, r.work.batches);
+
+    // More writes on top, half durable, then a crash.
+    image.write(0, &payload(t, 0, 3), false).unwrap();
+    image.flush().unwrap();
+    image.write(8 * 512, &payload(t + 1, 8, 8), false).unwrap();
+    let mut want = read_tokens(&image).unwrap();
+    drop((image, store));
+    mem.crash(CrashMode::LoseUnsynced);
+    let store = reopen(&mem, opts()).unwrap();
+    let image = store.open_image("i").unwrap();
+    want[8..16].copy_from_slice(&before[8..16]);
+    assert_eq!(read_tokens(&image).unwrap(), want);
+    assert!(image.stats().recovery.replayed_records <= 2, "{:?}", image.stats().recovery);
+}
+
+#[test]
+fn a_pass_stopped_after_its_commit_leaves_a_consistent_image() {
+    for stop in [StopAt::AfterInsert, StopAt::AfterChunkSync, StopAt::AfterCommit] {
+        for torn in [false, true] {
+            let mem = MemStorage::new();
+            let store = Store::create(Arc::new(mem.clone()), &store_dir(), opts()).unwrap();
+            store.create_image("i", 4 << 20).unwrap();
+            let image = store.open_image("i").unwrap();
+            let t = mixed_writes(&image, 1);
+            for i in 0..10u64 {
+                image.write(i * (256 << 10), &payload(t + i, i * 512, 512), false).unwrap();
+            }
+            image.flush().unwrap();
+            let want = read_tokens(&image).unwrap();
+            let ctl = PassControl { stop_at: stop, ..PassControl::default() };
+            store.compact_with(&image, &ctl).unwrap();
+            assert_eq!(read_tokens(&image).unwrap(), want, "{stop:?}");
+            drop((image, store));
+            mem.crash(if torn { CrashMode::Torn { seed: 7 } } else { CrashMode::LoseUnsynced });
+            let store = reopen(&mem, opts()).unwrap();
+            let image = store.open_image("i").unwrap();
+            assert_eq!(read_tokens(&image).unwrap(), want, "{stop:?} torn {torn}");
+            // The next pass finishes the job.
+            store.compact_once(&image).unwrap();
+            assert_eq!(read_tokens(&image).unwrap(), want, "{stop:?} torn {torn}, recompacted");
+            assert_eq!(image.stats().log_segments, 1);
+        }
+    }
+}
+
+#[test]
+fn a_stale_cursor_falls_back_to_a_scan() {
+    let mem = MemStorage::new();
+    let store = Store::create(Arc::new(mem.clone()), &store_dir(), opts()).unwrap();
+    store.create_image("i", 4 << 20).unwrap();
+    let image = store.open_image("i").unwrap();
+    mixed_writes(&image, 1);
+    image.flush().unwrap();
+    store.compact_once(&image).unwrap();
+    let t = mixed_writes(&image, 100);
+    image.write(1 << 20, &payload(t, 2048, 16), false).unwrap();
+    image.flush().unwrap();
+    let want = read_tokens(&image).unwrap();
+    image_compaction(&image).forget_cursor();
+    let r = store.compact_once(&image).unwrap();
+    assert_eq!(r.work.cursor_fallbacks, 1);
+    assert_eq!(r.covered_after, image.durable_seq());
+    assert_eq!(read_tokens(&image).unwrap(), want);
+}
+
+fn image_compaction(image: &cas::Image) -> &cas::compact::ImageCompaction {
+    image.compaction().expect("compacted image")
+}
+
+#[test]
+fn images_opened_with_a_custom_view_are_not_compacted() {
+    let mem = MemStorage::new();
+    let store = Store::create(Arc::new(mem.clone()), &store_dir(), opts()).unwrap();
+    store.create_image("i", 1 << 20).unwrap();
+    let image = store.open_image_with("i", Arc::new(MapManifest::default())).unwrap();
+    assert!(matches!(store.compact_once(&image), Err(Error::InvalidArgument(_))));
+}
