@@ -144,3 +144,80 @@ fn images_opened_with_a_custom_view_are_not_compacted() {
     let image = store.open_image_with("i", Arc::new(MapManifest::default())).unwrap();
     assert!(matches!(store.compact_once(&image), Err(Error::InvalidArgument(_))));
 }
+
+/// A DISCARD over more blocks than one batch may hold is split across
+/// batches (each covering the records before it), and the blocks it
+/// unmaps become holes.
+#[test]
+fn a_huge_discard_is_split_across_batches() {
+    let mem = MemStorage::new();
+    // 16 MiB of compaction memory: batches of at most 65536 blocks (256 MiB).
+    let o = StoreOptions { compaction_memory_bytes: 16 << 20, ..opts() };
+    let store = Store::create(Arc::new(mem.clone()), &store_dir(), o.clone()).unwrap();
+    let size = 1u64 << 30;
+    store.create_image("i", size).unwrap();
+    let image = store.open_image("i").unwrap();
+    let spots = [0u64, 300 << 20, (1 << 30) - 4096];
+    for (k, &at) in spots.iter().enumerate() {
+        image.write(at, &payload(k as u64 + 1, at / 512, 8), false).unwrap();
+    }
+    image.flush().unwrap();
+    store.compact_once(&image).unwrap();
+    assert_eq!(image.compaction().unwrap().manifest().stats().mapped_blocks, 3);
+    image.discard(0, size).unwrap();
+    image.write(4096, &payload(9, 8, 8), false).unwrap();
+    image.flush().unwrap();
+    let r = store.compact_once(&image).unwrap();
+    assert!(r.work.batches >= 4, "1 GiB of blocks in batches of 256 MiB: {r:?}");
+    assert_eq!(r.covered_after, image.durable_seq());
+    assert_eq!(image.compaction().unwrap().manifest().stats().mapped_blocks, 1);
+    let mut buf = vec![0u8; 8192];
+    for &at in &spots {
+        image.read(at.min(size - 8192), &mut buf).unwrap();
+        let nonzero = buf.iter().any(|&b| b != 0);
+        assert_eq!(nonzero, at.min(size - 8192) == 0, "at {at}");
+    }
+    // A crash after the split keeps the same picture.
+    drop((image, store));
+    mem.crash(CrashMode::LoseUnsynced);
+    let store = reopen(&mem, o).unwrap();
+    let image = store.open_image("i").unwrap();
+    image.read(0, &mut buf).unwrap();
+    assert_eq!(decode_sector(&buf[4096..4608], 8).unwrap(), 9);
+    assert!(buf[..4096].iter().all(|&b| b == 0));
+}
+
+/// The compaction budget cuts batches short (back-pressure) without
+/// stopping compaction; a chunk index over its budget refuses the pass
+/// with a clear error and leaves the image readable from its log.
+#[test]
+fn memory_budgets_give_back_pressure_not_failure() {
+    let mem = MemStorage::new();
+    let o = StoreOptions { compaction_memory_bytes: 14 << 20, compaction_batch_bytes: 64 << 20, ..opts() };
+    let store = Store::create(Arc::new(mem.clone()), &store_dir(), o).unwrap();
+    store.create_image("i", 16 << 20).unwrap();
+    let image = store.open_image("i").unwrap();
+    for m in 0..12u64 {
+        image.write(m << 20, &payload(m + 1, m * 2048, 2048), false).unwrap();
+    }
+    image.flush().unwrap();
+    let want = read_tokens(&image).unwrap();
+    let r = store.compact_once(&image).unwrap();
+    assert!(r.work.budget_waits > 0, "{r:?}");
+    assert!(r.work.batches >= 2, "{r:?}");
+    assert_eq!(r.covered_after, image.durable_seq());
+    assert_eq!(read_tokens(&image).unwrap(), want);
+    drop((image, store));
+
+    let mem = MemStorage::new();
+    let o = StoreOptions { memory_budget_bytes: (128 << 20) + 4096, ..opts() };
+    let store = Store::create(Arc::new(mem.clone()), &store_dir(), o).unwrap();
+    store.create_image("i", 16 << 20).unwrap();
+    let image = store.open_image("i").unwrap();
+    image.write(0, &payload(1, 0, 4096), true).unwrap();
+    let e = store.compact_once(&image).unwrap_err();
+    assert!(matches!(e, Error::MemoryBudget(_)), "{e}");
+    assert_eq!(image.stats().compaction.errors, 1);
+    assert!(read_tokens(&image).unwrap()[..4096].iter().all(|&t| t == 1));
+    image.write(0, &payload(2, 0, 8), false).unwrap();
+}

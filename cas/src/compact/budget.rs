@@ -21,6 +21,9 @@ use crate::error::{Error, Result};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// Buffer growth granularity.
+const GROW_STEP_BYTES: usize = 64 << 10;
+
 /// The compaction memory budget of a store.
 pub struct Budget {
     limit_bytes: u64,
@@ -158,8 +161,11 @@ impl GrowBuf {
         let need = self.len + n;
         if need > self.data.len() {
             if need > self.data.capacity() {
-                // Amortised doubling, charged at the capacity actually taken.
-                let target = need.max(self.data.capacity().saturating_mul(2)).max(64 << 10);
+                // Grow by a quarter at least (amortised), in 64 KiB steps,
+                // charged at the capacity actually taken: close to what the
+                // batch needs, never a doubling past the budget.
+                let cap = self.data.capacity();
+                let target = need.max(cap + cap / 4).next_multiple_of(GROW_STEP_BYTES);
                 lease.grow((target - self.data.capacity()) as u64)?;
                 self.data.reserve_exact(target - self.data.len());
             }

@@ -93,6 +93,8 @@ pub struct Batch<'b> {
     pub read_ns: u64,
     /// Ended early because the memory budget refused more buffer.
     pub budget_cut: bool,
+    /// The last record applied ended on a block boundary (or wrote none).
+    last_end_aligned: bool,
 }
 
 impl<'b> Batch<'b> {
@@ -115,6 +117,7 @@ impl<'b> Batch<'b> {
             initialized: 0,
             read_ns: 0,
             budget_cut: false,
+            last_end_aligned: true,
         }
     }
 
@@ -134,6 +137,7 @@ impl<'b> Batch<'b> {
         self.initialized = 0;
         self.read_ns = 0;
         self.budget_cut = false;
+        self.last_end_aligned = true;
     }
 }
 
@@ -285,7 +289,13 @@ fn read_records(
             region = Region { seg: next, file_start: pos, file_end: pos, buf_start: batch.buf.len() };
             continue;
         }
-        if batch.records > 0 && batch.record_bytes >= lim.batch_bytes {
+        // End at the byte target, but not between two records that split
+        // one block (a WRITE cut at a segment end): that block would be
+        // merged and stored twice. Past twice the target, end anyway.
+        if batch.records > 0
+            && batch.record_bytes >= lim.batch_bytes
+            && (batch.last_end_aligned || batch.record_bytes >= 2 * lim.batch_bytes)
+        {
             return Ok(Outcome::Read);
         }
         // The header first, then the whole record it announces.
@@ -358,6 +368,7 @@ fn read_records(
             };
             batch.map.insert(start_sector, end_sector - start_sector, seq, src);
             batch.blocks += blocks_of(start_sector, end_sector);
+            batch.last_end_aligned = end_sector.is_multiple_of(SECTORS_PER_BLOCK);
             if end_sector < s0 + n {
                 batch.records += 1;
                 batch.next.skip_sectors = end_sector - s0;

@@ -107,12 +107,15 @@ fn run(compactor: &Compactor, images: &OpenImages, sh: &Shared) {
         if sh.stop.load(Ordering::Acquire) {
             return;
         }
-        let open: Vec<Arc<Image>> = lock(images).values().filter_map(Weak::upgrade).collect();
+        // Weak handles, upgraded one at a time: an image is held only while
+        // it is looked at, so closing and removing it is rarely delayed.
+        let open: Vec<Weak<Image>> = lock(images).values().cloned().collect();
         let mut again = false;
-        for image in open {
+        for weak in open {
             if sh.stop.load(Ordering::Acquire) {
                 return;
             }
+            let Some(image) = weak.upgrade() else { continue };
             match step(compactor, &image) {
                 Ok(more) => again |= more,
                 Err(e) => {

@@ -227,7 +227,9 @@ impl Capacity {
             let mut st = lock(&self.state);
             assert!(bytes <= st.consumed_bytes, "releasing more log bytes than are in use");
             st.consumed_bytes -= bytes;
-            st.refused = false;
+            if bytes > 0 {
+                st.refused = false;
+            }
         }
         if bytes > 0 {
             self.notify();
