@@ -72,7 +72,9 @@ pub struct StoreOptions {
     /// Run the background compactor (one thread, plus one per pass).
     /// Without it, compaction happens only through `Store::compact_once`.
     pub background_compaction: bool,
-    /// Threads one compaction pass uses: 1, or 2 (read+hash / insert pipeline).
+    /// Threads one compaction pass uses: 1; 2 (read+hash / insert+commit
+    /// pipeline); 3 (also the commit protocol's syncs and deletions on
+    /// their own thread).
     pub compaction_threads: u64,
     /// Log record bytes per compaction batch (one manifest commit each).
     pub compaction_batch_bytes: u64,
@@ -94,7 +96,7 @@ impl Default for StoreOptions {
             memory_budget_bytes: 1 << 30,
             compaction_memory_bytes: 128 << 20,
             background_compaction: true,
-            compaction_threads: 2,
+            compaction_threads: 3,
             compaction_batch_bytes: 32 << 20,
             compaction_trigger_percent: 50,
             compaction_interval_ms: 1000,
@@ -129,12 +131,12 @@ impl StoreOptions {
                 self.compaction_memory_bytes, self.memory_budget_bytes
             )));
         }
-        if !(1..=2).contains(&self.compaction_threads)
+        if !(1..=3).contains(&self.compaction_threads)
             || !(1..=100).contains(&self.compaction_trigger_percent)
             || self.compaction_batch_bytes == 0
         {
             return Err(Error::InvalidArgument(format!(
-                "compaction_threads {} must be 1 or 2, compaction_trigger_percent {} in 1..=100, \
+                "compaction_threads {} must be 1, 2 or 3, compaction_trigger_percent {} in 1..=100, \
                  compaction_batch_bytes {} above 0",
                 self.compaction_threads, self.compaction_trigger_percent, self.compaction_batch_bytes
             )));

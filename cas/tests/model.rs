@@ -100,8 +100,11 @@ impl Model {
     }
 }
 
-fn opts() -> StoreOptions {
+/// Store options of a sequence; the seed picks the compaction threads
+/// (1: all inline, 2: reader thread, 3: and a commit thread).
+fn opts(seed: u64) -> StoreOptions {
     StoreOptions {
+        compaction_threads: 1 + seed % 3,
         log_segment_bytes: 1 << 20,
         log_quota_bytes: 256 << 20,
         background_compaction: false,
@@ -138,6 +141,7 @@ struct Run {
     trace: bool,
     /// A fault was injected since the last reopen.
     faulted: bool,
+    seed: u64,
 }
 
 impl Run {
@@ -154,7 +158,7 @@ impl Run {
     }
 
     fn reopen_and_check(&mut self, crashed: bool) -> Result<(), String> {
-        let store = reopen(&self.mem, opts()).map_err(|e| format!("reopen store: {e}"))?;
+        let store = reopen(&self.mem, opts(self.seed)).map_err(|e| format!("reopen store: {e}"))?;
         let image = store.open_image("m").map_err(|e| format!("reopen image (crashed {crashed}): {e}"))?;
         let got = read_tokens(&image)?;
         if self.trace {
@@ -391,7 +395,7 @@ impl Run {
 
 /// One random sequence; Err names what went wrong.
 fn sequence(seed: u64) -> Result<(), String> {
-    let (mem, store) = mem_store(opts());
+    let (mem, store) = mem_store(opts(seed));
     store.create_image("m", IMAGE_BYTES).map_err(|e| e.to_string())?;
     let image = store.open_image("m").map_err(|e| e.to_string())?;
     let mut run = Run {
@@ -403,6 +407,7 @@ fn sequence(seed: u64) -> Result<(), String> {
         next_token: 1,
         trace: std::env::var("CAS_MODEL_TRACE").is_ok(),
         faulted: false,
+        seed,
     };
     let trace = run.trace;
     for i in 0..OPS {

@@ -1,49 +1,39 @@
-//! The inserting thread of a pass: stores chunks, builds each batch's
-//! manifest edit, and at each batch end runs the commit protocol.
+//! The inserting side of a pass: stores chunks and builds each batch's
+//! manifest edit; at each batch end it hands the edit (with its chunk pin)
+//! to the commit stage (commit.rs).
 //!
 //! ```text
 //!  per sub-batch:  Partial -> base (manifest chunk or hole) + new sectors -> hash
 //!                  Holes   -> set None where the manifest maps something
 //!                  Chunk   -> set Some(hash)
 //!                  insert_missing(pin, new chunks)          one writer lock hold
-//!  per batch end:  1. chunks.sync()                         chunks durable
-//!                  2. edit.commit(covered)                  pages, then root, synced
-//!                  3. drop the chunk pin                    (GC may sweep again)
-//!                  4. cursor := next                        the validated hint
-//!                  5. image.reclaim_log(covered)            overlay, segments, quota
+//!  per batch end:  CommitJob { edit, pin, covered, next } -> commit stage
 //! ```
 //!
-//! The pin is taken before the batch's first insert and held until its
-//! commit returned, so a concurrent GC never sweeps a chunk the commit
-//! references. Partial blocks are merged here, not on the reading thread,
-//! because only this thread commits: the manifest it reads is exactly the
-//! state before the batch.
+//! The pin is taken before the batch's first insert and travels with the
+//! edit until its commit returned, so a concurrent GC never sweeps a chunk
+//! the commit references. Partial blocks and holes depend on the manifest
+//! as it is before their batch, so before it looks at the manifest for one,
+//! the inserter waits for the commits still in flight (with a separate
+//! commit thread the inserter may otherwise run one batch ahead).
 
 use super::blocks::{At, Item, SubBatch};
 use super::budget::{GrowBuf, Lease};
+use super::commit::{CommitJob, CommitStage, Flow};
 use super::reader::Cursor;
 use super::stats::CompactStats;
-use super::{ImageCompaction, StopAt};
+use super::ImageCompaction;
 use crate::chunk::{hash_block, is_zero_block, ChunkHash, ChunkPin, ChunkStore};
 use crate::error::Result;
-use crate::image::{Image, BLOCK_BYTES};
+use crate::image::BLOCK_BYTES;
 use crate::manifest::{ManifestEdit, LEAF_ENTRIES};
 use crate::wal::SECTOR_BYTES;
 use std::time::Instant;
 
 const BLOCK: usize = BLOCK_BYTES as usize;
 
-/// Whether the pass goes on after a batch end.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flow {
-    Continue,
-    /// A test asked the pass to stop at a step (see [`StopAt`]).
-    Stopped,
-}
-
 /// The inserting side of one pass.
 pub struct Inserter<'s> {
-    image: &'s Image,
     state: &'s ImageCompaction,
     chunks: &'s ChunkStore,
     pin: Option<ChunkPin<'s>>,
@@ -53,21 +43,20 @@ pub struct Inserter<'s> {
     lease: Lease<'s>,
     base: Box<[u8; BLOCK]>,
     lookups: Vec<Option<ChunkHash>>,
-    stop_at: StopAt,
+    stage: CommitStage<'s>,
     pub work: CompactStats,
-    pub covered: u64,
+    /// The covered seq of the last batch handed on.
+    covered: u64,
 }
 
 impl<'s> Inserter<'s> {
     pub fn new(
-        image: &'s Image,
         state: &'s ImageCompaction,
         chunks: &'s ChunkStore,
         lease: Lease<'s>,
-        stop_at: StopAt,
+        stage: CommitStage<'s>,
     ) -> Inserter<'s> {
         Inserter {
-            image,
             state,
             chunks,
             pin: None,
@@ -76,16 +65,21 @@ impl<'s> Inserter<'s> {
             lease,
             base: Box::new([0u8; BLOCK]),
             lookups: Vec::new(),
-            stop_at,
+            stage,
             work: CompactStats { bytes_initialized: BLOCK as u64, ..CompactStats::default() },
             covered: state.manifest.covered(),
         }
     }
 
     /// Applies one sub-batch: edits, merges and chunk inserts.
-    pub fn blocks(&mut self, sb: &SubBatch<'_>) -> Result<()> {
+    pub fn blocks(&mut self, sb: &SubBatch<'_>) -> Result<Flow> {
+        let needs_manifest = sb.items.iter().any(|i| !matches!(i, Item::Chunk { .. }));
+        if needs_manifest && self.stage.settle()? == Flow::Stopped {
+            return Ok(Flow::Stopped);
+        }
         let t = Instant::now();
-        let manifest = &*self.state.manifest;
+        let state: &'s ImageCompaction = self.state;
+        let manifest = &*state.manifest;
         if self.pin.is_none() {
             self.pin = Some(self.chunks.pin());
         }
@@ -169,44 +163,27 @@ impl<'s> Inserter<'s> {
             self.work.chunk_bytes_written += st.bytes_written;
         }
         self.work.insert_ns += t.elapsed().as_nanos() as u64;
-        Ok(())
+        Ok(Flow::Continue)
     }
 
-    /// Ends a batch: sync chunks, commit the edit covering `covered`,
-    /// release the pin, move the cursor, reclaim the covered log.
+    /// Ends a batch: hands its edit and pin to the commit stage.
     pub fn end(&mut self, covered: u64, next: Cursor, batch_work: &CompactStats) -> Result<Flow> {
-        let t = Instant::now();
         self.work.add(batch_work);
         let covered = covered.max(self.covered);
-        if self.stop_at == StopAt::AfterInsert {
-            return Ok(Flow::Stopped);
-        }
-        let before = self.chunks.stats().syncs;
-        self.chunks.sync()?;
-        self.work.syncs += self.chunks.stats().syncs.saturating_sub(before);
-        if self.stop_at == StopAt::AfterChunkSync {
-            return Ok(Flow::Stopped);
-        }
-        let edit = self.edit.take().unwrap_or_else(|| self.state.manifest.begin());
-        if !edit.is_empty() || covered > self.state.manifest.covered() {
-            let cs = edit.commit(covered)?;
-            self.work.manifest_pages_written += cs.pages_written;
-            self.work.manifest_leaf_pages_touched += cs.leaf_pages_touched;
-            self.work.bytes_initialized += cs.bytes_initialized;
-            self.work.syncs += cs.syncs;
-        }
-        drop(self.pin.take());
         self.covered = covered;
-        *super::lock(&self.state.cursor) = Some(next);
-        self.work.batches += 1;
-        if self.stop_at == StopAt::AfterCommit {
-            return Ok(Flow::Stopped);
-        }
-        let (freed, deleted) = self.image.reclaim_counted(covered)?;
-        self.work.log_bytes_reclaimed += freed;
-        self.work.segments_reclaimed += deleted;
-        self.work.syncs += u64::from(deleted > 0);
-        self.work.commit_ns += t.elapsed().as_nanos() as u64;
-        Ok(Flow::Continue)
+        let edit = self.edit.take().unwrap_or_else(|| self.state.manifest.begin());
+        self.stage.submit(CommitJob { edit, pin: self.pin.take(), covered, next })
+    }
+
+    /// Waits for every commit handed on; returns the stage's work too.
+    pub fn finish(&mut self) -> Result<Flow> {
+        self.stage.settle()
+    }
+
+    /// Ends the commit stage and adds its counters (after `finish`).
+    pub fn into_work(mut self) -> CompactStats {
+        let mut work = self.work;
+        work.add(&self.stage.close());
+        work
     }
 }

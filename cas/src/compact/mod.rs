@@ -32,6 +32,7 @@
 
 mod blocks;
 mod budget;
+mod commit;
 mod inserter;
 mod pipeline;
 mod reader;
@@ -57,8 +58,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Tunables of compaction (from `StoreOptions`).
 #[derive(Clone, Debug)]
 pub struct CompactConfig {
-    /// Threads one pass uses: 1 (read, hash and insert in turn) or 2 (the
-    /// reader/hasher and the inserter in a pipeline).
+    /// Threads one pass uses: 1 (read, hash, insert, commit in turn), 2
+    /// (the reader/hasher and the inserter/committer in a pipeline), 3 (and
+    /// the commit protocol's I/O on a thread of its own).
     pub threads: usize,
     /// Log record bytes per batch (one manifest commit each).
     pub batch_bytes: u64,
@@ -233,10 +235,17 @@ impl Compactor {
             },
             max_batches: ctl.max_batches,
         };
-        let mut ins = inserter::Inserter::new(image, state, &self.chunks, self.budget.lease(), ctl.stop_at);
-        let produced = pipeline::run(image.log(), &plan, &mut ins, &self.budget, self.cfg.threads);
-        report.work.add(&ins.work);
-        report.work.add(&produced?);
+        let ctx = pipeline::Ctx {
+            image,
+            state,
+            chunks: &self.chunks,
+            budget: &self.budget,
+            stop_at: ctl.stop_at,
+            threads: self.cfg.threads,
+        };
+        let (work, result) = pipeline::run(&ctx, &plan);
+        report.work.add(&work);
+        result?;
         Ok(())
     }
 }

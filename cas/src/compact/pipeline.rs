@@ -1,29 +1,37 @@
-//! One compaction pass: the reading thread and the inserting thread, the
-//! channel between them, and the buffers that circulate back.
+//! One compaction pass: the reading thread, the inserting thread, the
+//! commit stage, the channels between them, and the buffers that
+//! circulate back.
 //!
 //! ```text
-//!  reader thread (scoped)                       pass thread (caller)
-//!   read_batch -> Walker: hash   --SubBatch-->   Inserter::blocks (insert_missing)
-//!                                --End------->   Inserter::end (sync, commit, reclaim)
-//!   free batch / extra buffers  <--Back------    (buffers return for reuse)
+//!  reader thread (scoped)                     pass thread (caller)              commit thread (scoped)
+//!   read_batch -> Walker: hash --SubBatch-->   Inserter::blocks (insert_missing)
+//!                              --End------->   Inserter::end --CommitJob-->      sync, commit, reclaim
+//!   free batch / extra buffers <--Back-----    (buffers return for reuse)
 //! ```
+//!
+//! `compaction_threads`: 1 runs all of it on the pass thread, 2 adds the
+//! reader thread (the commit protocol runs inline on the pass thread), 3
+//! adds the commit thread.
 //!
 //! Bounds: at most `SUBS_IN_FLIGHT` sub-batches wait in the channel; two
 //! batch buffers exist per pass (the reader fills one while the inserter
-//! still uses the other), and at most `SUBS_IN_FLIGHT + 2` extra buffers.
-//! With `compaction_threads == 1` the inserter runs inline on the reading
-//! thread instead (same code, no channel).
+//! still uses the other), at most `SUBS_IN_FLIGHT + 2` extra buffers, and
+//! at most two commit jobs wait for the commit thread.
 //!
-//! The reader runs ahead by at most one batch: it may hash batch N+1 while
-//! batch N commits. Partial blocks need the state before their batch, so
-//! they are merged by the inserter, which commits batches in order.
+//! The reader runs ahead by at most one batch; so may the inserter ahead
+//! of the commits. What depends on the state before a batch (partial
+//! blocks, holes) waits for the commits in flight (inserter.rs).
 
 use super::blocks::{Back, Msg, SubBatch, Walker};
 use super::budget::{Budget, GrowBuf, Lease};
-use super::inserter::{Flow, Inserter};
+use super::commit::{run_thread, CommitJob, CommitStage, Committer, Flow};
+use super::inserter::Inserter;
 use super::reader::{fallback_cursor, read_batch, Batch, Cursor, Limits, Outcome};
 use super::stats::CompactStats;
+use super::{ImageCompaction, StopAt};
+use crate::chunk::ChunkStore;
 use crate::error::{Error, Result};
+use crate::image::Image;
 use crate::wal::Log;
 use crossbeam::channel::{bounded, unbounded, Receiver, Sender};
 use std::sync::Arc;
@@ -41,6 +49,16 @@ pub struct Plan {
     pub covered: u64,
     pub limits: Limits,
     pub max_batches: u64,
+}
+
+/// What a pass works on.
+pub struct Ctx<'s> {
+    pub image: &'s Image,
+    pub state: &'s ImageCompaction,
+    pub chunks: &'s ChunkStore,
+    pub budget: &'s Budget,
+    pub stop_at: StopAt,
+    pub threads: usize,
 }
 
 /// Where the reader's sub-batches and batch ends go, and where it gets
@@ -115,18 +133,19 @@ impl<'b> Sink<'b> for InlineSink<'_, 'b> {
         if self.stopped {
             return Err(closed());
         }
-        match msg {
+        let flow = match msg {
             Msg::Blocks(sb) => {
-                self.inserter.blocks(&sb)?;
+                let flow = self.inserter.blocks(&sb)?;
                 self.extra = Some(sb.extra);
+                flow
             }
             Msg::End { batch, covered, next, work } => {
-                if self.inserter.end(covered, next, &work)? == Flow::Stopped {
-                    self.stopped = true;
-                }
+                let flow = self.inserter.end(covered, next, &work)?;
                 self.free = Some(Arc::try_unwrap(batch).ok().expect("an ended batch has no other owner"));
+                flow
             }
-        }
+        };
+        self.stopped = flow == Flow::Stopped;
         Ok(())
     }
 
@@ -211,33 +230,43 @@ fn invalid(log: &Log, why: String) -> Error {
     }
 }
 
-/// Runs the pass: `threads >= 2` pipelines reading and inserting.
-pub fn run<'b>(
-    log: &Log,
-    plan: &Plan,
-    inserter: &mut Inserter<'b>,
-    budget: &'b Budget,
-    threads: usize,
-) -> Result<CompactStats> {
-    if threads < 2 {
-        let mut lease = budget.lease();
-        let mut sink = InlineSink { inserter, budget, free: None, extra: None, stopped: false };
-        return match produce(log, plan, &mut sink, &mut lease) {
-            Err(_) if sink.stopped => Ok(CompactStats::default()),
-            r => r,
+/// Runs the pass (see the module docs); returns its work counters and
+/// how it ended.
+pub fn run(ctx: &Ctx<'_>, plan: &Plan) -> (CompactStats, Result<()>) {
+    let log = &**ctx.image.log();
+    let committer = Committer::new(ctx.image, ctx.state, ctx.chunks, ctx.stop_at);
+    if ctx.threads < 2 {
+        let stage = CommitStage::Inline { committer: Box::new(committer), stopped: false };
+        let mut ins = Inserter::new(ctx.state, ctx.chunks, ctx.budget.lease(), stage);
+        let mut lease = ctx.budget.lease();
+        let mut sink =
+            InlineSink { inserter: &mut ins, budget: ctx.budget, free: None, extra: None, stopped: false };
+        let produced = produce(log, plan, &mut sink, &mut lease);
+        let stopped = sink.stopped;
+        let finished = ins.finish();
+        let mut work = ins.into_work();
+        let result = match (produced, finished) {
+            (_, Err(e)) => Err(e),
+            (Err(_), Ok(_)) if stopped => Ok(()),
+            (Err(e), _) => Err(e),
+            (Ok(w), Ok(_)) => {
+                work.add(&w);
+                Ok(())
+            }
         };
+        return (work, result);
     }
-    let (tx, rx) = bounded::<Msg<'b>>(SUBS_IN_FLIGHT);
-    let (back_tx, back_rx) = unbounded::<Back<'b>>();
+    let (tx, rx) = bounded::<Msg<'_>>(SUBS_IN_FLIGHT);
+    let (back_tx, back_rx) = unbounded::<Back<'_>>();
     std::thread::scope(|s| {
         let reader = std::thread::Builder::new()
             .name("cas-compact-rd".into())
             .spawn_scoped(s, move || {
-                let mut lease = budget.lease();
+                let mut lease = ctx.budget.lease();
                 let mut sink = ChannelSink {
                     tx,
                     back: back_rx,
-                    budget,
+                    budget: ctx.budget,
                     batches_made: 0,
                     batches: Vec::new(),
                     extras: Vec::new(),
@@ -245,34 +274,58 @@ pub fn run<'b>(
                 produce(log, plan, &mut sink, &mut lease)
             })
             .expect("spawn the compaction reader thread");
-        let consumed = consume(&rx, &back_tx, inserter);
+        let (stage, commit_thread) = if ctx.threads >= 3 {
+            let (job_tx, job_rx) = bounded::<CommitJob<'_>>(1);
+            let (done_tx, done_rx) = unbounded::<Result<Flow>>();
+            let t = std::thread::Builder::new()
+                .name("cas-compact-ci".into())
+                .spawn_scoped(s, move || run_thread(committer, &job_rx, &done_tx))
+                .expect("spawn the compaction commit thread");
+            (CommitStage::Thread { tx: Some(job_tx), done: done_rx, in_flight: 0, stopped: false }, Some(t))
+        } else {
+            (CommitStage::Inline { committer: Box::new(committer), stopped: false }, None)
+        };
+        let mut ins = Inserter::new(ctx.state, ctx.chunks, ctx.budget.lease(), stage);
+        let consumed = consume(&rx, &back_tx, &mut ins);
         // Unblock the reader whichever way it waits (send or buffer return).
         drop(rx);
         drop(back_tx);
         let produced = reader.join().expect("the compaction reader thread panicked");
-        match consumed {
-            Err(e) => Err(e),
-            Ok(Flow::Stopped) => Ok(CompactStats::default()),
-            Ok(Flow::Continue) => produced,
+        let finished = ins.finish();
+        let mut work = ins.into_work();
+        if let Some(t) = commit_thread {
+            work.add(&t.join().expect("the compaction commit thread panicked"));
         }
+        let result = match (consumed, finished, produced) {
+            (Err(e), _, _) | (_, Err(e), _) => Err(e),
+            (Ok(Flow::Stopped), _, _) | (_, Ok(Flow::Stopped), _) => Ok(()),
+            (_, _, Err(e)) => Err(e),
+            (_, _, Ok(w)) => {
+                work.add(&w);
+                Ok(())
+            }
+        };
+        (work, result)
     })
 }
 
 /// The inserting side: until the channel closes or a stop.
 fn consume<'b>(rx: &Receiver<Msg<'b>>, back: &Sender<Back<'b>>, inserter: &mut Inserter<'b>) -> Result<Flow> {
     for msg in rx {
-        match msg {
+        let flow = match msg {
             Msg::Blocks(sb) => {
-                inserter.blocks(&sb)?;
+                let flow = inserter.blocks(&sb)?;
                 let _ = back.send(Back::Extra(sb.extra));
+                flow
             }
             Msg::End { batch, covered, next, work } => {
                 let flow = inserter.end(covered, next, &work)?;
                 let _ = back.send(Back::Batch(batch));
-                if flow == Flow::Stopped {
-                    return Ok(Flow::Stopped);
-                }
+                flow
             }
+        };
+        if flow == Flow::Stopped {
+            return Ok(Flow::Stopped);
         }
     }
     Ok(Flow::Continue)

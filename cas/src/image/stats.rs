@@ -81,6 +81,8 @@ pub struct ImageStats {
     pub overlay_extents: u64,
     pub next_seq: u64,
     pub durable_seq: u64,
+    /// The seq the manifest covers: records at or below it are compacted.
+    pub covered_seq: u64,
     /// What the last open recovered.
     pub recovery: RecoveryReport,
     /// Compaction work and state (zeros for an image the store does not
