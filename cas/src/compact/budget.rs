@@ -49,7 +49,7 @@ impl Budget {
         *lock(&self.used)
     }
 
-    /// An empty lease; it grows with [`Lease::grow`].
+    /// An empty lease; it grows with `Lease::grow`.
     pub fn lease(&self) -> Lease<'_> {
         Lease { budget: self, bytes: 0 }
     }

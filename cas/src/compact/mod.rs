@@ -10,8 +10,10 @@
 //!   reader thread   read records from the cursor (checksummed), index them
 //!                   per sector (reader.rs), walk blocks, hash (blocks.rs)
 //!   pass thread     merge partial blocks, insert_missing under a chunk pin,
-//!                   then: chunks.sync -> manifest commit(covered) -> unpin
-//!                   -> cursor := next -> reclaim_log(covered) (inserter.rs)
+//!                   hand the edit and the pin on (inserter.rs)
+//!   commit thread   chunks.sync -> manifest commit(covered) -> unpin
+//!                   -> cursor := next -> reclaim_log(covered) (commit.rs)
+//!  threads and channels: pipeline.rs; memory: budget.rs; when: service.rs
 //! ```
 //!
 //! Rules (docs/design.md, "Compaction and reclamation"):
@@ -28,7 +30,7 @@
 //!   to a scan from the segment holding `covered + 1`.
 //!
 //! `Store::compact_once` runs one pass on the caller's thread (plus the
-//! reader thread); the service runs passes in the background.
+//! reader and commit threads); the service runs passes in the background.
 
 mod blocks;
 mod budget;
