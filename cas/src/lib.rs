@@ -6,6 +6,7 @@
 #![deny(unsafe_code)]
 
 pub mod chunk;
+pub mod compact;
 pub mod error;
 pub mod format;
 pub mod gc;
@@ -15,7 +16,9 @@ pub mod storage;
 pub mod store;
 pub mod wal;
 
+pub use compact::{CompactReport, CompactStats};
 pub use error::{Error, Result};
+pub use gc::GcReport;
 pub use image::{Image, ImageStats, LogReservation};
 pub use store::{ImageInfo, Store, StoreOptions};
 pub use wal::RecordKind;

@@ -7,6 +7,7 @@
 //!    chunks/                the shared chunk store (cas::chunk)
 //!    images/<name>/IMAGE    image header: size, log id
 //!    images/<name>/wal/     the image's write-ahead log segments
+//!    images/<name>/manifest the image's manifest (cas::manifest), once compacted
 //! ```
 //!
 //! An image exists once its `IMAGE` file does. Creation makes the
@@ -19,6 +20,13 @@
 //! lock on `DIR/LOCK` (flock) and fail at once if another holder has it.
 //! Within the process, one `Store` serves every image, and opening an
 //! image that is already open returns the same `Arc<Image>`.
+//!
+//! The store owns the shared chunk store, one `Manifest` per image (the
+//! same object for the image's reads, its compaction and GC, never two on
+//! one file), and the background compactor (cas::compact::service).
+//! Opening an image replays only the log its manifest does not cover.
+//! `gc` and image creation/removal exclude each other, so GC marks from
+//! every image's manifest.
 
 mod files;
 mod names;
@@ -26,14 +34,20 @@ mod names;
 pub use files::{ImageHeader, IMAGE_VERSION, STORE_VERSION};
 pub use names::{validate_image_name, IMAGE_NAME_BYTES_MAX};
 
+use crate::chunk::{ChunkStats, ChunkStore, ChunkStoreOptions};
+use crate::compact::service::{OpenImages, Service};
+use crate::compact::{Budget, CompactConfig, CompactReport, Compactor, ImageCompaction, PassControl};
 use crate::error::{Error, Result};
-use crate::image::{EmptyManifest, Image, ImageConfig, ManifestView, BLOCK_BYTES};
+use crate::gc::{GcOptions, GcReport};
+use crate::image::{Image, ImageConfig, ManifestView, BLOCK_BYTES, MAX_WRITE_BYTES};
+use crate::manifest::{CompactedView, Manifest, ManifestOptions};
 use crate::storage::{Storage, StorageLock};
 use crate::wal::segment::{SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 /// Largest image size accepted (1 PiB).
 pub const IMAGE_BYTES_MAX: u64 = 1 << 50;
@@ -45,10 +59,32 @@ pub struct StoreOptions {
     pub log_segment_bytes: u64,
     /// Per-image log quota; at least two segments.
     pub log_quota_bytes: u64,
-    /// Clean chunk cache (cas::chunk).
+    /// Clean chunk cache on the read path (cas::chunk), shared by all images.
     pub chunk_cache_bytes: u64,
-    /// Chunk index plus compaction preparation (cas::chunk, cas::compact).
+    /// Chunk index plus compaction preparation: the index may grow to
+    /// `memory_budget_bytes - compaction_memory_bytes`, beyond which new
+    /// chunks are refused (`Error::MemoryBudget`).
     pub memory_budget_bytes: u64,
+    /// The part of the memory budget compaction passes may lease for their
+    /// buffers (see cas::compact::budget). Must hold two of the largest log
+    /// records plus read-ahead.
+    pub compaction_memory_bytes: u64,
+    /// Run the background compactor (one thread, plus one per pass).
+    /// Without it, compaction happens only through `Store::compact_once`.
+    pub background_compaction: bool,
+    /// Threads one compaction pass uses: 1; 2 (read+hash / insert+commit
+    /// pipeline); 3 (also the commit protocol's syncs and deletions on
+    /// their own thread).
+    pub compaction_threads: u64,
+    /// Log record bytes per compaction batch (one manifest commit each).
+    pub compaction_batch_bytes: u64,
+    /// Compact at once (making the log durable if needed) when an image's
+    /// log uses this percentage of its quota (1 ..= 100).
+    pub compaction_trigger_percent: u64,
+    /// Otherwise compact durable data this long after the last pass.
+    pub compaction_interval_ms: u64,
+    /// Largest chunk pack file.
+    pub pack_bytes: u64,
 }
 
 impl Default for StoreOptions {
@@ -57,10 +93,21 @@ impl Default for StoreOptions {
             log_segment_bytes: 8 << 20,
             log_quota_bytes: 256 << 20,
             chunk_cache_bytes: 16 << 20,
-            memory_budget_bytes: 256 << 20,
+            memory_budget_bytes: 1 << 30,
+            compaction_memory_bytes: 128 << 20,
+            background_compaction: true,
+            compaction_threads: 3,
+            compaction_batch_bytes: 32 << 20,
+            compaction_trigger_percent: 50,
+            compaction_interval_ms: 1000,
+            pack_bytes: 64 << 20,
         }
     }
 }
+
+/// Read-ahead of the compactor's log reader plus slack for its block
+/// buffers, per batch buffer (see `compaction_memory_min`).
+const COMPACTION_SLACK_BYTES: u64 = 2 << 20;
 
 impl StoreOptions {
     pub fn validate(&self) -> Result<()> {
@@ -76,7 +123,44 @@ impl StoreOptions {
                 self.log_quota_bytes
             )));
         }
+        let min = self.compaction_memory_min();
+        if self.compaction_memory_bytes < min || self.compaction_memory_bytes >= self.memory_budget_bytes {
+            return Err(Error::InvalidArgument(format!(
+                "compaction_memory_bytes {} must be at least {min} (two of the largest log records plus \
+                 read-ahead) and below memory_budget_bytes {}",
+                self.compaction_memory_bytes, self.memory_budget_bytes
+            )));
+        }
+        if !(1..=3).contains(&self.compaction_threads)
+            || !(1..=100).contains(&self.compaction_trigger_percent)
+            || self.compaction_batch_bytes == 0
+        {
+            return Err(Error::InvalidArgument(format!(
+                "compaction_threads {} must be 1, 2 or 3, compaction_trigger_percent {} in 1..=100, \
+                 compaction_batch_bytes {} above 0",
+                self.compaction_threads, self.compaction_trigger_percent, self.compaction_batch_bytes
+            )));
+        }
         Ok(())
+    }
+
+    /// The least compaction memory that always fits a batch of one record
+    /// while the other batch buffer holds one too.
+    fn compaction_memory_min(&self) -> u64 {
+        let record_max = self.log_segment_bytes.min(MAX_WRITE_BYTES + 4096);
+        2 * (record_max + COMPACTION_SLACK_BYTES) + 4 * COMPACTION_SLACK_BYTES
+    }
+
+    fn compact_config(&self) -> CompactConfig {
+        CompactConfig {
+            threads: self.compaction_threads as usize,
+            batch_bytes: self.compaction_batch_bytes,
+            // The edit of a batch costs about 40 bytes per block.
+            batch_blocks: (self.compaction_memory_bytes / 256).clamp(1 << 16, 1 << 20),
+            trigger_percent: self.compaction_trigger_percent,
+            interval: Duration::from_millis(self.compaction_interval_ms),
+            service_batches: 8,
+        }
     }
 }
 
@@ -91,10 +175,17 @@ pub struct ImageInfo {
 
 /// An open store. See the module docs.
 pub struct Store {
+    /// Dropped first: stops the compactor thread before anything else goes.
+    service: Option<Service>,
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     opts: StoreOptions,
-    open: Mutex<HashMap<String, Weak<Image>>>,
+    chunks: Arc<ChunkStore>,
+    compactor: Arc<Compactor>,
+    open: OpenImages,
+    manifests: Mutex<HashMap<String, Weak<Manifest>>>,
+    /// Held by `gc`, `create_image` and `remove_image`.
+    maint: Mutex<()>,
     _lock: StorageLock,
 }
 
@@ -107,6 +198,7 @@ impl std::fmt::Debug for Store {
 const STORE_FILE: &str = "STORE";
 const LOCK_FILE: &str = "LOCK";
 const IMAGE_FILE: &str = "IMAGE";
+const MANIFEST_FILE: &str = "manifest";
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -125,7 +217,7 @@ impl Store {
         storage.create_dir_all(&dir.join("chunks"))?;
         storage.sync_dir(dir)?;
         files::write_atomic(&*storage, dir, STORE_FILE, &files::encode_store())?;
-        Ok(Arc::new(Store { storage, dir: dir.to_path_buf(), opts, open: Mutex::default(), _lock: held }))
+        Store::start(storage, dir, opts, held)
     }
 
     /// Opens the store in `dir`; refuses a newer store version.
@@ -136,7 +228,42 @@ impl Store {
         }
         let held = storage.lock_exclusive(&dir.join(LOCK_FILE))?;
         files::read_store(&*storage, &dir.join(STORE_FILE))?;
-        Ok(Arc::new(Store { storage, dir: dir.to_path_buf(), opts, open: Mutex::default(), _lock: held }))
+        Store::start(storage, dir, opts, held)
+    }
+
+    /// Opens the chunk store and starts the compactor.
+    fn start(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        opts: StoreOptions,
+        held: StorageLock,
+    ) -> Result<Arc<Store>> {
+        let chunk_opts = ChunkStoreOptions {
+            pack_bytes: opts.pack_bytes,
+            cache_bytes: opts.chunk_cache_bytes,
+            index_memory_budget_bytes: opts.memory_budget_bytes - opts.compaction_memory_bytes,
+            ..ChunkStoreOptions::default()
+        };
+        let chunks = Arc::new(ChunkStore::open(storage.clone(), &dir.join("chunks"), chunk_opts)?);
+        let compactor = Arc::new(Compactor {
+            chunks: chunks.clone(),
+            budget: Budget::new(opts.compaction_memory_bytes),
+            cfg: opts.compact_config(),
+        });
+        let open: OpenImages = Arc::default();
+        let service = opts.background_compaction.then(|| Service::start(compactor.clone(), open.clone()));
+        Ok(Arc::new(Store {
+            service,
+            storage,
+            dir: dir.to_path_buf(),
+            opts,
+            chunks,
+            compactor,
+            open,
+            manifests: Mutex::default(),
+            maint: Mutex::default(),
+            _lock: held,
+        }))
     }
 
     /// Opens the store in `dir`, creating it if there is none.
@@ -160,6 +287,29 @@ impl Store {
         &self.storage
     }
 
+    /// The shared chunk store.
+    pub fn chunks(&self) -> &Arc<ChunkStore> {
+        &self.chunks
+    }
+
+    pub fn chunk_stats(&self) -> ChunkStats {
+        self.chunks.stats()
+    }
+
+    /// The manifest of image `name`: the one this store has open, or opened
+    /// now (absent file: the empty manifest).
+    fn manifest(&self, name: &str) -> Result<Arc<Manifest>> {
+        let path = self.image_dir(name)?.join(MANIFEST_FILE);
+        let mut map = lock(&self.manifests);
+        if let Some(m) = map.get(name).and_then(Weak::upgrade) {
+            return Ok(m);
+        }
+        let m = Arc::new(Manifest::open(self.storage.clone(), &path, ManifestOptions::default())?);
+        map.retain(|_, w| w.strong_count() > 0);
+        map.insert(name.to_string(), Arc::downgrade(&m));
+        Ok(m)
+    }
+
     /// The directory of image `name` (validated).
     pub fn image_dir(&self, name: &str) -> Result<PathBuf> {
         validate_image_name(name)?;
@@ -174,6 +324,7 @@ impl Store {
                 "image size {size_bytes} must be a non-zero multiple of {BLOCK_BYTES} up to {IMAGE_BYTES_MAX}"
             )));
         }
+        let _maint = lock(&self.maint);
         let _open = lock(&self.open);
         let s = &*self.storage;
         if s.exists(&dir.join(IMAGE_FILE)) {
@@ -192,35 +343,92 @@ impl Store {
         files::write_atomic(s, &dir, IMAGE_FILE, &header.encode())
     }
 
-    /// Opens image `name`, replaying its log, or returns it if already open.
+    /// Opens image `name`, replaying the part of its log its manifest does
+    /// not cover, or returns it if already open. Reads see the log overlay,
+    /// then the manifest's chunks, then holes; the compactor takes it on.
     pub fn open_image(&self, name: &str) -> Result<Arc<Image>> {
-        self.open_image_with(name, Arc::new(EmptyManifest))
+        let dir = self.image_dir(name)?;
+        let mut open = lock(&self.open);
+        if let Some(image) = open.get(name).and_then(Weak::upgrade) {
+            return Ok(image);
+        }
+        let manifest = self.manifest(name)?;
+        let cfg = self.image_config(name, &dir, manifest.covered())?;
+        let view = Arc::new(CompactedView { manifest: manifest.clone(), chunks: self.chunks.clone() });
+        let image = Arc::new(Image::open(self.storage.clone(), &dir, cfg, view)?);
+        image.attach_compaction(Arc::new(ImageCompaction::new(manifest, image.start_cursor())));
+        if let Some(service) = &self.service {
+            let threshold = u128::from(self.opts.log_quota_bytes)
+                * u128::from(self.opts.compaction_trigger_percent)
+                / 100;
+            image.set_pressure_listener(threshold as u64, service.waker());
+        }
+        open.insert(name.to_string(), Arc::downgrade(&image));
+        Ok(image)
     }
 
     /// Like `open_image`, with the image's compacted data behind `manifest`
-    /// (ignored if the image is already open).
+    /// instead of its manifest (a test seam: the image must never have been
+    /// compacted, is not compacted, and its log is replayed whole).
     pub fn open_image_with(&self, name: &str, manifest: Arc<dyn ManifestView>) -> Result<Arc<Image>> {
         let dir = self.image_dir(name)?;
         let mut open = lock(&self.open);
         if let Some(image) = open.get(name).and_then(Weak::upgrade) {
             return Ok(image);
         }
+        let cfg = self.image_config(name, &dir, 0)?;
+        let image = Arc::new(Image::open(self.storage.clone(), &dir, cfg, manifest)?);
+        open.insert(name.to_string(), Arc::downgrade(&image));
+        Ok(image)
+    }
+
+    fn image_config(&self, name: &str, dir: &Path, replay_after_seq: u64) -> Result<ImageConfig> {
         let header_path = dir.join(IMAGE_FILE);
         if !self.storage.exists(&header_path) {
             return Err(Error::NotFound(format!("image {name}")));
         }
         let header = ImageHeader::read(&*self.storage, &header_path)?;
-        let cfg = ImageConfig {
+        Ok(ImageConfig {
             name: name.to_string(),
             size_bytes: header.size_bytes,
             log_id: header.log_id,
             segment_bytes: self.opts.log_segment_bytes,
             quota_bytes: self.opts.log_quota_bytes,
-            replay_after_seq: 0,
-        };
-        let image = Arc::new(Image::open(self.storage.clone(), &dir, cfg, manifest)?);
-        open.insert(name.to_string(), Arc::downgrade(&image));
-        Ok(image)
+            replay_after_seq,
+        })
+    }
+
+    /// Runs one compaction pass over `image` now, on this thread (and one
+    /// helper): every record durable when it starts is moved into chunks
+    /// and the manifest, and the covered log is reclaimed. Deterministic
+    /// (tests); the background compactor does the same on its own.
+    pub fn compact_once(&self, image: &Image) -> Result<CompactReport> {
+        self.compactor.run_pass(image, &PassControl::default())
+    }
+
+    /// `compact_once` with explicit control (crash tests, forced durability).
+    #[doc(hidden)]
+    pub fn compact_with(&self, image: &Image, ctl: &PassControl) -> Result<CompactReport> {
+        self.compactor.run_pass(image, ctl)
+    }
+
+    /// Runs one chunk GC pass over the manifests of every image, open or
+    /// not (cas::gc), while IO and compaction go on: compaction batches pin
+    /// the chunks they insert until their commit, and image creation and
+    /// removal wait for the pass.
+    pub fn gc(&self) -> Result<GcReport> {
+        self.gc_with(&GcOptions::default())
+    }
+
+    /// `gc` with explicit options.
+    pub fn gc_with(&self, opts: &GcOptions) -> Result<GcReport> {
+        let _maint = lock(&self.maint);
+        let mut manifests = Vec::new();
+        for info in self.list_images()? {
+            manifests.push(self.manifest(&info.name)?);
+        }
+        let refs: Vec<&Manifest> = manifests.iter().map(|m| &**m).collect();
+        crate::gc::run(&self.chunks, &refs, opts)
     }
 
     /// Every image with a readable header, by name.
@@ -245,11 +453,13 @@ impl Store {
     /// Removes image `name` and its log; refused while it is open.
     pub fn remove_image(&self, name: &str) -> Result<()> {
         let dir = self.image_dir(name)?;
+        let _maint = lock(&self.maint);
         let mut open = lock(&self.open);
         if open.get(name).is_some_and(|w| w.strong_count() > 0) {
             return Err(Error::Unavailable(format!("image {name}"), "it is open; close it first".into()));
         }
         open.remove(name);
+        lock(&self.manifests).remove(name);
         let header_path = dir.join(IMAGE_FILE);
         if !self.storage.exists(&header_path) {
             return Err(Error::NotFound(format!("image {name}")));

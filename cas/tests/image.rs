@@ -127,7 +127,7 @@ fn a_failed_sync_fails_the_flush_and_the_image() {
 #[test]
 fn concurrent_flushes_share_syncs() {
     let mem = MemStorage::new();
-    let slow = SlowSync { inner: Arc::new(mem.clone()), delay: Duration::from_millis(2) };
+    let slow = SlowSync { inner: Arc::new(mem.clone()), delay: Duration::from_millis(2), read_hook: None };
     let store = Store::create(Arc::new(slow), &store_dir(), small_opts()).unwrap();
     store.create_image("i", 8 << 20).unwrap();
     let image = store.open_image("i").unwrap();
@@ -181,8 +181,12 @@ fn fake_compact(image: &cas::Image, manifest: &MapManifest) -> u64 {
 #[test]
 fn full_log_blocks_writers_until_reclamation_wakes_them() {
     let mem = MemStorage::new();
-    let opts =
-        StoreOptions { log_segment_bytes: 1 << 20, log_quota_bytes: 2 << 20, ..StoreOptions::default() };
+    let opts = StoreOptions {
+        log_segment_bytes: 1 << 20,
+        log_quota_bytes: 2 << 20,
+        background_compaction: false,
+        ..StoreOptions::default()
+    };
     let store = Store::create(Arc::new(mem.clone()), &store_dir(), opts.clone()).unwrap();
     store.create_image("i", 8 << 20).unwrap();
     let manifest = Arc::new(MapManifest::default());
@@ -273,8 +277,12 @@ fn many_threads_read_and_write_one_image() {
 #[test]
 fn bad_arguments_get_clear_errors() {
     let mem = MemStorage::new();
-    let opts =
-        StoreOptions { log_segment_bytes: 1 << 20, log_quota_bytes: 2 << 20, ..StoreOptions::default() };
+    let opts = StoreOptions {
+        log_segment_bytes: 1 << 20,
+        log_quota_bytes: 2 << 20,
+        background_compaction: false,
+        ..StoreOptions::default()
+    };
     let (_store, image) = image_on(&mem, opts, 1 << 20);
     let inval = |r: cas::Result<()>| matches!(r, Err(Error::InvalidArgument(_)));
     assert!(inval(image.write(100, &[0u8; 512], false)), "unaligned offset");
@@ -287,8 +295,12 @@ fn bad_arguments_get_clear_errors() {
     let big = vec![0u8; 3 << 20];
     let (_s2, image2) = {
         let mem = MemStorage::new();
-        let opts =
-            StoreOptions { log_segment_bytes: 1 << 20, log_quota_bytes: 2 << 20, ..StoreOptions::default() };
+        let opts = StoreOptions {
+            log_segment_bytes: 1 << 20,
+            log_quota_bytes: 2 << 20,
+            background_compaction: false,
+            ..StoreOptions::default()
+        };
         image_on(&mem, opts, 4 << 20)
     };
     assert!(inval(image2.write(0, &big, false)));

@@ -1,5 +1,6 @@
 //! Differential test: random sequences of write / write_zeroes / discard /
-//! flush / read / crash-then-reopen / injected faults run against an image
+//! flush / read / crash-then-reopen / injected faults / compaction (whole,
+//! or stopped at a step and crashed there) / chunk GC run against an image
 //! on `MemStorage` and against a plain per-sector model.
 //!
 //! The model keeps, per 512-byte sector, the token of the write that last
@@ -8,17 +9,25 @@
 //! `current` exactly. After a crash every sector must hold `durable` or a
 //! token from `later`: never anything else.
 //!
+//! Compaction and GC change no sector, so the model ignores them; what
+//! they must not do is lose or invent data, across crashes at any step:
+//! after the chunk inserts, after the chunk sync, between the manifest
+//! commit and the log reclaim (both crash modes), in the middle of the
+//! reclaim (a failed segment deletion), and after faults in the chunk
+//! store and the manifest.
+//!
 //! Faults (EIO, ENOSPC on writes, syncs, namespace operations) are
 //! injected into the log's files. The image's writeback thread may meet an
 //! injected sync fault at a time of its choosing, so with faults the path a
 //! seed takes can vary between runs; every path is checked the same way.
 //!
-//! `CAS_MODEL_ITERS` scales the number of sequences (default 1500);
+//! `CAS_MODEL_ITERS` scales the number of sequences (default 1200);
 //! `CAS_MODEL_SEED` moves the first seed. A failure prints its seed; keep it
 //! as a `regression_seed_*` test below.
 
 mod common;
 
+use cas::compact::{PassControl, StopAt};
 use cas::storage::{CrashMode, Fault, FaultOp, MemStorage};
 use cas::{Error, Image, StoreOptions};
 use common::*;
@@ -91,8 +100,17 @@ impl Model {
     }
 }
 
-fn opts() -> StoreOptions {
-    StoreOptions { log_segment_bytes: 1 << 20, log_quota_bytes: 256 << 20, ..StoreOptions::default() }
+/// Store options of a sequence; the seed picks the compaction threads
+/// (1: all inline, 2: reader thread, 3: and a commit thread).
+fn opts(seed: u64) -> StoreOptions {
+    StoreOptions {
+        compaction_threads: 1 + seed % 3,
+        log_segment_bytes: 1 << 20,
+        log_quota_bytes: 256 << 20,
+        background_compaction: false,
+        compaction_batch_bytes: 256 << 10,
+        ..StoreOptions::default()
+    }
 }
 
 /// A random 512-aligned range: mostly small, sometimes up to 1 MiB (2 MiB
@@ -123,6 +141,7 @@ struct Run {
     trace: bool,
     /// A fault was injected since the last reopen.
     faulted: bool,
+    seed: u64,
 }
 
 impl Run {
@@ -139,7 +158,7 @@ impl Run {
     }
 
     fn reopen_and_check(&mut self, crashed: bool) -> Result<(), String> {
-        let store = reopen(&self.mem, opts()).map_err(|e| format!("reopen store: {e}"))?;
+        let store = reopen(&self.mem, opts(self.seed)).map_err(|e| format!("reopen store: {e}"))?;
         let image = store.open_image("m").map_err(|e| format!("reopen image (crashed {crashed}): {e}"))?;
         let got = read_tokens(&image)?;
         if self.trace {
@@ -214,14 +233,14 @@ impl Run {
             eprintln!("token {token} op kind {pick}");
         }
         match pick {
-            0..=44 => {
+            0..=39 => {
                 let (first, n) = range(&mut self.rng, 2048);
                 let fua = self.rng.gen_bool(0.1);
                 if let Err(e) = self.write(first, n, token, fua) {
                     self.engine_error(format!("write {first}+{n}"), e, Some((first, n, token)))?;
                 }
             }
-            45..=58 => {
+            40..=51 => {
                 let zero = self.rng.gen_bool(0.5);
                 let (first, n) = range(&mut self.rng, 4096);
                 let (off, len) = ((first * SECTOR) as u64, (n * SECTOR) as u64);
@@ -243,25 +262,97 @@ impl Run {
                     }
                 }
             }
-            59..=68 => match self.image().flush() {
+            52..=60 => match self.image().flush() {
                 Ok(()) => self.model.flushed(),
                 Err(e) => self.engine_error("flush".into(), e, None)?,
             },
-            69..=84 => {
+            61..=73 => {
                 let (first, n) = range(&mut self.rng, 2048);
                 let got = read_range(self.image(), first, n)?;
                 self.model.check_exact(first, &got, "read")?;
             }
-            85..=89 => {
+            74..=77 => {
                 let torn = self.rng.gen_bool(0.5);
                 self.crash_and_reopen(torn)?;
             }
-            90..=91 => {
+            78 => {
                 self.image = None;
                 self.store = None;
                 self.reopen_and_check(false)?;
             }
+            79..=86 => self.compact(StopAt::Never)?,
+            87..=90 => {
+                let stop = [StopAt::AfterInsert, StopAt::AfterChunkSync, StopAt::AfterCommit]
+                    [self.rng.gen_range(0..3)];
+                self.compact(stop)?;
+                let torn = self.rng.gen_bool(0.5);
+                self.crash_and_reopen(torn)?;
+            }
+            91..=92 => {
+                if let Err(e) = self.store.as_ref().expect("open").gc() {
+                    self.engine_error("gc".into(), e, None)?;
+                }
+            }
+            93..=95 => self.compaction_fault()?,
             _ => self.fault(token)?,
+        }
+        Ok(())
+    }
+
+    /// Compacts (sometimes after a FLUSH, so there is durable data to
+    /// move), stopping at `stop`; then checks every sector.
+    fn compact(&mut self, stop: StopAt) -> Result<(), String> {
+        if self.rng.gen_bool(0.6) {
+            match self.image().flush() {
+                Ok(()) => self.model.flushed(),
+                Err(e) => return self.engine_error("flush before compaction".into(), e, None),
+            }
+        }
+        let ctl = PassControl { stop_at: stop, ..PassControl::default() };
+        let store = self.store.clone().expect("open");
+        match store.compact_with(self.image(), &ctl) {
+            Ok(r) => {
+                if self.trace {
+                    eprintln!("compacted {stop:?}: {r:?}");
+                }
+                if r.covered_after > self.image().durable_seq() {
+                    return Err(format!(
+                        "the manifest covers seq {} beyond the durable log",
+                        r.covered_after
+                    ));
+                }
+            }
+            Err(e) => return self.engine_error(format!("compaction {stop:?}"), e, None),
+        }
+        let got = read_tokens(self.image())?;
+        self.model.check_exact(0, &got, "after compaction")
+    }
+
+    /// Injects one fault into the chunk store, the manifest or the log's
+    /// segment deletions (a reclaim cut short) and compacts through it;
+    /// a failed pass is followed by a crash.
+    fn compaction_fault(&mut self) -> Result<(), String> {
+        let op = [FaultOp::Write, FaultOp::Sync, FaultOp::Namespace][self.rng.gen_range(0..3)];
+        let path = ["/chunks/", "/manifest", "/wal/"][self.rng.gen_range(0..3)];
+        let errno = if self.rng.gen_bool(0.5) { libc::EIO } else { libc::ENOSPC };
+        let skip = self.rng.gen_range(0..3);
+        if self.trace {
+            eprintln!("compaction fault {op:?} on {path} errno {errno} skip {skip}");
+        }
+        match self.image().flush() {
+            Ok(()) => self.model.flushed(),
+            Err(e) => return self.engine_error("flush before compaction".into(), e, None),
+        }
+        self.mem.inject(Fault { op, path_contains: Some(path.into()), skip, errno, sticky: false });
+        self.faulted = true;
+        let store = self.store.clone().expect("open");
+        let r = store.compact_once(self.image());
+        self.mem.clear_faults();
+        let got = read_tokens(self.image())?;
+        self.model.check_exact(0, &got, "after a compaction fault")?;
+        if r.is_err() {
+            let torn = self.rng.gen_bool(0.5);
+            self.crash_and_reopen(torn)?;
         }
         Ok(())
     }
@@ -304,7 +395,7 @@ impl Run {
 
 /// One random sequence; Err names what went wrong.
 fn sequence(seed: u64) -> Result<(), String> {
-    let (mem, store) = mem_store(opts());
+    let (mem, store) = mem_store(opts(seed));
     store.create_image("m", IMAGE_BYTES).map_err(|e| e.to_string())?;
     let image = store.open_image("m").map_err(|e| e.to_string())?;
     let mut run = Run {
@@ -316,6 +407,7 @@ fn sequence(seed: u64) -> Result<(), String> {
         next_token: 1,
         trace: std::env::var("CAS_MODEL_TRACE").is_ok(),
         faulted: false,
+        seed,
     };
     let trace = run.trace;
     for i in 0..OPS {
@@ -347,7 +439,7 @@ fn one_seed_from_env() {
 
 #[test]
 fn random_sequences_match_the_model() {
-    let iters: u64 = std::env::var("CAS_MODEL_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1500);
+    let iters: u64 = std::env::var("CAS_MODEL_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1200);
     let base: u64 = std::env::var("CAS_MODEL_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5EED_0000);
     for i in 0..iters {
         check_seed(base + i);

@@ -69,7 +69,7 @@ impl Default for GcOptions {
 }
 
 /// What a pass found and did.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct GcReport {
     pub epoch: u32,
     pub manifests: u64,

@@ -19,9 +19,15 @@
 //!   Blocked writers also retry every [`CAPACITY_RETRY_MS`] on their own,
 //!   so a missed wake-up costs a bounded delay, never a hang or an error.
 //!
+//! - The compactor registers a *pressure* listener: it is called (outside
+//!   every lock, at most once until the compactor re-arms it) when a
+//!   reservation is refused or when consumed bytes reach its threshold.
+//!
 //! Because the log can always hold what was reserved, the number of
-//! segment files never exceeds `quota / segment_bytes + 1`.
+//! segment files never exceeds `quota / segment_bytes + 1` (plus, briefly,
+//! one more when the compactor rolls a wholly covered segment to free it).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -44,6 +50,11 @@ pub struct Capacity {
     state: Mutex<CapState>,
     cond: Condvar,
     listener: Mutex<Option<CapacityListener>>,
+    pressure: Mutex<Option<CapacityListener>>,
+    /// Consumed bytes at which the pressure listener fires (u64::MAX: never).
+    pressure_bytes: AtomicU64,
+    /// The pressure listener fired and was not re-armed yet.
+    pressure_sent: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -77,9 +88,15 @@ impl LogReservation {
     pub(crate) fn consume(&mut self, bytes: u64) {
         assert!(bytes <= self.bytes, "placing {bytes} log bytes on a reservation of {}", self.bytes);
         self.bytes -= bytes;
-        let mut st = lock(&self.cap.state);
-        st.reserved_bytes -= bytes;
-        st.consumed_bytes += bytes;
+        let consumed = {
+            let mut st = lock(&self.cap.state);
+            st.reserved_bytes -= bytes;
+            st.consumed_bytes += bytes;
+            st.consumed_bytes
+        };
+        if consumed >= self.cap.pressure_bytes.load(Ordering::Relaxed) {
+            self.cap.signal_pressure();
+        }
     }
 }
 
@@ -106,7 +123,45 @@ impl Capacity {
             state: Mutex::new(CapState { consumed_bytes, reserved_bytes: 0, refused: false }),
             cond: Condvar::new(),
             listener: Mutex::new(None),
+            pressure: Mutex::new(None),
+            pressure_bytes: AtomicU64::new(u64::MAX),
+            pressure_sent: AtomicBool::new(false),
         })
+    }
+
+    /// Registers the compactor's pressure listener and its threshold.
+    pub fn set_pressure_listener(&self, threshold_bytes: u64, f: CapacityListener) {
+        *lock(&self.pressure) = Some(f);
+        self.pressure_bytes.store(threshold_bytes, Ordering::Relaxed);
+        self.pressure_sent.store(false, Ordering::Release);
+    }
+
+    /// Lets the pressure listener fire again (the compactor calls this
+    /// before it looks at the log's state, so no signal is lost).
+    pub fn rearm_pressure(&self) {
+        self.pressure_sent.store(false, Ordering::Release);
+    }
+
+    fn signal_pressure(&self) {
+        if self.pressure_sent.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let f = lock(&self.pressure).clone();
+        if let Some(f) = f {
+            f();
+        }
+    }
+
+    /// True if a reservation was refused since space was last released:
+    /// a writer may be waiting.
+    pub fn refused(&self) -> bool {
+        lock(&self.state).refused
+    }
+
+    /// Counts `bytes` more as consumed without a reservation (the compactor
+    /// rolling a covered segment; the reclamation right after returns more).
+    pub fn add_consumed(&self, bytes: u64) {
+        lock(&self.state).consumed_bytes += bytes;
     }
 
     pub fn quota_bytes(&self) -> u64 {
@@ -123,14 +178,16 @@ impl Capacity {
 
     /// Grants `bytes` if they fit under the quota now; never blocks.
     pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<LogReservation> {
-        let mut st = lock(&self.state);
-        if st.consumed_bytes + st.reserved_bytes + bytes <= self.quota_bytes {
-            st.reserved_bytes += bytes;
-            Some(LogReservation { bytes, cap: self.clone() })
-        } else {
+        {
+            let mut st = lock(&self.state);
+            if st.consumed_bytes + st.reserved_bytes + bytes <= self.quota_bytes {
+                st.reserved_bytes += bytes;
+                return Some(LogReservation { bytes, cap: self.clone() });
+            }
             st.refused = true;
-            None
         }
+        self.signal_pressure();
+        None
     }
 
     /// Waits until `bytes` fit. Retries every [`CAPACITY_RETRY_MS`] even
@@ -170,7 +227,9 @@ impl Capacity {
             let mut st = lock(&self.state);
             assert!(bytes <= st.consumed_bytes, "releasing more log bytes than are in use");
             st.consumed_bytes -= bytes;
-            st.refused = false;
+            if bytes > 0 {
+                st.refused = false;
+            }
         }
         if bytes > 0 {
             self.notify();

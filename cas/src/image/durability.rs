@@ -99,6 +99,11 @@ impl Durability {
         lock(&self.state).durable
     }
 
+    /// The highest seq with every seq at or below it complete.
+    pub fn watermark(&self) -> u64 {
+        lock(&self.state).watermark
+    }
+
     /// The highest seq completed so far: every published write is at or
     /// below it.
     pub fn max_completed(&self) -> u64 {

@@ -17,12 +17,16 @@
 //!        +-- gap:        ManifestView::lookup per 4 KiB block -> chunk or hole
 //! ```
 //!
+//! The compactor's hooks (reclamation, forced durability, pressure) are in
+//! compaction.rs.
+//!
 //! `Image` is `Send + Sync`; every method takes `&self` and may run on many
 //! threads at once. No lock is held across I/O on record bytes. The
 //! durability protocol is written out in docs/design.md.
 
 pub mod backing;
 pub mod capacity;
+mod compaction;
 pub mod durability;
 pub mod overlay;
 pub mod stats;
@@ -32,16 +36,17 @@ pub use backing::{ChunkHash, EmptyManifest, ManifestView, BLOCK_BYTES};
 pub use capacity::{CapacityListener, LogReservation, CAPACITY_RETRY_MS};
 pub use stats::ImageStats;
 
+use crate::compact::ImageCompaction;
 use crate::error::{Error, Result};
 use crate::storage::Storage;
-use crate::wal::segment::SEGMENT_BYTES_MIN;
+use crate::wal::segment::{SEGMENT_BYTES_MIN, SEGMENT_HEADER_BYTES};
 use crate::wal::{Log, RecordHeader, RecordKind, RecoveryReport, Slot, RECORD_HEADER_BYTES, SECTOR_BYTES};
 use capacity::Capacity;
 use durability::Durability;
 use overlay::{Overlay, Source};
 use stats::{bump, Counters};
 use std::path::Path;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use writeback::Writeback;
 
 /// Largest payload one write request may carry.
@@ -71,7 +76,16 @@ pub struct Image {
     manifest: RwLock<Arc<dyn ManifestView>>,
     counters: Counters,
     recovery: RecoveryReport,
+    /// Where the first record above the checkpoint was at open (segment
+    /// index, file offset, seq): the compactor's first cursor.
+    start_cursor: (u64, u64, u64),
+    /// The compactor's state for this image (set by the store).
+    compaction: OnceLock<Arc<ImageCompaction>>,
 }
+
+/// How long reclamation waits for pins on a covered segment before it
+/// leaves the segment for a later call.
+pub const RECLAIM_PIN_WAIT_MS: u64 = 50;
 
 fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|p| p.into_inner())
@@ -110,6 +124,7 @@ impl Image {
         let mut overlay = Overlay::new();
         let size_sectors = sectors(cfg.size_bytes);
         let mut beyond = None;
+        let mut first = None;
         let (log, recovery) = Log::open(
             storage,
             &image_dir.join("wal"),
@@ -117,6 +132,7 @@ impl Image {
             cfg.log_id,
             cfg.replay_after_seq,
             &mut |seg, pos, h: &RecordHeader| {
+                first.get_or_insert((seg.index(), pos, h.seq));
                 let (start, len) = (sectors(h.offset_bytes), sectors(h.len_bytes));
                 let src = match h.kind {
                     RecordKind::Pad => return,
@@ -140,6 +156,7 @@ impl Image {
             });
         }
         let durable = log.next_seq() - 1;
+        let start_cursor = first.unwrap_or_else(|| log.end_position());
         let capacity = Capacity::new(cfg.quota_bytes, log.used_bytes());
         let log = Arc::new(log);
         let durability = Arc::new(Durability::new(format!("image {}", cfg.name), durable));
@@ -154,6 +171,8 @@ impl Image {
             manifest: RwLock::new(manifest),
             counters: Counters::default(),
             recovery,
+            start_cursor,
+            compaction: OnceLock::new(),
         })
     }
 
@@ -196,11 +215,16 @@ impl Image {
                 // minimal segment of this request before the next roll.
                 let rolls = 2 + len / (SEGMENT_BYTES_MIN / 2);
                 let records = rolls + 1;
-                let roll_waste = RECORD_HEADER_BYTES as u64 + SECTOR_BYTES;
+                // The unused tail (< one record header + sector) and the
+                // next segment's header.
+                let roll_waste = RECORD_HEADER_BYTES as u64 + SECTOR_BYTES + SEGMENT_HEADER_BYTES as u64;
                 len + records * RECORD_HEADER_BYTES as u64 + rolls * roll_waste
             }
-            // Range records have no payload, so a roll wastes nothing.
-            RecordKind::WriteZeroes | RecordKind::Discard => RECORD_HEADER_BYTES as u64,
+            // Range records have no payload, so a roll leaves no tail (record
+            // positions are multiples of 64) but may start a segment.
+            RecordKind::WriteZeroes | RecordKind::Discard => {
+                RECORD_HEADER_BYTES as u64 + SEGMENT_HEADER_BYTES as u64
+            }
             RecordKind::Pad => 0,
         }
     }
@@ -471,26 +495,6 @@ impl Image {
         Ok(())
     }
 
-    /// Reclamation hook (the compactor calls it after committing a
-    /// manifest that covers every record through `covered_seq`): drops
-    /// those records from the overlay, deletes the segments holding only
-    /// such records, returns their space to the quota and wakes waiting
-    /// writers and the capacity listener. Returns the bytes freed.
-    pub fn reclaim_log(&self, covered_seq: u64) -> Result<u64> {
-        let durable = self.durability.durable_seq();
-        if covered_seq > durable {
-            return Err(Error::InvalidArgument(format!(
-                "cannot reclaim log through seq {covered_seq}: only seq {durable} is durable"
-            )));
-        }
-        write_lock(&self.overlay).remove_through(covered_seq);
-        let before = self.log.segment_count();
-        let freed = self.log.reclaim_through(covered_seq)?;
-        bump(&self.counters.segments_reclaimed, (before - self.log.segment_count()) as u64);
-        self.capacity.release_consumed(freed);
-        Ok(freed)
-    }
-
     /// Counters and state, as a plain struct.
     pub fn stats(&self) -> ImageStats {
         let mut s = ImageStats::default();
@@ -504,6 +508,10 @@ impl Image {
         s.durable_seq = self.durability.durable_seq();
         s.writeback_syncs = self.writeback.syncs.load(std::sync::atomic::Ordering::Relaxed);
         s.recovery = self.recovery.clone();
+        if let Some(c) = self.compaction.get() {
+            s.compaction = c.stats();
+            s.covered_seq = c.manifest().covered();
+        }
         s
     }
 }

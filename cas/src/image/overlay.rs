@@ -19,6 +19,9 @@
 //! Bound: each insert adds at most one new extent per gap between newer
 //! extents plus two split remainders, so the extent count stays below
 //! three times the records in the log, which the log quota bounds.
+//!
+//! The map is generic over its source type: the compactor builds the same
+//! index over the records of one batch, with sources in its own buffer.
 
 use crate::wal::{Segment, SECTOR_BYTES};
 use std::collections::BTreeMap;
@@ -33,7 +36,13 @@ pub enum Source {
     Log { segment: Arc<Segment>, position: u64 },
 }
 
-impl Source {
+/// A source that can be moved forward by some sectors (the tail of an
+/// extent that was split).
+pub trait Advance: Clone {
+    fn advanced(&self, sectors: u64) -> Self;
+}
+
+impl Advance for Source {
     fn advanced(&self, sectors: u64) -> Source {
         match self {
             Source::Zero => Source::Zero,
@@ -45,28 +54,34 @@ impl Source {
 }
 
 #[derive(Clone, Debug)]
-struct Extent {
+struct Extent<S> {
     len: u64,
     seq: u64,
-    src: Source,
+    src: S,
 }
 
 /// One contiguous part of a lookup, in sectors.
 #[derive(Clone, Debug)]
-pub struct Piece {
+pub struct Piece<S = Source> {
     pub start: u64,
     pub len: u64,
     /// None: not in the overlay (ask the manifest).
-    pub src: Option<Source>,
+    pub src: Option<S>,
 }
 
-#[derive(Default, Debug)]
-pub struct Overlay {
-    map: BTreeMap<u64, Extent>,
+#[derive(Debug)]
+pub struct Overlay<S = Source> {
+    map: BTreeMap<u64, Extent<S>>,
 }
 
-impl Overlay {
-    pub fn new() -> Overlay {
+impl<S> Default for Overlay<S> {
+    fn default() -> Self {
+        Overlay { map: BTreeMap::new() }
+    }
+}
+
+impl<S: Advance> Overlay<S> {
+    pub fn new() -> Overlay<S> {
         Overlay::default()
     }
 
@@ -75,7 +90,7 @@ impl Overlay {
     }
 
     /// Takes out every extent overlapping `[start, end)`.
-    fn take_overlapping(&mut self, start: u64, end: u64) -> Vec<(u64, Extent)> {
+    fn take_overlapping(&mut self, start: u64, end: u64) -> Vec<(u64, Extent<S>)> {
         let mut keys: Vec<u64> = Vec::new();
         if let Some((&k, e)) = self.map.range(..start).next_back() {
             if k + e.len > start {
@@ -88,7 +103,7 @@ impl Overlay {
 
     /// Records that sectors `[start, start + len)` now come from `src`, as
     /// of record `seq`, except where a newer record already says otherwise.
-    pub fn insert(&mut self, start: u64, len: u64, seq: u64, src: Source) {
+    pub fn insert(&mut self, start: u64, len: u64, seq: u64, src: S) {
         assert!(len > 0, "empty extent");
         let end = start + len;
         let mut newer: Vec<(u64, u64)> = Vec::new();
@@ -117,7 +132,7 @@ impl Overlay {
     }
 
     /// The pieces covering `[start, start + len)`, in order, gaps included.
-    pub fn lookup(&self, start: u64, len: u64) -> Vec<Piece> {
+    pub fn lookup(&self, start: u64, len: u64) -> Vec<Piece<S>> {
         let end = start + len;
         let mut out = Vec::new();
         let mut cur = start;
@@ -149,6 +164,15 @@ impl Overlay {
     pub fn max_seq(&self) -> u64 {
         self.map.values().map(|e| e.seq).max().unwrap_or(0)
     }
+
+    /// Every extent in sector order: `(start, len, source)`.
+    pub fn extents(&self) -> impl Iterator<Item = (u64, u64, &S)> + '_ {
+        self.map.iter().map(|(&start, e)| (start, e.len, &e.src))
+    }
+
+    pub fn clear(&mut self) {
+        self.map.clear();
+    }
 }
 
 #[cfg(test)]
@@ -157,7 +181,7 @@ mod tests {
 
     /// Brute force: per sector, the (seq, tag) of its newest record.
     fn check(ops: &[(u64, u64, u64)], sectors: u64) {
-        let mut ov = Overlay::new();
+        let mut ov: Overlay = Overlay::new();
         let mut model = vec![None::<(u64, u64)>; sectors as usize];
         for &(start, len, seq) in ops {
             // Encode the record and the sector inside it in the position.
@@ -215,7 +239,7 @@ mod tests {
 
     #[test]
     fn lookup_reports_gaps_and_remove_through_drops_old_extents() {
-        let mut ov = Overlay::new();
+        let mut ov: Overlay = Overlay::new();
         ov.insert(4, 4, 1, Source::Zero);
         ov.insert(10, 2, 2, Source::Zero);
         let pieces: Vec<(u64, u64, bool)> =

@@ -1,5 +1,6 @@
 //! Per-image counters, and the plain struct `Image::stats` returns.
 
+use crate::compact::CompactStats;
 use crate::wal::RecoveryReport;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -26,6 +27,7 @@ pub struct Counters {
     pub read_chunk_bytes: AtomicU64,
     pub capacity_waits: AtomicU64,
     pub segments_reclaimed: AtomicU64,
+    pub reclaim_deferred: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64, by: u64) {
@@ -68,6 +70,9 @@ pub struct ImageStats {
     /// Blocking writes that had to wait for log capacity.
     pub capacity_waits: u64,
     pub segments_reclaimed: u64,
+    /// Covered segments whose deletion waited for a later reclamation
+    /// because a read or scan still pinned them.
+    pub reclaim_deferred: u64,
     /// State now.
     pub log_used_bytes: u64,
     pub log_reserved_bytes: u64,
@@ -76,8 +81,13 @@ pub struct ImageStats {
     pub overlay_extents: u64,
     pub next_seq: u64,
     pub durable_seq: u64,
+    /// The seq the manifest covers: records at or below it are compacted.
+    pub covered_seq: u64,
     /// What the last open recovered.
     pub recovery: RecoveryReport,
+    /// Compaction work and state (zeros for an image the store does not
+    /// compact).
+    pub compaction: CompactStats,
 }
 
 impl Counters {
@@ -103,5 +113,6 @@ impl Counters {
         s.read_chunk_bytes = get(&self.read_chunk_bytes);
         s.capacity_waits = get(&self.capacity_waits);
         s.segments_reclaimed = get(&self.segments_reclaimed);
+        s.reclaim_deferred = get(&self.reclaim_deferred);
     }
 }

@@ -16,6 +16,10 @@ use crate::storage::Storage;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How often `reclaim_through` re-checks a pinned segment.
+const PIN_POLL: Duration = Duration::from_millis(1);
 
 /// The smallest WRITE record worth placing: header plus one sector.
 const MIN_WRITE_RECORD_BYTES: u64 = RECORD_HEADER_BYTES as u64 + SECTOR_BYTES;
@@ -64,6 +68,30 @@ struct LogState {
     /// sync has made durable.
     dir_created: u64,
     dir_synced: u64,
+    /// Covered segments taken out of `segments` whose files are not deleted
+    /// yet because something still pinned them (see `reclaim_through`).
+    retired: Vec<Arc<Segment>>,
+}
+
+/// One segment as the compactor sees it.
+#[derive(Clone, Debug)]
+pub struct SegmentInfo {
+    pub segment: Arc<Segment>,
+    /// The seq of its last record, once the segment is closed.
+    pub last_seq: Option<u64>,
+}
+
+/// What one `reclaim_through` did.
+#[derive(Debug, Default)]
+pub struct ReclaimOutcome {
+    /// Bytes of the segment files deleted (return them to the quota).
+    pub freed_bytes: u64,
+    pub deleted: u64,
+    /// Covered segments still pinned, left for a later call.
+    pub deferred: u64,
+    /// The first deletion or directory sync that failed; the segments not
+    /// deleted stay retired for a later call.
+    pub error: Option<crate::error::Error>,
 }
 
 /// What one group-commit round must sync (from [`Log::sync_targets`]).
@@ -105,7 +133,7 @@ impl Log {
         replay_after_seq: u64,
         apply: &mut dyn FnMut(&Arc<Segment>, u64, &RecordHeader),
     ) -> Result<(Log, RecoveryReport)> {
-        let Recovered { segments, tail, next_seq, report } =
+        let Recovered { segments, tail, next_seq, next_index, report } =
             recover_log(&*storage, dir, log_id, replay_after_seq, apply)?;
         let mut segs: VecDeque<SegState> = VecDeque::new();
         for (i, segment) in segments.iter().enumerate() {
@@ -120,7 +148,7 @@ impl Log {
         storage.sync_dir(dir)?;
         let mut write_pos = tail;
         if segs.is_empty() {
-            let header = SegmentHeader { index: 1, segment_bytes, first_seq: next_seq, log_id };
+            let header = SegmentHeader { index: next_index, segment_bytes, first_seq: next_seq, log_id };
             let segment = Segment::create(&*storage, dir, header, true)?;
             segs.push_back(SegState { segment: Arc::new(segment), last_seq: None, synced: true });
             write_pos = SEGMENT_HEADER_BYTES as u64;
@@ -136,6 +164,7 @@ impl Log {
                 next_seq,
                 dir_created: 0,
                 dir_synced: 0,
+                retired: Vec::new(),
             }),
         };
         Ok((log, report))
@@ -163,8 +192,37 @@ impl Log {
         closed + st.write_pos
     }
 
+    /// Segment files: in the log, plus retired ones not deleted yet.
     pub fn segment_count(&self) -> usize {
-        lock(&self.state).segments.len()
+        let st = lock(&self.state);
+        st.segments.len() + st.retired.len()
+    }
+
+    /// Covered segments waiting for their pins to drop before deletion.
+    pub fn retired_count(&self) -> usize {
+        lock(&self.state).retired.len()
+    }
+
+    /// Segment `index` if it is still in the log.
+    pub fn segment_at(&self, index: u64) -> Option<SegmentInfo> {
+        let st = lock(&self.state);
+        let first = st.segments.front().expect("a log always has a segment").segment.index();
+        let s = st.segments.get(usize::try_from(index.checked_sub(first)?).ok()?)?;
+        Some(SegmentInfo { segment: s.segment.clone(), last_seq: s.last_seq })
+    }
+
+    /// The oldest segment still in the log.
+    pub fn first_segment(&self) -> SegmentInfo {
+        let st = lock(&self.state);
+        let s = st.segments.front().expect("a log always has a segment");
+        SegmentInfo { segment: s.segment.clone(), last_seq: s.last_seq }
+    }
+
+    /// Where the next record goes: (segment index, file offset, seq).
+    pub fn end_position(&self) -> (u64, u64, u64) {
+        let st = lock(&self.state);
+        let index = st.segments.back().expect("a log always has a segment").segment.index();
+        (index, st.write_pos, st.next_seq)
     }
 
     /// Assigns the next seq and a slot for one record. A WRITE asks for
@@ -183,7 +241,9 @@ impl Log {
         let current = st.segments.back().expect("a log always has a segment").segment.clone();
         let current_bytes = current.header.segment_bytes;
         if current_bytes - st.write_pos < min {
-            consumed += current_bytes - st.write_pos;
+            // The unused tail of the closed segment and the new segment's
+            // header: both count against the quota until reclaimed.
+            consumed += current_bytes - st.write_pos + SEGMENT_HEADER_BYTES as u64;
             self.roll(&mut st)?;
             closed = Some((current, st.next_seq - 1));
         }
@@ -296,14 +356,22 @@ impl Log {
     }
 
     /// Deletes the closed segments whose every record has seq <=
-    /// `covered_seq` and returns the bytes they held. The caller guarantees
-    /// their records are no longer needed (committed to the manifest and
-    /// durable) and that no overlay extent points into them any more;
-    /// reads already in flight keep their segment's file open.
-    pub fn reclaim_through(&self, covered_seq: u64) -> Result<u64> {
-        let doomed: Vec<Arc<Segment>> = {
+    /// `covered_seq`, and any retired earlier, once nothing pins them. The
+    /// caller guarantees their records are no longer needed (committed to
+    /// the manifest and durable) and that no overlay extent points into them
+    /// any more.
+    ///
+    /// Pins are the `Arc<Segment>` handles: a read in flight holds the
+    /// segments of its pieces, the compactor the one it scans, writeback
+    /// and group commit the ones they sync. A covered segment leaves the
+    /// log at once (so nothing new pins it), then this waits up to
+    /// `pin_wait` for the other handles to drop; a segment still pinned
+    /// after that is retired and retried by the next call (its bytes stay
+    /// counted against the quota until its file is gone).
+    pub fn reclaim_through(&self, covered_seq: u64, pin_wait: Duration) -> ReclaimOutcome {
+        let candidates: Vec<Arc<Segment>> = {
             let mut st = lock(&self.state);
-            let mut out = Vec::new();
+            let mut out = std::mem::take(&mut st.retired);
             while st.segments.len() > 1 {
                 let front = st.segments.front().expect("len > 1");
                 let last = front.last_seq.expect("closed segments know their last seq");
@@ -314,15 +382,63 @@ impl Log {
             }
             out
         };
-        let mut freed = 0;
-        for seg in &doomed {
-            self.storage.remove_file(seg.path())?;
-            freed += seg.header.segment_bytes;
+        let mut outcome = ReclaimOutcome::default();
+        if candidates.is_empty() {
+            return outcome;
         }
-        if !doomed.is_empty() {
-            self.storage.sync_dir(&self.dir)?;
+        let deadline = Instant::now() + pin_wait;
+        let unpinned = |s: &Arc<Segment>| Arc::strong_count(s) == 1;
+        while !candidates.iter().all(unpinned) && Instant::now() < deadline {
+            std::thread::sleep(PIN_POLL);
         }
-        Ok(freed)
+        let mut keep = Vec::new();
+        for seg in candidates {
+            if outcome.error.is_some() {
+                keep.push(seg);
+                continue;
+            }
+            if !unpinned(&seg) {
+                outcome.deferred += 1;
+                keep.push(seg);
+                continue;
+            }
+            match self.storage.remove_file(seg.path()) {
+                Ok(()) => {
+                    outcome.freed_bytes += seg.header.segment_bytes;
+                    outcome.deleted += 1;
+                }
+                Err(e) => {
+                    outcome.error = Some(e);
+                    keep.push(seg);
+                }
+            }
+        }
+        if outcome.deleted > 0 {
+            if let Err(e) = self.storage.sync_dir(&self.dir) {
+                outcome.error.get_or_insert(e);
+            }
+        }
+        lock(&self.state).retired.extend(keep);
+        outcome
+    }
+
+    /// Closes the current segment if it holds records and every record in
+    /// the log is at or below `covered_seq` (so durable), making it
+    /// reclaimable; returns the log bytes the roll consumed (its unused
+    /// tail and the new segment's header). Used when writers wait for
+    /// capacity that only this segment's deletion can give.
+    pub fn roll_if_covered(&self, covered_seq: u64) -> Result<Option<u64>> {
+        let mut st = lock(&self.state);
+        if st.next_seq - 1 > covered_seq || st.write_pos == SEGMENT_HEADER_BYTES as u64 {
+            return Ok(None);
+        }
+        let current = st.segments.back().expect("a log always has a segment").segment.header.segment_bytes;
+        let consumed = current - st.write_pos + SEGMENT_HEADER_BYTES as u64;
+        self.roll(&mut st)?;
+        let n = st.segments.len();
+        // Its records are covered, so durable: a sync covered all of them.
+        st.segments[n - 2].synced = true;
+        Ok(Some(consumed))
     }
 
     /// The log id every segment carries.

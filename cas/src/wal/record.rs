@@ -172,6 +172,15 @@ fn record_crc(header: &[u8], payload: &[u8]) -> u32 {
     crc32c_append(crc, payload)
 }
 
+/// The length and kind a record header announces (`kind` None when the
+/// code is unknown), read without any check: `decode` must still accept
+/// the record before anything relies on it. `head` is at least 64 bytes.
+pub fn peek_header(head: &[u8]) -> (u32, Option<RecordKind>) {
+    let record_bytes = u32::from_le_bytes(head[RECORD_BYTES_AT..KIND_AT].try_into().expect("4 bytes"));
+    let kind = u16::from_le_bytes(head[KIND_AT..FLAGS_AT].try_into().expect("2 bytes"));
+    (record_bytes, RecordKind::from_code(kind))
+}
+
 /// True if `buf` starts with the record magic (a cheap pre-check for scans).
 pub fn has_record_magic(buf: &[u8]) -> bool {
     buf.get(..8) == Some(&RECORD_MAGIC[..])

@@ -2,7 +2,13 @@
 //! the caller, and decides where the log ends.
 //!
 //! Rules (docs/design.md, "WAL recovery"):
-//! - Segments are numbered without gaps; a missing one is corruption.
+//! - With a checkpoint (the manifest's covered seq `C`), recovery starts at
+//!   the newest segment whose header is valid and whose first seq is at or
+//!   below `C + 1`: every older segment holds only covered records, so it
+//!   is deleted unread (finishing a reclamation a crash interrupted, which
+//!   may have removed any subset of them).
+//! - From there on segments are numbered without gaps; a missing one is
+//!   corruption.
 //! - Records carry seq 1, 2, 3, ... with no gaps. At each record position
 //!   the scan expects seq `e`. A position that does not hold a valid record
 //!   with seq `e` is a *bad slot*:
@@ -22,6 +28,10 @@
 //!   that segment (a segment rolled to is made durable only by the next
 //!   sync, so its header may be torn): refused if proven durable, else the
 //!   segment and all after it are deleted.
+//!
+//! - If the records kept end at or below `C` (the only records lost are
+//!   covered ones, so nothing the manifest lacks is missing), the kept
+//!   segments are deleted and the log restarts empty at seq `C + 1`.
 //!
 //! The pure scanning parts work on in-memory buffers so that the fuzz
 //! target can drive them with arbitrary bytes.
@@ -183,6 +193,8 @@ pub struct RecoveryReport {
     pub torn_tail_bytes: u64,
     /// Segments deleted because they held only torn tail.
     pub deleted_segments: u64,
+    /// Segments deleted unread because the checkpoint covered them.
+    pub covered_segments_deleted: u64,
 }
 
 /// The log as recovery leaves it.
@@ -193,6 +205,8 @@ pub struct Recovered {
     pub tail: u64,
     /// The seq of the next record.
     pub next_seq: u64,
+    /// The index a new segment gets if `segments` is empty.
+    pub next_index: u64,
     pub report: RecoveryReport,
 }
 
@@ -293,6 +307,11 @@ pub fn recover_log(
     let mut indices: Vec<u64> =
         storage.list_dir(dir)?.iter().filter_map(|n| parse_segment_file_name(n)).collect();
     indices.sort_unstable();
+    let next_index = indices.last().map_or(1, |&i| i + 1);
+    let mut report = RecoveryReport::default();
+    if replay_after_seq > 0 {
+        skip_covered(storage, dir, &mut indices, log_id, replay_after_seq, &mut report)?;
+    }
     for w in indices.windows(2) {
         if w[1] != w[0] + 1 {
             return Err(Error::Corruption {
@@ -302,7 +321,6 @@ pub fn recover_log(
             });
         }
     }
-    let mut report = RecoveryReport::default();
     let mut kept: Vec<Arc<Segment>> = Vec::new();
     let mut expected = replay_after_seq + 1;
     let mut tail = SEGMENT_HEADER_BYTES as u64;
@@ -373,11 +391,61 @@ pub fn recover_log(
         settle(storage, dir, &indices, slot, next_loaded.take(), &mut report)?;
         break;
     }
+    if expected <= replay_after_seq {
+        // Only covered records are kept (the rest of the covered prefix was
+        // damaged or cut as a torn tail): nothing is needed from this log.
+        tracing::warn!(
+            dir = %dir.display(),
+            log_end = expected,
+            covered = replay_after_seq,
+            "the log ends inside the part the manifest covers; restarting it after the covered seq"
+        );
+        for seg in kept.drain(..) {
+            storage.remove_file(seg.path())?;
+            report.covered_segments_deleted += 1;
+        }
+        storage.sync_dir(dir)?;
+        expected = replay_after_seq + 1;
+    }
     report.segments = kept.len() as u64;
     if kept.is_empty() {
         tail = SEGMENT_HEADER_BYTES as u64;
     }
-    Ok(Recovered { segments: kept, tail, next_seq: expected, report })
+    Ok(Recovered { segments: kept, tail, next_seq: expected, next_index, report })
+}
+
+/// Drops the segments before the newest one that starts at or below
+/// `covered + 1` (see the module docs) from `indices` and from the disk.
+fn skip_covered(
+    storage: &dyn Storage,
+    dir: &Path,
+    indices: &mut Vec<u64>,
+    log_id: u64,
+    covered: u64,
+    report: &mut RecoveryReport,
+) -> Result<()> {
+    let mut start = None;
+    for (k, &index) in indices.iter().enumerate().rev() {
+        let file = storage.open(&dir.join(segment_file_name(index)), OpenMode::Existing)?;
+        let mut head = vec![0u8; SEGMENT_HEADER_BYTES];
+        let n = file.read_at(&mut head, 0)?;
+        match check_segment_header(&head[..n], file.path(), index, log_id) {
+            Ok(h) if h.first_seq <= covered + 1 => {
+                start = Some(k);
+                break;
+            }
+            Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
+            _ => {}
+        }
+    }
+    let Some(k) = start.filter(|&k| k > 0) else { return Ok(()) };
+    for &index in &indices[..k] {
+        storage.remove_file(&dir.join(segment_file_name(index)))?;
+        report.covered_segments_deleted += 1;
+    }
+    storage.sync_dir(dir)?;
+    indices.drain(..k);
+    Ok(())
 }
 
 #[cfg(test)]

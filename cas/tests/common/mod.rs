@@ -12,7 +12,12 @@ pub const SECTOR: usize = 512;
 
 /// Small segments so that tests roll and recover across many of them.
 pub fn small_opts() -> StoreOptions {
-    StoreOptions { log_segment_bytes: 1 << 20, log_quota_bytes: 64 << 20, ..StoreOptions::default() }
+    StoreOptions {
+        log_segment_bytes: 1 << 20,
+        log_quota_bytes: 64 << 20,
+        background_compaction: false,
+        ..StoreOptions::default()
+    }
 }
 
 pub fn store_dir() -> PathBuf {
@@ -95,20 +100,40 @@ pub fn read_tokens(image: &Image) -> Result<Vec<u64>, String> {
     buf.chunks(SECTOR).enumerate().map(|(s, b)| decode_sector(b, s as u64)).collect()
 }
 
+/// Asserts two token vectors are equal, naming the first sector that differs
+/// (without printing megabytes of tokens).
+pub fn same_tokens(got: &[u64], want: &[u64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    if let Some(i) = got.iter().zip(want).position(|(g, w)| g != w) {
+        panic!(
+            "{what}: sector {i} holds write {}, expected {} ({} sectors differ)",
+            got[i],
+            want[i],
+            got.iter().zip(want).filter(|(g, w)| g != w).count()
+        );
+    }
+}
+
 pub fn exists(mem: &MemStorage, p: &Path) -> bool {
     mem.exists(p)
 }
 
+/// Called after each read with the file's path and the read's length.
+pub type ReadHook = Arc<dyn Fn(&Path, usize) + Send + Sync>;
+
 /// Wraps a storage so that every file sync takes at least `delay`, the
-/// way a real fdatasync does; group commit only shows with slow syncs.
+/// way a real fdatasync does (group commit only shows with slow syncs),
+/// and every read runs `read_hook` (which may sleep: a slow read).
 pub struct SlowSync {
     pub inner: Arc<dyn Storage>,
     pub delay: std::time::Duration,
+    pub read_hook: Option<ReadHook>,
 }
 
 struct SlowFile {
     inner: Arc<dyn cas::storage::StorageFile>,
     delay: std::time::Duration,
+    read_hook: Option<ReadHook>,
 }
 
 impl cas::storage::StorageFile for SlowFile {
@@ -116,7 +141,11 @@ impl cas::storage::StorageFile for SlowFile {
         self.inner.path()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> cas::Result<usize> {
-        self.inner.read_at(buf, offset)
+        let n = self.inner.read_at(buf, offset)?;
+        if let Some(hook) = &self.read_hook {
+            hook(self.path(), buf.len());
+        }
+        Ok(n)
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> cas::Result<()> {
         self.inner.write_all_at(buf, offset)
@@ -139,7 +168,8 @@ impl Storage for SlowSync {
         path: &Path,
         mode: cas::storage::OpenMode,
     ) -> cas::Result<Arc<dyn cas::storage::StorageFile>> {
-        Ok(Arc::new(SlowFile { inner: self.inner.open(path, mode)?, delay: self.delay }))
+        let inner = self.inner.open(path, mode)?;
+        Ok(Arc::new(SlowFile { inner, delay: self.delay, read_hook: self.read_hook.clone() }))
     }
     fn remove_file(&self, path: &Path) -> cas::Result<()> {
         self.inner.remove_file(path)

@@ -124,6 +124,8 @@ fn main() {
     let storage: Arc<dyn Storage> = Arc::new(fs.clone());
     let opts = StoreOptions {
         log_quota_bytes: (total_mib * MIB * 2).max(64 * MIB).div_ceil(8 * MIB) * 8 * MIB,
+        // The WAL alone: no compaction competing for the CPU and the disk.
+        background_compaction: false,
         ..StoreOptions::default()
     };
     let store = Store::create(storage, &scratch.0.join("store"), opts).expect("create store");

@@ -1,0 +1,189 @@
+//! The inserting side of a pass: stores chunks and builds each batch's
+//! manifest edit; at each batch end it hands the edit (with its chunk pin)
+//! to the commit stage (commit.rs).
+//!
+//! ```text
+//!  per sub-batch:  Partial -> base (manifest chunk or hole) + new sectors -> hash
+//!                  Holes   -> set None where the manifest maps something
+//!                  Chunk   -> set Some(hash)
+//!                  insert_missing(pin, new chunks)          one writer lock hold
+//!  per batch end:  CommitJob { edit, pin, covered, next } -> commit stage
+//! ```
+//!
+//! The pin is taken before the batch's first insert and travels with the
+//! edit until its commit returned, so a concurrent GC never sweeps a chunk
+//! the commit references. Partial blocks and holes depend on the manifest
+//! as it is before their batch, so before it looks at the manifest for one,
+//! the inserter waits for the commits still in flight (with a separate
+//! commit thread the inserter may otherwise run one batch ahead).
+
+use super::blocks::{At, Item, SubBatch};
+use super::budget::{GrowBuf, Lease};
+use super::commit::{CommitJob, CommitStage, Flow};
+use super::reader::Cursor;
+use super::stats::CompactStats;
+use super::ImageCompaction;
+use crate::chunk::{hash_block, is_zero_block, ChunkHash, ChunkPin, ChunkStore};
+use crate::error::Result;
+use crate::image::BLOCK_BYTES;
+use crate::manifest::{ManifestEdit, LEAF_ENTRIES};
+use crate::wal::SECTOR_BYTES;
+use std::time::Instant;
+
+const BLOCK: usize = BLOCK_BYTES as usize;
+
+/// The inserting side of one pass.
+pub struct Inserter<'s> {
+    state: &'s ImageCompaction,
+    chunks: &'s ChunkStore,
+    pin: Option<ChunkPin<'s>>,
+    edit: Option<ManifestEdit<'s>>,
+    /// Merged blocks of the current sub-batch.
+    merged: GrowBuf,
+    lease: Lease<'s>,
+    base: Box<[u8; BLOCK]>,
+    lookups: Vec<Option<ChunkHash>>,
+    stage: CommitStage<'s>,
+    pub work: CompactStats,
+    /// The covered seq of the last batch handed on.
+    covered: u64,
+}
+
+impl<'s> Inserter<'s> {
+    pub fn new(
+        state: &'s ImageCompaction,
+        chunks: &'s ChunkStore,
+        lease: Lease<'s>,
+        stage: CommitStage<'s>,
+    ) -> Inserter<'s> {
+        Inserter {
+            state,
+            chunks,
+            pin: None,
+            edit: None,
+            merged: GrowBuf::new(),
+            lease,
+            base: Box::new([0u8; BLOCK]),
+            lookups: Vec::new(),
+            stage,
+            work: CompactStats { bytes_initialized: BLOCK as u64, ..CompactStats::default() },
+            covered: state.manifest.covered(),
+        }
+    }
+
+    /// Applies one sub-batch: edits, merges and chunk inserts.
+    pub fn blocks(&mut self, sb: &SubBatch<'_>) -> Result<Flow> {
+        let needs_manifest = sb.items.iter().any(|i| !matches!(i, Item::Chunk { .. }));
+        if needs_manifest && self.stage.settle()? == Flow::Stopped {
+            return Ok(Flow::Stopped);
+        }
+        let t = Instant::now();
+        let state: &'s ImageCompaction = self.state;
+        let manifest = &*state.manifest;
+        if self.pin.is_none() {
+            self.pin = Some(self.chunks.pin());
+        }
+        let edit = self.edit.get_or_insert_with(|| manifest.begin());
+        self.merged.clear();
+        // (hash, where): Some(at) in the sub-batch, None: in `merged` (in order).
+        let mut new: Vec<(ChunkHash, Option<At>)> = Vec::with_capacity(sb.items.len());
+        for item in &sb.items {
+            match *item {
+                Item::Holes { first, count } => {
+                    let mut done = 0;
+                    while done < count {
+                        let block = first + done;
+                        let n = (count - done).min(LEAF_ENTRIES as u64 - block % LEAF_ENTRIES as u64);
+                        self.lookups.resize(n as usize, None);
+                        manifest.lookup_range(block, &mut self.lookups)?;
+                        for (i, old) in self.lookups.iter().enumerate() {
+                            if old.is_some() {
+                                edit.set(block + i as u64, None);
+                            }
+                        }
+                        done += n;
+                    }
+                }
+                Item::Chunk { block, hash, at } => {
+                    edit.set(block, Some(hash));
+                    new.push((hash, Some(at)));
+                }
+                Item::Partial { block, mask, at } => {
+                    let old = manifest.lookup(block)?;
+                    match old {
+                        Some(h) => {
+                            self.chunks.read(&h, &mut self.base[..])?;
+                            self.work.background_reads += 1;
+                            self.work.background_read_bytes += BLOCK as u64;
+                        }
+                        None => self.base.fill(0),
+                    }
+                    self.work.bytes_initialized += BLOCK as u64;
+                    let fresh = &sb.extra.as_slice()[at..at + BLOCK];
+                    let sector = SECTOR_BYTES as usize;
+                    for i in 0..8 {
+                        if mask & (1 << i) != 0 {
+                            self.base[i * sector..(i + 1) * sector]
+                                .copy_from_slice(&fresh[i * sector..(i + 1) * sector]);
+                        }
+                    }
+                    if is_zero_block(&self.base[..]) {
+                        if old.is_some() {
+                            edit.set(block, None);
+                        }
+                        self.work.blocks_holes += 1;
+                        continue;
+                    }
+                    let th = Instant::now();
+                    let hash = hash_block(&self.base[..]);
+                    self.work.hash_ns += th.elapsed().as_nanos() as u64;
+                    self.merged.extend(&self.base[..], &mut self.lease, &mut self.work.bytes_initialized)?;
+                    edit.set(block, Some(hash));
+                    new.push((hash, None));
+                    self.work.blocks_mapped += 1;
+                }
+            }
+        }
+        if !new.is_empty() {
+            let mut merged_at = 0;
+            let list: Vec<(ChunkHash, &[u8])> = new
+                .iter()
+                .map(|&(hash, at)| match at {
+                    Some(at) => (hash, sb.bytes(at)),
+                    None => {
+                        merged_at += BLOCK;
+                        (hash, &self.merged.as_slice()[merged_at - BLOCK..merged_at])
+                    }
+                })
+                .collect();
+            let pin = self.pin.as_ref().expect("pinned above");
+            let st = self.chunks.insert_missing(pin, &list)?;
+            self.work.chunks_new += st.new_chunks;
+            self.work.chunks_dup += st.dup_chunks;
+            self.work.chunk_bytes_written += st.bytes_written;
+        }
+        self.work.insert_ns += t.elapsed().as_nanos() as u64;
+        Ok(Flow::Continue)
+    }
+
+    /// Ends a batch: hands its edit and pin to the commit stage.
+    pub fn end(&mut self, covered: u64, next: Cursor, batch_work: &CompactStats) -> Result<Flow> {
+        self.work.add(batch_work);
+        let covered = covered.max(self.covered);
+        self.covered = covered;
+        let edit = self.edit.take().unwrap_or_else(|| self.state.manifest.begin());
+        self.stage.submit(CommitJob { edit, pin: self.pin.take(), covered, next })
+    }
+
+    /// Waits for every commit handed on; returns the stage's work too.
+    pub fn finish(&mut self) -> Result<Flow> {
+        self.stage.settle()
+    }
+
+    /// Ends the commit stage and adds its counters (after `finish`).
+    pub fn into_work(mut self) -> CompactStats {
+        let mut work = self.work;
+        work.add(&self.stage.close());
+        work
+    }
+}

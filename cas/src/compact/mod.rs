@@ -1,0 +1,253 @@
+//! Compaction: moves the durable prefix of an image's log into shared
+//! chunks and the image's manifest, then reclaims the covered log.
+//!
+//! ```text
+//!                 durable_seq                     next_seq
+//!  log:  [covered | durable, not yet compacted | published, not durable]
+//!        ^ manifest.covered                     never read by compaction
+//!
+//!  pass = batches, each:
+//!   reader thread   read records from the cursor (checksummed), index them
+//!                   per sector (reader.rs), walk blocks, hash (blocks.rs)
+//!   pass thread     merge partial blocks, insert_missing under a chunk pin,
+//!                   hand the edit and the pin on (inserter.rs)
+//!   commit thread   chunks.sync -> manifest commit(covered) -> unpin
+//!                   -> cursor := next -> reclaim_log(covered) (commit.rs)
+//!  threads and channels: pipeline.rs; memory: budget.rs; when: service.rs
+//! ```
+//!
+//! Rules (docs/design.md, "Compaction and reclamation"):
+//! - Only durable records are compacted: a batch never reads past the
+//!   image's durable seq, so the manifest never covers a write a crash can
+//!   still lose. Under log pressure with no FLUSH coming, the service makes
+//!   the completed log durable itself first (service.rs).
+//! - `covered` is the seq of the last record a committed batch applied
+//!   whole; recovery replays only records above it.
+//! - Log is reclaimed only after the manifest commit covering it returned,
+//!   and a segment file is deleted only when no read or scan pins it.
+//! - The cursor (segment, offset, seq) is a hint: it is used only if the
+//!   record found there carries the expected seq, else the pass falls back
+//!   to a scan from the segment holding `covered + 1`.
+//!
+//! `Store::compact_once` runs one pass on the caller's thread (plus the
+//! reader and commit threads); the service runs passes in the background.
+
+mod blocks;
+mod budget;
+mod commit;
+mod inserter;
+mod pipeline;
+mod reader;
+pub(crate) mod service;
+mod stats;
+
+pub use budget::Budget;
+pub use reader::Cursor;
+pub use stats::{CompactReport, CompactStats};
+
+use crate::chunk::ChunkStore;
+use crate::error::{Error, Result};
+use crate::image::Image;
+use crate::manifest::Manifest;
+use crate::wal::SECTOR_BYTES;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Tunables of compaction (from `StoreOptions`).
+#[derive(Clone, Debug)]
+pub struct CompactConfig {
+    /// Threads one pass uses: 1 (read, hash, insert, commit in turn), 2
+    /// (the reader/hasher and the inserter/committer in a pipeline), 3 (and
+    /// the commit protocol's I/O on a thread of its own).
+    pub threads: usize,
+    /// Log record bytes per batch (one manifest commit each).
+    pub batch_bytes: u64,
+    /// Blocks a batch may touch (bounds its manifest edit).
+    pub batch_blocks: u64,
+    /// The service compacts at once when the log uses this percentage of
+    /// its quota (making the log durable itself if needed) ...
+    pub trigger_percent: u64,
+    /// ... and otherwise this long after the last pass when durable data
+    /// waits.
+    pub interval: Duration,
+    /// Batches one background pass runs before the service moves on to
+    /// another image.
+    pub service_batches: u64,
+}
+
+/// Where a pass stops early, for crash tests: after the first batch's
+/// chunk inserts, its chunk sync, or its manifest commit (before the log
+/// is reclaimed). The pass then returns as if done; the test crashes the
+/// storage.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StopAt {
+    #[default]
+    Never,
+    AfterInsert,
+    AfterChunkSync,
+    AfterCommit,
+}
+
+/// How one pass runs.
+#[derive(Clone, Copy, Debug)]
+pub struct PassControl {
+    /// Make every completed record durable first (the service under log
+    /// pressure; a test of the non-FLUSHing path).
+    pub force_durable: bool,
+    pub max_batches: u64,
+    pub stop_at: StopAt,
+}
+
+impl Default for PassControl {
+    fn default() -> Self {
+        PassControl { force_durable: false, max_batches: u64::MAX, stop_at: StopAt::Never }
+    }
+}
+
+/// The compactor's state for one open image.
+pub struct ImageCompaction {
+    pub(crate) manifest: Arc<Manifest>,
+    /// Held for a whole pass: one pass per image at a time.
+    running: Mutex<()>,
+    /// Where the next pass resumes (a hint, validated before use).
+    pub(crate) cursor: Mutex<Option<Cursor>>,
+    stats: Mutex<CompactStats>,
+    pub(crate) last_pass: Mutex<Option<Instant>>,
+    /// After an error, the service leaves the image alone until then.
+    pub(crate) retry_after: Mutex<Option<Instant>>,
+}
+
+impl ImageCompaction {
+    /// State for an image whose first record above the manifest's covered
+    /// seq is at `start` (from recovery).
+    pub fn new(manifest: Arc<Manifest>, start: (u64, u64, u64)) -> ImageCompaction {
+        let (segment, position, seq) = start;
+        ImageCompaction {
+            manifest,
+            running: Mutex::new(()),
+            cursor: Mutex::new(Some(Cursor { segment, position, seq, skip_sectors: 0 })),
+            stats: Mutex::new(CompactStats::default()),
+            last_pass: Mutex::new(None),
+            retry_after: Mutex::new(None),
+        }
+    }
+
+    pub fn manifest(&self) -> &Arc<Manifest> {
+        &self.manifest
+    }
+
+    /// Cumulative work counters.
+    pub fn stats(&self) -> CompactStats {
+        lock(&self.stats).clone()
+    }
+
+    pub(crate) fn add_stats(&self, work: &CompactStats) {
+        lock(&self.stats).add(work);
+    }
+
+    /// Forgets the cursor (tests of the scan fallback).
+    pub fn forget_cursor(&self) {
+        *lock(&self.cursor) = None;
+    }
+}
+
+/// The store-wide side of compaction: the shared chunk store, the memory
+/// budget and the configuration.
+pub struct Compactor {
+    pub chunks: Arc<ChunkStore>,
+    pub budget: Budget,
+    pub cfg: CompactConfig,
+}
+
+impl Compactor {
+    /// Runs one pass over `image`: drains its durable log (up to the
+    /// durable seq at the start, in batches) into the manifest.
+    pub fn run_pass(&self, image: &Image, ctl: &PassControl) -> Result<CompactReport> {
+        let state = image.compaction().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "image {} was not opened for compaction by its store",
+                image.name()
+            ))
+        })?;
+        let _one = lock(&state.running);
+        let covered = state.manifest.covered();
+        let mut report =
+            CompactReport { covered_before: covered, covered_after: covered, ..Default::default() };
+        report.work.passes = 1;
+        let result = self.pass(image, state, ctl, &mut report);
+        report.covered_after = state.manifest.covered();
+        *lock(&state.last_pass) = Some(Instant::now());
+        if let Err(e) = &result {
+            report.work.errors += 1;
+            report.work.budget_waits += u64::from(matches!(e, Error::MemoryBudget(_)));
+        }
+        state.add_stats(&report.work);
+        result.map(|()| report)
+    }
+
+    fn pass(
+        &self,
+        image: &Image,
+        state: &ImageCompaction,
+        ctl: &PassControl,
+        report: &mut CompactReport,
+    ) -> Result<()> {
+        image.check_usable()?;
+        let covered = report.covered_before;
+        // Finish what an earlier pass left: a stop after its commit, or
+        // segments whose pins outlived its reclamation.
+        let (freed, deleted) = image.reclaim_counted(covered)?;
+        report.work.log_bytes_reclaimed += freed;
+        report.work.segments_reclaimed += deleted;
+        report.work.syncs += u64::from(deleted > 0);
+        if ctl.force_durable && image.has_undurable_records() {
+            let before = image.stats().syncs;
+            image.make_completed_durable()?;
+            report.work.forced_log_syncs += 1;
+            report.work.syncs += image.stats().syncs.saturating_sub(before);
+        }
+        let durable = image.durable_seq();
+        report.durable_seq = durable;
+        if durable <= covered {
+            return Ok(());
+        }
+        let hint = lock(&state.cursor).filter(|c| c.seq == covered + 1);
+        let (start, hinted) = match hint {
+            Some(c) => (c, true),
+            None => {
+                report.work.cursor_fallbacks += 1;
+                (reader::fallback_cursor(image.log(), covered)?, false)
+            }
+        };
+        let plan = pipeline::Plan {
+            start,
+            apply_from: covered + 1,
+            hinted,
+            covered,
+            limits: reader::Limits {
+                durable_seq: durable,
+                batch_bytes: self.cfg.batch_bytes,
+                batch_blocks: self.cfg.batch_blocks,
+                image_sectors: image.size_bytes() / SECTOR_BYTES,
+            },
+            max_batches: ctl.max_batches,
+        };
+        let ctx = pipeline::Ctx {
+            image,
+            state,
+            chunks: &self.chunks,
+            budget: &self.budget,
+            stop_at: ctl.stop_at,
+            threads: self.cfg.threads,
+        };
+        let (work, result) = pipeline::run(&ctx, &plan);
+        report.work.add(&work);
+        result?;
+        Ok(())
+    }
+}

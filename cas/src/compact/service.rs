@@ -1,0 +1,177 @@
+//! The background compactor: one thread per store (plus each pass's reader
+//! thread) that decides when each open image is compacted. It never runs
+//! on a ublk queue thread or a scheduler worker.
+//!
+//! ```text
+//!  wake: pressure listener (log use >= trigger, or a refused reservation)
+//!        or the tick (TICK_MS)
+//!   for each open image:
+//!     pressure = refused reservation || log use >= trigger_percent of quota
+//!     due      = durable data waiting && interval passed since the last pass
+//!     pressure: make the completed log durable (nobody may FLUSH), then pass
+//!     due:      pass (durable data only)
+//!     still refused with everything covered: roll the covered current
+//!       segment and reclaim it (a request needing more than quota minus
+//!       one segment would otherwise wait forever)
+//!   pressure and progress: go round again at once
+//! ```
+//!
+//! Why a full log cannot deadlock: writers waiting for capacity hold no
+//! lock the compactor needs; every record placed in the log completes
+//! without waiting for capacity, so making the completed log durable never
+//! waits on a blocked writer; a pass reclaims every segment its commit
+//! covers and the reclamation wakes the writers (and the scheduler through
+//! the capacity listener); pinned segments are retried on the next round.
+//! A failing pass (I/O error, memory budget) is retried after a back-off.
+
+use super::{lock, Compactor, PassControl};
+use crate::error::Error;
+use crate::image::{CapacityListener, Image};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The service looks at every image at least this often.
+pub const TICK_MS: u64 = 100;
+/// Back-off after a failed pass, and after one refused by the memory budget.
+const ERROR_BACKOFF: Duration = Duration::from_secs(1);
+const BUDGET_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The open images of a store, by name.
+pub type OpenImages = Arc<Mutex<HashMap<String, Weak<Image>>>>;
+
+struct Shared {
+    woken: Mutex<bool>,
+    cond: Condvar,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn wake(&self) {
+        *lock(&self.woken) = true;
+        self.cond.notify_one();
+    }
+}
+
+/// The running service; dropping it stops the thread (after the pass in
+/// progress, if any).
+pub struct Service {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Service {
+    pub fn start(compactor: Arc<Compactor>, images: OpenImages) -> Service {
+        let shared =
+            Arc::new(Shared { woken: Mutex::new(false), cond: Condvar::new(), stop: AtomicBool::new(false) });
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("cas-compactor".into())
+            .spawn(move || run(&compactor, &images, &sh))
+            .expect("spawn the compactor thread");
+        Service { shared, thread: Some(thread) }
+    }
+
+    /// What an image calls when its log comes under pressure.
+    pub fn waker(&self) -> CapacityListener {
+        let sh = self.shared.clone();
+        Arc::new(move || sh.wake())
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(compactor: &Compactor, images: &OpenImages, sh: &Shared) {
+    loop {
+        {
+            let mut woken = lock(&sh.woken);
+            if !*woken && !sh.stop.load(Ordering::Acquire) {
+                woken = sh
+                    .cond
+                    .wait_timeout(woken, Duration::from_millis(TICK_MS))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            *woken = false;
+        }
+        if sh.stop.load(Ordering::Acquire) {
+            return;
+        }
+        // Weak handles, upgraded one at a time: an image is held only while
+        // it is looked at, so closing and removing it is rarely delayed.
+        let open: Vec<Weak<Image>> = lock(images).values().cloned().collect();
+        let mut again = false;
+        for weak in open {
+            if sh.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let Some(image) = weak.upgrade() else { continue };
+            match step(compactor, &image) {
+                Ok(more) => again |= more,
+                Err(e) => {
+                    let backoff =
+                        if matches!(e, Error::MemoryBudget(_)) { BUDGET_BACKOFF } else { ERROR_BACKOFF };
+                    tracing::warn!(image = image.name(), error = %e, "compaction pass failed; retrying later");
+                    if let Some(state) = image.compaction() {
+                        *lock(&state.retry_after) = Some(Instant::now() + backoff);
+                    }
+                }
+            }
+        }
+        if again {
+            *lock(&sh.woken) = true;
+        }
+    }
+}
+
+/// Looks at one image and compacts it if needed; true if it should be
+/// looked at again at once.
+fn step(compactor: &Compactor, image: &Image) -> crate::Result<bool> {
+    let Some(state) = image.compaction() else { return Ok(false) };
+    if lock(&state.retry_after).is_some_and(|t| Instant::now() < t) {
+        return Ok(false);
+    }
+    // Re-arm before looking, so a signal raised from now on is not lost.
+    image.rearm_pressure();
+    let cfg = &compactor.cfg;
+    let blocked = image.capacity_refused();
+    let pressure = blocked
+        || u128::from(image.log_used_bytes()) * 100
+            >= u128::from(image.log_quota_bytes()) * u128::from(cfg.trigger_percent);
+    let covered = state.manifest.covered();
+    let waiting = image.durable_seq() > covered;
+    let due = waiting && lock(&state.last_pass).is_none_or(|t| t.elapsed() >= cfg.interval);
+    if !(pressure || due || image.retired_segments() > 0) {
+        return Ok(false);
+    }
+    let ctl =
+        PassControl { force_durable: pressure, max_batches: cfg.service_batches, ..PassControl::default() };
+    let report = compactor.run_pass(image, &ctl)?;
+    let mut rolled = false;
+    if blocked && report.covered_after == image.durable_seq() && !image.has_undurable_records() {
+        rolled = image.roll_covered_segment(report.covered_after)?;
+        if rolled {
+            let (freed, deleted) = image.reclaim_counted(report.covered_after)?;
+            state.add_stats(&super::CompactStats {
+                segment_rolls: 1,
+                log_bytes_reclaimed: freed,
+                segments_reclaimed: deleted,
+                syncs: u64::from(deleted > 0),
+                ..Default::default()
+            });
+        }
+    }
+    let progress = report.covered_after > report.covered_before || rolled;
+    let unfinished = image.durable_seq() > report.covered_after;
+    Ok(progress && (pressure || unfinished))
+}

@@ -1,0 +1,221 @@
+//! `ci/bench compaction`: drain 1 GiB of logged writes, half of whose
+//! blocks duplicate others, into chunks and the manifest.
+//!
+//! In one run:
+//! 1. the baseline: single-core blake3 over 4 KiB inputs (best of 3);
+//! 2. per round (3 by default, each on a fresh store on the build's disk,
+//!    `FsStorage` under target/bench): 1 MiB sequential writes of 1 GiB
+//!    into one image's log, FLUSH, then one timed `Store::compact_once`
+//!    (read, hash, insert, chunk sync, manifest commits, log reclamation:
+//!    everything until the log is free again), then a read-back check.
+//!
+//! Block `i`'s content is key(i): even blocks `i / 2` (all distinct), odd
+//! blocks a scattered earlier or later even block's key, so the unique
+//! bytes are exactly half the input. Reports the best round's drain rate
+//! and all rounds; work counters per input MiB from the same round.
+//!
+//! Writes `target/bench/compaction.json`. Targets: `drain_mib_s >= 0.5 *
+//! blake3_4k_mib_s`, `stored_over_unique <= 1.02`, manifest pages written
+//! within 1.1x of the leaf pages the commits touched; exits 1 if missed.
+//! `CAS_BENCH_COMPACTION_MIB` (default 1024), `..._ROUNDS` (default 3) and
+//! `..._THREADS` (the store's `compaction_threads`, default 3).
+
+use cas::storage::{FsStorage, Storage};
+use cas::{CompactReport, Store, StoreOptions};
+use casblk_ci::{filesystem_of, secs, write_results, Scratch};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Instant;
+
+const MIB: u64 = 1 << 20;
+const BLOCK: usize = 4096;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Fills `out` (4 KiB) with the content named `key`.
+fn block_content(key: u64, out: &mut [u8]) {
+    let mut x = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for w in out.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        w.copy_from_slice(&x.to_le_bytes());
+    }
+}
+
+/// The content key of block `i` of `blocks` (see the module docs).
+fn key_of(i: u64, blocks: u64) -> u64 {
+    let half = blocks / 2;
+    if i.is_multiple_of(2) {
+        i / 2
+    } else {
+        (i / 2).wrapping_mul(7919).wrapping_add(104_729) % half
+    }
+}
+
+/// Single-core blake3 over distinct 4 KiB blocks of a 64 MiB buffer: MiB/s.
+fn blake3_4k_mib_s() -> f64 {
+    let mut buf = vec![0u8; 64 << 20];
+    for (i, b) in buf.chunks_mut(BLOCK).enumerate() {
+        block_content(i as u64 + 7, b);
+    }
+    let mut best: f64 = 0.0;
+    let mut sink = 0u8;
+    for _ in 0..3 {
+        let t = Instant::now();
+        for _ in 0..4 {
+            for b in buf.chunks(BLOCK) {
+                sink ^= cas::chunk::hash_block(b)[0];
+            }
+        }
+        best = best.max(256.0 / secs(t));
+    }
+    std::hint::black_box(sink);
+    best
+}
+
+struct Round {
+    drain_mib_s: f64,
+    write_mib_s: f64,
+    secs: f64,
+    stored_bytes: u64,
+    report: CompactReport,
+}
+
+fn round(storage: &Arc<dyn Storage>, dir: &std::path::Path, total_mib: u64) -> Round {
+    let opts = StoreOptions {
+        log_quota_bytes: (total_mib + 256) * MIB,
+        background_compaction: false,
+        compaction_threads: env("CAS_BENCH_COMPACTION_THREADS", 3),
+        ..StoreOptions::default()
+    };
+    let store = Store::create(storage.clone(), dir, opts).expect("create store");
+    store.create_image("bench", total_mib * MIB).expect("create image");
+    let image = store.open_image("bench").expect("open image");
+    let blocks = total_mib * MIB / BLOCK as u64;
+    let per_mib = MIB / BLOCK as u64;
+    let mut buf = vec![0u8; MIB as usize];
+    let t = Instant::now();
+    for m in 0..total_mib {
+        for (k, b) in buf.chunks_mut(BLOCK).enumerate() {
+            block_content(key_of(m * per_mib + k as u64, blocks), b);
+        }
+        image.write(m * MIB, &buf, false).expect("write");
+    }
+    image.flush().expect("flush");
+    let write_mib_s = total_mib as f64 / secs(t);
+
+    let t = Instant::now();
+    let report = store.compact_once(&image).expect("compaction");
+    let elapsed = secs(t);
+    assert_eq!(report.covered_after, image.durable_seq(), "the whole durable log was compacted");
+    assert_eq!(image.stats().log_segments, 1, "the covered log was reclaimed");
+
+    // Check a sample of blocks from the chunks.
+    let (mut want, mut got) = (vec![0u8; BLOCK], vec![0u8; BLOCK]);
+    for i in (0..blocks).step_by(1021) {
+        block_content(key_of(i, blocks), &mut want);
+        image.read(i * BLOCK as u64, &mut got).expect("read back");
+        assert!(got == want, "block {i} reads back wrong after compaction");
+    }
+    let stored_bytes = store.chunk_stats().stored_bytes;
+    Round { drain_mib_s: total_mib as f64 / elapsed, write_mib_s, secs: elapsed, stored_bytes, report }
+}
+
+fn main() {
+    let total_mib = env("CAS_BENCH_COMPACTION_MIB", 1024);
+    let rounds = env("CAS_BENCH_COMPACTION_ROUNDS", 3).max(1);
+    let scratch = Scratch::new("compaction");
+    let fs_type = filesystem_of(&scratch.0);
+    println!("bench compaction: {total_mib} MiB of logged 1 MiB writes, half the blocks duplicates, in {} ({fs_type})", scratch.0.display());
+    let blake3 = blake3_4k_mib_s();
+    println!("  baseline: blake3 of 4 KiB inputs on one core: {blake3:.0} MiB/s");
+    let storage: Arc<dyn Storage> = Arc::new(FsStorage::new());
+    let mut all = Vec::new();
+    for r in 0..rounds {
+        let dir = scratch.0.join(format!("store{r}"));
+        let res = round(&storage, &dir, total_mib);
+        println!(
+            "  round {r}: wrote the log at {:.0} MiB/s; compaction drained it in {:.3} s: {:.0} MiB/s (hash {:.2} s, insert {:.2} s, commit {:.2} s on their threads)",
+            res.write_mib_s,
+            res.secs,
+            res.drain_mib_s,
+            res.report.work.hash_ns as f64 / 1e9,
+            res.report.work.insert_ns as f64 / 1e9,
+            res.report.work.commit_ns as f64 / 1e9
+        );
+        std::fs::remove_dir_all(&dir).expect("remove the round's store");
+        all.push(res);
+    }
+    let best = all.iter().max_by(|a, b| a.drain_mib_s.total_cmp(&b.drain_mib_s)).expect("a round");
+    let w = &best.report.work;
+    let input_mib = w.input_bytes as f64 / MIB as f64;
+    let unique_bytes = total_mib * MIB / 2;
+    let stored_over_unique = best.stored_bytes as f64 / unique_bytes as f64;
+    let dedup_ratio = w.input_bytes as f64 / w.chunk_bytes_written.max(1) as f64;
+    let pages = w.manifest_pages_written as f64 / input_mib;
+    // Leaves each commit edited, summed over the commits (a leaf a batch
+    // boundary splits counts twice), and the image's distinct leaves.
+    let leaves = w.manifest_leaf_pages_touched as f64 / input_mib;
+    let image_leaves =
+        (total_mib * MIB / BLOCK as u64).div_ceil(cas::manifest::LEAF_ENTRIES as u64) as f64 / input_mib;
+    let init = w.bytes_initialized as f64 / input_mib;
+    let syncs = w.syncs as f64 / input_mib;
+    let reads = w.background_reads as f64 / input_mib;
+    let drain_ok = best.drain_mib_s >= 0.5 * blake3;
+    let dedup_ok = stored_over_unique <= 1.02;
+    let pages_ok = w.manifest_pages_written as f64 <= 1.1 * w.manifest_leaf_pages_touched as f64;
+    let met = |ok: bool| if ok { "met" } else { "MISSED" };
+    println!(
+        "drain:   {:.0} MiB/s (best of {rounds}) vs blake3 4 KiB {blake3:.0} MiB/s (baseline): {:.2}x (target >= 0.5x: {})",
+        best.drain_mib_s,
+        best.drain_mib_s / blake3,
+        met(drain_ok)
+    );
+    println!(
+        "dedup:   stored {} bytes for {unique_bytes} unique bytes: {stored_over_unique:.4} (target <= 1.02: {}); input/written {dedup_ratio:.2}",
+        best.stored_bytes,
+        met(dedup_ok)
+    );
+    println!(
+        "per input MiB: manifest pages {pages:.3} vs distinct leaf pages {leaves:.3} per commit ({:.3}x, target <= 1.1x: {}; {image_leaves:.3} distinct in the image: {:.3}x), initialised {:.3} MiB, background reads {reads:.2}, syncs {syncs:.3}",
+        pages / leaves,
+        met(pages_ok),
+        pages / image_leaves,
+        init / MIB as f64
+    );
+    let results = json!({
+        "drain_mib_s": best.drain_mib_s,
+        "blake3_4k_mib_s": blake3,
+        "stored_over_unique": stored_over_unique,
+        "manifest_pages_per_input_mib": pages,
+        "distinct_leaf_pages_per_input_mib": leaves,
+        "initialized_bytes_per_input_mib": init,
+        "syncs_per_input_mib": syncs,
+        "background_reads_per_input_mib": reads,
+        "initialized_mib_per_input_mib": init / MIB as f64,
+        "image_leaf_pages_per_input_mib": image_leaves,
+        "dedup_ratio": dedup_ratio,
+        "stored_bytes": best.stored_bytes,
+        "unique_bytes": unique_bytes,
+        "input_mib": input_mib,
+        "drain_over_blake3": best.drain_mib_s / blake3,
+        "drain_mib_s_rounds": all.iter().map(|r| r.drain_mib_s).collect::<Vec<_>>(),
+        "log_write_mib_s_rounds": all.iter().map(|r| r.write_mib_s).collect::<Vec<_>>(),
+        "work": best.report.work,
+        "filesystem": fs_type,
+        "targets": {
+            "drain_over_blake3_min": 0.5,
+            "stored_over_unique_max": 1.02,
+            "manifest_pages_over_leaf_pages_max": 1.1,
+            "met": drain_ok && dedup_ok && pages_ok,
+        },
+    });
+    let path = write_results("compaction", &results);
+    println!("wrote {}", path.display());
+    if !(drain_ok && dedup_ok && pages_ok) {
+        std::process::exit(1);
+    }
+}
