@@ -20,5 +20,5 @@ pub use compact::{CompactReport, CompactStats};
 pub use error::{Error, Result};
 pub use gc::GcReport;
 pub use image::{Image, ImageStats, LogReservation};
-pub use store::{ImageInfo, Store, StoreOptions};
+pub use store::{ImageInfo, SpaceStats, Store, StoreOptions};
 pub use wal::RecordKind;

@@ -165,6 +165,22 @@ impl StoreOptions {
 }
 
 /// What `list_images` says about one image.
+/// See [`Store::space_stats`].
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct SpaceStats {
+    pub images: u64,
+    /// Blocks the manifests map to chunks, summed over images.
+    pub mapped_blocks: u64,
+    pub mapped_bytes: u64,
+    /// Distinct chunks stored, and their bytes.
+    pub chunks: u64,
+    pub unique_bytes: u64,
+    /// Pack file bytes (headers and dead slots included).
+    pub stored_bytes: u64,
+    /// mapped_blocks / chunks: how many mapped blocks each stored chunk serves.
+    pub dedup_ratio: f64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ImageInfo {
     pub name: String,
@@ -294,6 +310,23 @@ impl Store {
 
     pub fn chunk_stats(&self) -> ChunkStats {
         self.chunks.stats()
+    }
+
+    /// Space across the whole store: what the images' manifests map, what
+    /// the chunk store holds, and the dedup ratio between them (compacted
+    /// data only; the logs' overlays are not counted).
+    pub fn space_stats(&self) -> Result<SpaceStats> {
+        let chunks = self.chunks.stats();
+        let mut s =
+            SpaceStats { chunks: chunks.chunks, stored_bytes: chunks.stored_bytes, ..SpaceStats::default() };
+        for info in self.list_images()? {
+            s.images += 1;
+            s.mapped_blocks += self.manifest(&info.name)?.stats().mapped_blocks;
+        }
+        s.mapped_bytes = s.mapped_blocks * BLOCK_BYTES;
+        s.unique_bytes = s.chunks * BLOCK_BYTES;
+        s.dedup_ratio = if s.chunks == 0 { 1.0 } else { s.mapped_blocks as f64 / s.chunks as f64 };
+        Ok(s)
     }
 
     /// The manifest of image `name`: the one this store has open, or opened

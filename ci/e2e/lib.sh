@@ -67,3 +67,25 @@ wait_no_devices() {
     for _ in $(seq 100); do [ -z "$(ls /sys/class/ublk-char 2>/dev/null)" ] && return 0; sleep 0.1; done
     fail "devices still present: $(ls /sys/class/ublk-char)"
 }
+
+# Waits (bounded) until the daemon of STORE has compacted everything durable
+# in every attached image: each image's covered seq reaches its durable seq.
+wait_compacted() {
+    local store=$1
+    for _ in $(seq 240); do
+        if "$CASBLK" --store "$store" stats --json | python3 -c '
+import json, sys
+snap = json.load(sys.stdin)
+ok = all(i["counters"]["cas"]["covered_seq"] >= i["counters"]["cas"]["durable_seq"] for i in snap["images"])
+sys.exit(0 if ok else 1)'; then
+            return 0
+        fi
+        sleep 0.5
+    done
+    fail "compaction did not catch up within 120 s"
+}
+
+# Prints counter KEY of source SRC (e.g. store dedup_ratio) from STORE's stats.
+store_counter() {
+    "$CASBLK" --store "$1" stats --json | python3 -c "import json,sys; print(json.load(sys.stdin)['counters']['$2']['$3'])"
+}

@@ -30,6 +30,12 @@ pub enum Command {
     Image(ImageCommand),
     /// Per-request latency, gate waits and engine counters from a running daemon.
     Stats(StatsArgs),
+    /// Reclaim chunks no image references (safe while devices run).
+    Gc {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -164,6 +164,32 @@ fn print_images(rows: &Value, as_json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Bound on a GC pass run through the daemon.
+const GC_TIMEOUT: Duration = Duration::from_secs(3600);
+
+pub fn gc(store: &Path, as_json: bool) -> Result<()> {
+    let dir = store_dir(store, false)?;
+    let report = match running_daemon(&dir) {
+        Some(s) => control(&s, "gc", json!({}), GC_TIMEOUT)?,
+        None => serde_json::to_value(open_store(&dir, false)?.gc()?)?,
+    };
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let num = |k: &str| report.get(k).and_then(Value::as_u64).unwrap_or(0);
+    println!(
+        "gc: {} manifests, {} chunks scanned, {} dead, {} packs rewritten, {} packs deleted, {} bytes reclaimed",
+        num("manifests"),
+        num("chunks_scanned"),
+        num("chunks_dead"),
+        num("packs_rewritten"),
+        num("packs_deleted"),
+        report.get("bytes_reclaimed").and_then(Value::as_i64).unwrap_or(0)
+    );
+    Ok(())
+}
+
 /// Where `stats` asks, and for which image: `-n ID` names a device, whose
 /// exported target data says which daemon and image serve it.
 fn stats_target(store: &Path, id: Option<u32>) -> Result<(PathBuf, Option<String>)> {

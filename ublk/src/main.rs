@@ -80,6 +80,7 @@ fn run(cli: cli::Cli) -> anyhow::Result<()> {
         },
         cli::Command::Image(cmd) => client::image(&cli.store, cmd),
         cli::Command::Stats(args) => client::stats(&cli.store, &args),
+        cli::Command::Gc { json } => client::gc(&cli.store, json),
         cli::Command::Del(args) => control::del(&args),
         cli::Command::List(args) => control::list(&args),
         cli::Command::Features => control::features(),

@@ -119,7 +119,7 @@ pub struct InsertStats {
 }
 
 /// A snapshot of the store's counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ChunkStats {
     pub chunks: u64,
     pub packs: u64,

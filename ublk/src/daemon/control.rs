@@ -327,6 +327,7 @@ impl Daemon {
                 Ok(json!({ "removed": name }))
             }
             "image_list" => Ok(self.image_list()?),
+            "gc" => Ok(serde_json::to_value(self.store.gc()?)?),
             other => bail!("unknown control action {other:?}"),
         }
     }
@@ -362,6 +363,18 @@ impl Daemon {
             images.push(stats);
         }
         images.sort_by(|a, b| a.name.cmp(&b.name));
-        trace::Snapshot::new(images)
+        let mut snap = trace::Snapshot::new(images);
+        match self.store.space_stats() {
+            Ok(space) => match trace::counters_from("store", &space) {
+                Ok(c) => snap.attach("store", c),
+                Err(e) => tracing::warn!("store counters: {e}"),
+            },
+            Err(e) => tracing::warn!("store space stats: {e}"),
+        }
+        match trace::counters_from("chunks", &self.store.chunk_stats()) {
+            Ok(c) => snap.attach("chunks", c),
+            Err(e) => tracing::warn!("chunk counters: {e}"),
+        }
+        snap
     }
 }
