@@ -36,6 +36,23 @@ expect_error() {
     note "$what -> rc $rc: $err"
 }
 
+# fs_roundtrip DEV FS MNT: mkfs FS on DEV, mount at MNT, write a file tree,
+# unmount, remount and verify it, unmount.
+fs_roundtrip() {
+    local dev=$1 fs=$2 mnt=$3
+    case $fs in
+        ext4) mkfs.ext4 -q -F "$dev" ;;
+        xfs) mkfs.xfs -q -f "$dev" ;;
+    esac
+    mkdir -p "$mnt"
+    mount "$dev" "$mnt"
+    make_tree "$mnt" 40
+    umount "$mnt"
+    mount "$dev" "$mnt"
+    verify_tree "$mnt"
+    umount "$mnt"
+}
+
 # Builds a small file tree of random files under DIR and records its sums.
 make_tree() {
     local dir=$1 n=${2:-60} i

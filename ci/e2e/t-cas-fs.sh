@@ -5,18 +5,8 @@ source "$(dirname "$0")/lib.sh"
 for fs in ext4 xfs; do
     store=$(new_store "img-$fs" 512M)
     dev=$(add_image "$store" "img-$fs" -q 2 -d 64)
-    case $fs in
-        ext4) mkfs.ext4 -q -F "$dev" ;;
-        xfs) mkfs.xfs -q -f "$dev" ;;
-    esac
     mnt=$SCRATCH/mnt-$fs
-    mkdir -p "$mnt"
-    mount "$dev" "$mnt"
-    make_tree "$mnt" 40
-    umount "$mnt"
-    mount "$dev" "$mnt"
-    verify_tree "$mnt"
-    umount "$mnt"
+    fs_roundtrip "$dev" "$fs" "$mnt"
     note "$fs: tree verified after remount"
     pid=$(daemon_pid "$dev")
     "$CASBLK" del -n "$(dev_id "$dev")"

@@ -5,18 +5,8 @@ for fs in ext4 xfs; do
     backing=$(new_backing 512M)
     dev=$(add_raw "$backing" -q 2 -d 64)
     [ -b "$dev" ] || fail "$dev is not a block device"
-    case $fs in
-        ext4) mkfs.ext4 -q -F "$dev" ;;
-        xfs) mkfs.xfs -q -f "$dev" ;;
-    esac
     mnt=$SCRATCH/mnt-$fs
-    mkdir -p "$mnt"
-    mount "$dev" "$mnt"
-    make_tree "$mnt" 60
-    umount "$mnt"
-    mount "$dev" "$mnt"
-    verify_tree "$mnt"
-    umount "$mnt"
+    fs_roundtrip "$dev" "$fs" "$mnt"
     note "$fs: tree verified after remount"
     "$CASBLK" del -n "$(dev_id "$dev")"
     [ ! -e "$dev" ] || fail "$dev still exists after del"

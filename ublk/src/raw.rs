@@ -129,16 +129,21 @@ pub fn report_ready(ctrl: &UblkCtrl, ready: &Ready) {
     }
 }
 
-fn serve(args: &AddArgs, backing: Backing, ready: Ready) -> Result<()> {
-    let ctrl = UblkCtrlBuilder::default()
-        .name("casblk-raw")
-        .id(args.id)
-        .nr_queues(args.queues)
-        .depth(args.depth)
-        .io_buf_bytes(args.io_buf_bytes)
+/// Adds a new ublk device (not yet started) for `target`.
+pub fn new_device(target: &str, id: i32, queues: u16, depth: u16, io_buf_bytes: u32) -> Result<UblkCtrl> {
+    UblkCtrlBuilder::default()
+        .name(target)
+        .id(id)
+        .nr_queues(queues)
+        .depth(depth)
+        .io_buf_bytes(io_buf_bytes)
         .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
         .build()
-        .map_err(|e| ctrl_error(args.id, e))?;
+        .map_err(|e| ctrl_error(id, e))
+}
+
+fn serve(args: &AddArgs, backing: Backing, ready: Ready) -> Result<()> {
+    let ctrl = new_device("casblk-raw", args.id, args.queues, args.depth, args.io_buf_bytes)?;
     let dev_id = ctrl.dev_info().dev_id;
     stop_on_signals(dev_id)?;
 

@@ -7,9 +7,8 @@ use crate::launch::Ready;
 use crate::params::device_params;
 use crate::raw;
 use anyhow::{anyhow, bail, Context, Result};
-use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::ctrl::UblkCtrl;
 use libublk::io::UblkDev;
-use libublk::UblkFlags;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -229,15 +228,7 @@ impl Daemon {
         args: &AddImageArgs,
         ready: mpsc::Sender<Result<(u32, String)>>,
     ) -> Result<()> {
-        let ctrl = UblkCtrlBuilder::default()
-            .name("casblk")
-            .id(args.id)
-            .nr_queues(args.queues)
-            .depth(args.depth)
-            .io_buf_bytes(args.io_buf_bytes)
-            .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
-            .build()
-            .map_err(|e| raw::ctrl_error(args.id, e))?;
+        let ctrl = raw::new_device("casblk", args.id, args.queues, args.depth, args.io_buf_bytes)?;
         let dev_id = ctrl.dev_info().dev_id;
         let size = core.image.size_bytes();
         let io_buf_bytes = args.io_buf_bytes;
