@@ -31,3 +31,19 @@ PY
 note "flushed data survived kill -9; unflushed sectors are old or new"
 "$CASBLK" del -a
 wait_no_devices
+# A clean stop (SIGTERM to the daemon) flushes every image: even writes the
+# guest never flushed are there after reattaching.
+dev=$(add_image "$store" vm)
+head -c $((4 * mib)) /dev/urandom > "$SCRATCH/c"
+dd if="$SCRATCH/c" of="$dev" bs=1M oflag=direct status=none   # no flush
+pid=$(daemon_pid "$dev")
+kill -TERM "$pid"
+for _ in $(seq 100); do pid_alive "$pid" || break; sleep 0.1; done
+! pid_alive "$pid" || fail "the daemon did not exit on SIGTERM"
+wait_no_devices
+dev=$(add_image "$store" vm)
+dd if="$dev" of="$SCRATCH/back" bs=1M count=4 iflag=direct status=none
+cmp "$SCRATCH/c" "$SCRATCH/back" || fail "writes before a clean stop were lost"
+note "SIGTERM stops the devices, flushes, and the daemon exits; nothing lost"
+"$CASBLK" del -a
+wait_no_devices
