@@ -22,7 +22,9 @@ pub struct Config {
     pub read_credits: u32,
     /// WRITE / WRITE_ZEROES / DISCARD in flight across all images. The
     /// worker pool must be larger, so that reads always find a worker while
-    /// writes are slow.
+    /// writes are slow: the default (2) leaves 2 of the daemon's 4 workers
+    /// to reads. More would not write faster: an image's writes append to
+    /// one log segment file, whose writes the filesystem serializes.
     pub write_slots: u32,
     /// Deficit round robin quantum: bytes an image may be served per visit.
     /// Smaller interleaves images more finely: an eligible request of one
@@ -42,7 +44,7 @@ impl Default for Config {
         Config {
             frontier_quota_bytes: DEFAULT_FRONTIER_QUOTA_BYTES,
             read_credits: 8,
-            write_slots: 4,
+            write_slots: 2,
             quantum_bytes: 128 << 10,
             capacity_retry_ns: 50_000_000,
             scan_window: 1024,

@@ -14,12 +14,15 @@
 //! the next capacity retry deadline.
 //!
 //! Wakes are targeted, so that a busy scheduler does not wake every worker
-//! on every event: `submit`, `complete` and a `capacity_released` that
-//! finds held writes wake one idle worker; a worker that gets a dispatch
-//! wakes one more if some image still has a candidate (so a completed FLUSH
-//! that frees many requests fans out worker by worker); `shutdown` wakes
-//! everyone. A woken worker always tries `next` before it waits again, so
-//! no admissible request is left waiting for a wake that went elsewhere.
+//! on every event: `submit` and a `capacity_released` that finds held
+//! writes wake one idle worker; `complete` wakes one only if some image has
+//! a candidate afterwards (a completion that frees nothing, the common case
+//! of a read, wakes nobody: the completing worker looks for work itself
+//! next); a worker that gets a dispatch wakes one more if some image still
+//! has a candidate (so a completed FLUSH that frees many requests fans out
+//! worker by worker); `shutdown` wakes everyone. A woken worker always tries
+//! `next` before it waits again, so no admissible request is left waiting
+//! for a wake that went elsewhere.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -48,6 +51,8 @@ struct State<C: Clock, K> {
     /// Workers waiting on `work` / submitters waiting on `room`.
     idle_workers: usize,
     room_waiters: usize,
+    /// Targeted wakes sent to idle workers (`notify_one` on `work`).
+    worker_wakes: u64,
 }
 
 /// See the module documentation.
@@ -60,7 +65,14 @@ pub struct SharedScheduler<C: Clock, K: Capacity> {
 impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
     pub fn new(sched: Scheduler<C>, cap: K) -> Self {
         SharedScheduler {
-            state: Mutex::new(State { sched, cap, shutdown: false, idle_workers: 0, room_waiters: 0 }),
+            state: Mutex::new(State {
+                sched,
+                cap,
+                shutdown: false,
+                idle_workers: 0,
+                room_waiters: 0,
+                worker_wakes: 0,
+            }),
             work: Condvar::new(),
             room: Condvar::new(),
         }
@@ -90,10 +102,7 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
         }
         let ticket = state.sched.submit(image, desc)?;
         let wake = state.idle_workers > 0;
-        drop(state);
-        if wake {
-            self.work.notify_one();
-        }
+        self.wake_worker_if(state, wake);
         Ok(ticket)
     }
 
@@ -114,10 +123,7 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
             match state.sched.submit(image, desc) {
                 Ok(ticket) => {
                     let wake = state.idle_workers > 0;
-                    drop(state);
-                    if wake {
-                        self.work.notify_one();
-                    }
+                    self.wake_worker_if(state, wake);
                     return Ok(ticket);
                 }
                 Err(Error::Full { .. }) if Instant::now() < deadline => {
@@ -142,10 +148,7 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
             let State { sched, cap, .. } = &mut *state;
             if let Some(dispatch) = sched.next(cap) {
                 let wake = state.idle_workers > 0 && state.sched.has_candidate();
-                drop(state);
-                if wake {
-                    self.work.notify_one();
-                }
+                self.wake_worker_if(state, wake);
                 return Next::Dispatch(dispatch);
             }
             let now = Instant::now();
@@ -166,15 +169,17 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
         }
     }
 
-    /// Reports a finished request; see [`Scheduler::complete`].
+    /// Reports a finished request; see [`Scheduler::complete`]. Wakes an
+    /// idle worker only if a request is admissible now: a completion that
+    /// frees nothing (most reads) would only make a worker wake, find
+    /// nothing and sleep again, while the caller (a worker) looks for work
+    /// itself right after.
     pub fn complete(&self, image: ImageId, request: RequestId) -> Result<(), Error> {
         let mut state = self.lock();
         state.sched.complete(image, request)?;
-        let (wake_worker, wake_room) = (state.idle_workers > 0, state.room_waiters > 0);
-        drop(state);
-        if wake_worker {
-            self.work.notify_one();
-        }
+        let wake_room = state.room_waiters > 0;
+        let wake_worker = state.idle_workers > 0 && state.sched.has_candidate();
+        self.wake_worker_if(state, wake_worker);
         if wake_room {
             self.room.notify_all();
         }
@@ -186,10 +191,29 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
     pub fn capacity_released(&self, image: ImageId) {
         let mut state = self.lock();
         let wake = state.sched.capacity_released(image) && state.idle_workers > 0;
+        self.wake_worker_if(state, wake);
+    }
+
+    /// Releases the lock, then wakes one idle worker if `wake`.
+    fn wake_worker_if(&self, mut state: MutexGuard<'_, State<C, K>>, wake: bool) {
+        if wake {
+            state.worker_wakes += 1;
+        }
         drop(state);
         if wake {
             self.work.notify_one();
         }
+    }
+
+    /// Workers waiting in [`SharedScheduler::next_blocking`] now.
+    pub fn idle_workers(&self) -> usize {
+        self.lock().idle_workers
+    }
+
+    /// Targeted wakes sent to idle workers so far (each one costs a futex
+    /// wake and two context switches; a stat for tuning and tests).
+    pub fn worker_wakes(&self) -> u64 {
+        self.lock().worker_wakes
     }
 
     /// Wakes every waiter; `next_blocking` returns [`Next::Shutdown`] and

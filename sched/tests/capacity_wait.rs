@@ -14,7 +14,8 @@ const MIB: u64 = 1 << 20;
 
 #[test]
 fn full_log_holds_writes_until_a_wake_then_all_complete() {
-    let config = Config::default();
+    // Enough write slots that the log, not a slot, holds W2.
+    let config = Config { write_slots: 4, ..Config::default() };
     let (mut s, clock) = scheduler(config.clone());
     s.add_image(IMG).unwrap();
     let mut log = FakeLog::with(&[(IMG, 2 * MIB)]);

@@ -1,222 +1,197 @@
-//! The storage engine the benchmark drives, behind a small trait so that
-//! the cas engine can replace [`FakeEngine`]; and the adapter that gives
-//! the scheduler its [`Capacity`].
-//!
-//! [`FakeEngine`] keeps each image in memory and models only what the
-//! scheduler sees of a log: a per-image quota that writes reserve, and a
-//! "compactor" thread that reclaims written log at a fixed rate and sends a
-//! `capacity_released` wake for each image it reclaimed from.
+//! The engine the benchmark drives: a real `cas::Store` on `FsStorage` in a
+//! scratch directory under `target/bench`, with background compaction on,
+//! and the adapter that gives the scheduler its [`Capacity`] exactly as the
+//! daemon's `EngineCapacity` (ublk/src/daemon/mod.rs) does.
 //!
 //! ```text
-//!   log quota  [ reserved (write admitted) | written (awaiting drain) | free ]
-//!   try_reserve: free -> reserved        write_reserved: reserved -> written
-//!   drainer (every 1 ms): written -> free at drain_bytes_per_s, then wake
+//!  target/bench/scratch-sched-ARM-PID/   (one per arm, removed after it)
+//!    image "a": A_BYTES, seeded with its block pattern, flushed and
+//!               compacted before any arm: reads go overlay (empty) ->
+//!               manifest -> chunk cache or pack file
+//!    image "b": B_BYTES, the writers' image
+//!  both logs: LOG_QUOTA_BYTES, small enough that QD32 x 1 MiB fills it,
+//!  so B's writes wait for compaction to reclaim (capacity_released wakes)
 //! ```
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
-use std::thread::{self, JoinHandle};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use cas::image::Image;
+use cas::{ImageStats, RecordKind, Store, StoreOptions};
+use casblk_ci::Scratch;
 use sched::{Capacity, ImageId, Op};
 
-/// Called with an image whose log space was reclaimed.
-pub type CapacityListener = Arc<dyn Fn(ImageId) + Send + Sync>;
+const MIB: u64 = 1 << 20;
+/// The most a settle (flush, then compaction catching up) may take.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// What the benchmark needs of an engine. Every call but `try_reserve` may
-/// block; `try_reserve` never does.
-pub trait Engine: Send + Sync + 'static {
-    type Reservation: Send + 'static;
-    fn add_image(&self, image: ImageId, size_bytes: u64);
-    fn try_reserve(&self, image: ImageId, op: Op, len_bytes: u64) -> Option<Self::Reservation>;
-    fn read(&self, image: ImageId, offset_bytes: u64, buf: &mut [u8]) -> Result<(), String>;
-    fn write_reserved(
-        &self,
-        image: ImageId,
-        offset_bytes: u64,
-        data: &[u8],
-        reservation: Self::Reservation,
-    ) -> Result<(), String>;
-    fn flush(&self, image: ImageId) -> Result<(), String>;
-    /// The reclamation listener. The engine calls it holding no lock that
-    /// `try_reserve` takes (the scheduler calls `try_reserve` under its lock).
-    fn set_capacity_listener(&self, listener: CapacityListener);
+/// The scheduler's view of log capacity: each image's non-blocking
+/// reservation (the daemon's `EngineCapacity`).
+pub struct EngineCapacity {
+    images: HashMap<ImageId, Arc<Image>>,
 }
 
-/// The scheduler's view of an engine.
-pub struct EngineCapacity<E>(pub Arc<E>);
+impl Capacity for EngineCapacity {
+    type Reservation = cas::LogReservation;
 
-impl<E: Engine> Capacity for EngineCapacity<E> {
-    type Reservation = E::Reservation;
-
-    fn try_reserve(&mut self, image: ImageId, op: Op, len_bytes: u64) -> Option<E::Reservation> {
-        self.0.try_reserve(image, op, len_bytes)
+    fn try_reserve(&mut self, image: ImageId, op: Op, len_bytes: u64) -> Option<cas::LogReservation> {
+        let img = self.images.get(&image)?;
+        let kind = match op {
+            Op::Write => RecordKind::Write,
+            Op::WriteZeroes => RecordKind::WriteZeroes,
+            Op::Discard => RecordKind::Discard,
+            Op::Read | Op::Flush => unreachable!("sched reserves only for write kinds"),
+        };
+        img.try_reserve(img.log_bytes_needed(kind, len_bytes))
     }
 }
 
-#[derive(Debug, Default)]
-struct LogSpace {
-    reserved_bytes: u64,
-    written_bytes: u64,
+/// The store and its two images. Fields drop in order: the store (and its
+/// compactor) before the scratch directory it lives in.
+pub struct Engine {
+    images: HashMap<ImageId, Arc<Image>>,
+    store: Arc<Store>,
+    _scratch: Scratch,
 }
 
-struct FakeImage {
-    data: RwLock<Vec<u8>>,
-    log: Mutex<LogSpace>,
-}
-
-/// See the module documentation.
-pub struct FakeEngine {
-    log_quota_bytes: u64,
-    drain_bytes_per_s: u64,
-    images: RwLock<HashMap<ImageId, Arc<FakeImage>>>,
-    listener: Mutex<Option<CapacityListener>>,
-    stop: AtomicBool,
-    drainer: Mutex<Option<JoinHandle<()>>>,
-}
-
-/// Log bytes reserved for one request.
-#[derive(Debug)]
-pub struct FakeReservation {
-    log_bytes: u64,
-}
-
-/// Bytes a log record of `op` takes: the payload for WRITE, one 512-byte
-/// record otherwise.
-fn log_bytes_needed(op: Op, len_bytes: u64) -> u64 {
-    if op == Op::Write {
-        len_bytes
-    } else {
-        512
-    }
-}
-
-impl FakeEngine {
-    pub fn start(log_quota_bytes: u64, drain_bytes_per_s: u64) -> Arc<Self> {
-        let engine = Arc::new(FakeEngine {
-            log_quota_bytes,
-            drain_bytes_per_s,
-            images: RwLock::new(HashMap::new()),
-            listener: Mutex::new(None),
-            stop: AtomicBool::new(false),
-            drainer: Mutex::new(None),
-        });
-        let weak = Arc::downgrade(&engine);
-        let handle = thread::Builder::new()
-            .name("fake-drainer".into())
-            .spawn(move || drain_loop(weak))
-            .expect("spawn the drainer");
-        *engine.drainer.lock().expect("drainer lock") = Some(handle);
-        engine
+impl Engine {
+    /// Creates a store with `opts` in scratch directory `scratch_name` and
+    /// one image per `(id, name, bytes)`.
+    pub fn create(scratch_name: &str, opts: StoreOptions, images: &[(ImageId, &str, u64)]) -> Engine {
+        let scratch = Scratch::new(scratch_name);
+        let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
+        let store = Store::create(storage, &scratch.0.join("store"), opts).expect("create the store");
+        let images = images
+            .iter()
+            .map(|&(id, name, bytes)| {
+                store.create_image(name, bytes).expect("create an image");
+                (id, store.open_image(name).expect("open an image"))
+            })
+            .collect();
+        Engine { images, store, _scratch: scratch }
     }
 
-    /// Stops and joins the drainer thread.
-    pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(h) = self.drainer.lock().expect("drainer lock").take() {
-            h.join().expect("the drainer panicked");
-        }
+    pub fn image(&self, id: ImageId) -> &Arc<Image> {
+        &self.images[&id]
     }
 
-    fn image(&self, image: ImageId) -> Result<Arc<FakeImage>, String> {
-        self.images.read().expect("images lock").get(&image).cloned().ok_or(format!("no image {image}"))
+    /// A capacity adapter over every image, for a new scheduler.
+    pub fn capacity(&self) -> EngineCapacity {
+        EngineCapacity { images: self.images.clone() }
     }
 
-    /// One drain tick: reclaims up to `budget` written bytes per image.
-    fn drain(&self, budget_bytes: u64) {
-        let images: Vec<(ImageId, Arc<FakeImage>)> =
-            self.images.read().expect("images lock").iter().map(|(&i, m)| (i, m.clone())).collect();
-        for (id, image) in images {
-            let reclaimed = {
-                let mut log = image.log.lock().expect("log lock");
-                let n = log.written_bytes.min(budget_bytes);
-                log.written_bytes -= n;
-                n
-            };
-            // The wake goes out with no engine lock held.
-            if reclaimed > 0 {
-                let listener = self.listener.lock().expect("listener lock").clone();
-                if let Some(l) = listener {
-                    l(id);
+    /// Points every image's reclamation listener at `sched`'s
+    /// `capacity_released` (held weakly, as the daemon does).
+    pub fn listen<S: Send + Sync + 'static>(&self, sched: &Arc<S>, released: fn(&S, ImageId)) {
+        for (&id, image) in &self.images {
+            let weak: Weak<S> = Arc::downgrade(sched);
+            image.set_capacity_listener(Arc::new(move || {
+                if let Some(s) = weak.upgrade() {
+                    released(&s, id);
                 }
+            }));
+        }
+    }
+
+    /// Detaches the listeners (the daemon does this when a device goes).
+    pub fn unlisten(&self) {
+        for image in self.images.values() {
+            image.set_capacity_listener(Arc::new(|| {}));
+        }
+    }
+
+    /// Writes `fill(offset, block)` over the first `bytes` of image `id` in
+    /// 1 MiB writes (waiting for log capacity like any writer), then
+    /// settles it.
+    pub fn seed(&self, id: ImageId, bytes: u64, fill: impl Fn(u64, &mut [u8])) {
+        let image = self.image(id);
+        let mut chunk = vec![0u8; MIB as usize];
+        for offset in (0..bytes).step_by(MIB as usize) {
+            let n = MIB.min(bytes - offset) as usize;
+            for (i, block) in chunk[..n].chunks_mut(4096).enumerate() {
+                fill(offset + i as u64 * 4096, block);
             }
+            image.write(offset, &chunk[..n], false).expect("seed an image");
+        }
+        self.settle(id);
+    }
+
+    /// Flushes image `id` and waits until the compactor has moved all of
+    /// its log into chunks and reclaimed it: afterwards every read of the
+    /// image goes to the manifest and the chunk store.
+    pub fn settle(&self, id: ImageId) {
+        let image = self.image(id);
+        image.flush().expect("flush an image");
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            let s = image.stats();
+            if s.overlay_extents == 0 && s.covered_seq >= s.durable_seq {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "image {id}: compaction did not catch up within {SETTLE_TIMEOUT:?} \
+                 (covered seq {}, durable seq {}, {} overlay extents)",
+                s.covered_seq,
+                s.durable_seq,
+                s.overlay_extents
+            );
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 }
 
-fn drain_loop(engine: Weak<FakeEngine>) {
-    const TICK: Duration = Duration::from_millis(1);
-    let mut last = Instant::now();
-    loop {
-        thread::sleep(TICK);
-        let Some(engine) = engine.upgrade() else { return };
-        if engine.stop.load(Ordering::SeqCst) {
-            return;
+/// What the engine did during one arm: differences of its counters.
+#[derive(Clone, Debug, Default)]
+pub struct EngineDelta {
+    pub read_bytes: u64,
+    pub read_log_bytes: u64,
+    pub read_chunk_bytes: u64,
+    pub read_hole_bytes: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub payload_bytes_written: u64,
+    pub compacted_bytes: u64,
+    pub segments_reclaimed: u64,
+    pub forced_log_syncs: u64,
+}
+
+/// Counters of the whole engine at one moment.
+pub struct EngineMark {
+    images: Vec<ImageStats>,
+    chunks: cas::chunk::ChunkStats,
+}
+
+impl Engine {
+    pub fn mark(&self) -> EngineMark {
+        let mut ids: Vec<_> = self.images.keys().copied().collect();
+        ids.sort();
+        EngineMark {
+            images: ids.iter().map(|id| self.images[id].stats()).collect(),
+            chunks: self.store.chunk_stats(),
         }
-        let now = Instant::now();
-        let elapsed = now.duration_since(last).min(TICK * 10);
-        last = now;
-        engine.drain((engine.drain_bytes_per_s as f64 * elapsed.as_secs_f64()) as u64);
     }
 }
 
-impl Engine for FakeEngine {
-    type Reservation = FakeReservation;
-
-    fn add_image(&self, image: ImageId, size_bytes: u64) {
-        let size = usize::try_from(size_bytes).expect("image fits in memory");
-        let img = FakeImage { data: RwLock::new(vec![0; size]), log: Mutex::new(LogSpace::default()) };
-        self.images.write().expect("images lock").insert(image, Arc::new(img));
-    }
-
-    fn try_reserve(&self, image: ImageId, op: Op, len_bytes: u64) -> Option<FakeReservation> {
-        let img = self.image(image).ok()?;
-        let need = log_bytes_needed(op, len_bytes);
-        let mut log = img.log.lock().expect("log lock");
-        let used = log.reserved_bytes + log.written_bytes;
-        if used + need > self.log_quota_bytes {
-            return None;
+impl EngineMark {
+    /// What happened between `self` (earlier) and `later`, summed over images.
+    pub fn delta(&self, later: &EngineMark) -> EngineDelta {
+        let mut d = EngineDelta {
+            cache_hits: later.chunks.cache_hits - self.chunks.cache_hits,
+            cache_misses: later.chunks.cache_misses - self.chunks.cache_misses,
+            ..EngineDelta::default()
+        };
+        for (a, b) in self.images.iter().zip(&later.images) {
+            d.read_bytes += b.read_bytes - a.read_bytes;
+            d.read_log_bytes += b.read_log_bytes - a.read_log_bytes;
+            d.read_chunk_bytes += b.read_chunk_bytes - a.read_chunk_bytes;
+            d.read_hole_bytes += b.read_hole_bytes - a.read_hole_bytes;
+            d.payload_bytes_written += b.payload_bytes_written - a.payload_bytes_written;
+            d.compacted_bytes += b.compaction.input_bytes - a.compaction.input_bytes;
+            d.segments_reclaimed += b.segments_reclaimed - a.segments_reclaimed;
+            d.forced_log_syncs += b.compaction.forced_log_syncs - a.compaction.forced_log_syncs;
         }
-        log.reserved_bytes += need;
-        Some(FakeReservation { log_bytes: need })
-    }
-
-    fn read(&self, image: ImageId, offset_bytes: u64, buf: &mut [u8]) -> Result<(), String> {
-        let img = self.image(image)?;
-        let data = img.data.read().expect("data lock");
-        let start = usize::try_from(offset_bytes).map_err(|_| "offset out of range")?;
-        let src = data.get(start..start + buf.len()).ok_or("read past the end of the image")?;
-        buf.copy_from_slice(src);
-        Ok(())
-    }
-
-    fn write_reserved(
-        &self,
-        image: ImageId,
-        offset_bytes: u64,
-        data: &[u8],
-        r: FakeReservation,
-    ) -> Result<(), String> {
-        let img = self.image(image)?;
-        {
-            let mut dst = img.data.write().expect("data lock");
-            let start = usize::try_from(offset_bytes).map_err(|_| "offset out of range")?;
-            dst.get_mut(start..start + data.len())
-                .ok_or("write past the end of the image")?
-                .copy_from_slice(data);
-        }
-        let mut log = img.log.lock().expect("log lock");
-        log.reserved_bytes -= r.log_bytes;
-        log.written_bytes += r.log_bytes;
-        Ok(())
-    }
-
-    fn flush(&self, image: ImageId) -> Result<(), String> {
-        self.image(image).map(|_| ())
-    }
-
-    fn set_capacity_listener(&self, listener: CapacityListener) {
-        *self.listener.lock().expect("listener lock") = Some(listener);
+        d
     }
 }

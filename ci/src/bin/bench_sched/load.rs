@@ -1,18 +1,27 @@
-//! The in-process load generator: shaped like the daemon. One "queue
-//! thread" per stream keeps `queue_depth` requests outstanding (closed
-//! loop, like fio at a fixed iodepth) and submits descriptor snapshots; a
-//! worker pool pulls admitted requests from the [`SharedScheduler`], runs
-//! them on the engine, completes them and hands the result back to the
-//! queue thread, which records the request's latency.
+//! The in-process load generator, shaped like the daemon's request path
+//! (ublk/src/daemon/{queue,worker}.rs) without ublk. One "queue thread" per
+//! stream keeps `queue_depth` requests outstanding (closed loop, like fio
+//! at a fixed iodepth) and submits descriptor snapshots to a
+//! [`SharedScheduler`]; a pool of workers takes admitted requests with
+//! `next_blocking`, runs them on the cas image, completes them in the
+//! scheduler and hands the result back to the queue thread, which records
+//! the request's latency and finishes its trace.
 //!
 //! ```text
-//!  queue thread (per stream)          workers (pool)
-//!  submit(slot) ----------------->  next_blocking -> engine -> complete
-//!  record latency(slot) <-- channel ------------------------------'
+//!  queue thread (per stream)                 workers (pool)
+//!  stamp payload, RequestTrace::new(seen)
+//!  submit(desc) ------------------------->  next_blocking
+//!                                           record_into(trace, now)   gates, admitted, dispatched
+//!                                           cas read / write_reserved (io_span Log for non-reads)
+//!                                           executed(now); complete(image, request)
+//!  Tracer::finish(trace, now, result) <-- mailbox --'
 //! ```
 //!
-//! Each outstanding request owns one slot buffer (payload or destination);
-//! the request id is `generation << 8 | slot`.
+//! With [`Tracing::Off`] every trace step is skipped (no `RequestTrace`, no
+//! trace clock reads, no `Tracer`); everything else is the same.
+//!
+//! Each outstanding request owns one slot (its payload or destination
+//! buffer and its trace); the request id is `generation << 8 | slot`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,20 +29,35 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crossbeam::channel::{self, Receiver, Sender};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sched::{Config, Descriptor, ImageId, MonotonicClock, Next, Op, RequestId, Scheduler, SharedScheduler};
+use sched::{
+    Config, Descriptor, ImageCounters, ImageId, MonotonicClock, Next, Op, RequestId, Scheduler,
+    SharedScheduler,
+};
+use trace::{IoSource, RequestTrace, Tracer};
 
 use crate::engine::{Engine, EngineCapacity};
+use crate::mailbox::Mailbox;
 
 const SLOT_BITS: u32 = 8;
 /// How long the end of an arm waits for outstanding requests.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long an idle worker waits before checking for shutdown (as the
+/// daemon's workers do).
+const IDLE_WAIT: Duration = Duration::from_millis(200);
+
+/// Whether requests are traced (the daemon always traces; `Off` exists to
+/// measure what tracing costs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tracing {
+    On,
+    Off,
+}
 
 /// One closed-loop request stream against one image.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stream {
     pub image: ImageId,
     pub op: Op,
@@ -48,6 +72,7 @@ pub struct StreamResult {
     pub stream: Stream,
     /// Completion latency, submit to completion seen by the queue thread.
     pub latency_ns: Histogram<u64>,
+    /// Requests completed within the arm's window.
     pub requests: u64,
     pub errors: u64,
     /// Admission waits (`admitted - arrival`) of its requests.
@@ -55,92 +80,143 @@ pub struct StreamResult {
 }
 
 pub struct ArmResult {
+    /// The measuring window: completions after it are not counted.
     pub secs: f64,
     pub streams: Vec<StreamResult>,
+    /// The scheduler's counters per image at the end of the arm.
+    pub sched: Vec<(ImageId, ImageCounters)>,
+    /// The tracers' snapshots per image (empty with `Tracing::Off`).
+    pub traces: Vec<(ImageId, trace::ImageStats)>,
+    /// CPU time the request path's threads (queue threads and workers)
+    /// spent running, in ns; engine threads (compaction) not included.
+    pub request_path_cpu_ns: u64,
 }
 
-/// Returns the pattern a block of an image holds: its block index.
+impl ArmResult {
+    pub fn stream(&self, op: Op) -> &StreamResult {
+        self.streams.iter().find(|s| s.stream.op == op).expect("the arm has a stream of this op")
+    }
+}
+
+/// The pattern the first 8 bytes of image A's block at `offset` hold.
 pub fn block_pattern(offset_bytes: u64) -> [u8; 8] {
     (offset_bytes / 4096).to_le_bytes()
+}
+
+/// Makes every 4 KiB block of a write payload distinct from every other
+/// block written in the run, image A's included (like guest data, unlike a
+/// constant fill that would deduplicate into one chunk and leave compaction
+/// nothing to store). Bit 63 of the second word tells it from A's pattern,
+/// whose second word is 0.
+fn stamp(buf: &mut [u8], stream: u64, generation: u64) {
+    for (i, block) in buf.chunks_mut(4096).enumerate() {
+        block[..8].copy_from_slice(&(stream << 56 | generation).to_le_bytes());
+        block[8..16].copy_from_slice(&(1 << 63 | i as u64).to_le_bytes());
+    }
 }
 
 struct Completion {
     slot: usize,
     ok: bool,
+    trace: Option<RequestTrace>,
+}
+
+/// A request's buffer and, while a worker has not taken it, its trace.
+struct Slot {
+    buf: Vec<u8>,
+    trace: Option<RequestTrace>,
 }
 
 /// What workers need to know about a stream.
 struct StreamShared {
     stream: Stream,
-    buffers: Vec<Mutex<Vec<u8>>>,
-    done: Sender<Completion>,
+    /// The queue number the trace shows.
+    qid: u16,
+    slots: Vec<Mutex<Slot>>,
+    done: Mailbox<Completion>,
     admission_wait_ns: Mutex<Histogram<u64>>,
     errors: AtomicU64,
+    tracer: Option<Arc<Tracer>>,
 }
 
-type Shared<E> = SharedScheduler<MonotonicClock, EngineCapacity<E>>;
+type Shared = SharedScheduler<MonotonicClock, EngineCapacity>;
 
-/// Runs `streams` together for `secs` on `engine` with `workers` workers.
-pub fn run_arm<E: Engine>(
-    engine: Arc<E>,
+/// Runs `streams` together for `secs` on `engine` with `workers` workers
+/// and a fresh scheduler of `config`.
+pub fn run_arm(
+    engine: &Engine,
     config: Config,
+    workers: usize,
     streams: &[Stream],
     secs: f64,
-    workers: usize,
+    tracing: Tracing,
 ) -> ArmResult {
     let sched = Scheduler::new(config, MonotonicClock::new()).expect("benchmark config is valid");
-    let shared: Arc<Shared<E>> = Arc::new(SharedScheduler::new(sched, EngineCapacity(engine.clone())));
-    let weak = Arc::downgrade(&shared);
-    engine.set_capacity_listener(Arc::new(move |image| {
-        if let Some(s) = weak.upgrade() {
-            s.capacity_released(image);
-        }
-    }));
+    let shared: Arc<Shared> = Arc::new(SharedScheduler::new(sched, engine.capacity()));
+    engine.listen(&shared, |s, image| s.capacity_released(image));
 
-    let mut receivers = Vec::new();
     let mut by_image = HashMap::new();
     for (n, s) in streams.iter().enumerate() {
         assert!(s.queue_depth < 1 << SLOT_BITS, "queue depth fits the slot bits");
         shared.add_image(s.image).expect("one stream per image");
-        let (tx, rx) = channel::bounded(s.queue_depth);
-        let fill = if s.op == Op::Write { 0xa5 } else { 0 };
-        let buffers = (0..s.queue_depth).map(|_| Mutex::new(vec![fill; s.block_bytes as usize])).collect();
+        let slots = (0..s.queue_depth)
+            .map(|_| Mutex::new(Slot { buf: vec![0; s.block_bytes as usize], trace: None }))
+            .collect();
+        let tracer = (tracing == Tracing::On).then(|| Arc::new(Tracer::new(format!("image-{}", s.image))));
         let ss = StreamShared {
             stream: *s,
-            buffers,
-            done: tx,
+            qid: n as u16,
+            slots,
+            done: Mailbox::new(s.queue_depth),
             admission_wait_ns: Mutex::new(latency_histogram()),
             errors: AtomicU64::new(0),
+            tracer,
         };
         by_image.insert(s.image, Arc::new(ss));
-        receivers.push((n, rx));
     }
     let by_image = Arc::new(by_image);
+    let cpu_ns = Arc::new(AtomicU64::new(0));
 
     let pool: Vec<_> = (0..workers)
-        .map(|_| {
-            let (shared, engine, by_image) = (shared.clone(), engine.clone(), by_image.clone());
-            thread::spawn(move || worker(&shared, &*engine, &by_image))
+        .map(|i| {
+            let (shared, by_image, cpu_ns) = (shared.clone(), by_image.clone(), cpu_ns.clone());
+            let images: HashMap<ImageId, Arc<cas::Image>> =
+                streams.iter().map(|s| (s.image, engine.image(s.image).clone())).collect();
+            thread::Builder::new()
+                .name(format!("bench-worker-{i}"))
+                .spawn(move || {
+                    let cpu = thread_cpu_ns();
+                    worker(&shared, &images, &by_image, tracing);
+                    cpu_ns.fetch_add(thread_cpu_ns() - cpu, Ordering::Relaxed);
+                })
+                .expect("spawn a worker")
         })
         .collect();
 
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(secs);
-    let queues: Vec<_> = receivers
-        .into_iter()
-        .map(|(n, rx)| {
-            let (shared, ss) = (shared.clone(), by_image[&streams[n].image].clone());
-            thread::spawn(move || queue_thread(&shared, &ss, rx, deadline, n as u64))
+    let queues: Vec<_> = (0..streams.len())
+        .map(|n| {
+            let (shared, ss, cpu_ns) = (shared.clone(), by_image[&streams[n].image].clone(), cpu_ns.clone());
+            thread::Builder::new()
+                .name(format!("bench-queue-{n}"))
+                .spawn(move || {
+                    let cpu = thread_cpu_ns();
+                    let result = queue_thread(&shared, &ss, deadline, n as u64);
+                    cpu_ns.fetch_add(thread_cpu_ns() - cpu, Ordering::Relaxed);
+                    result
+                })
+                .expect("spawn a queue thread")
         })
         .collect();
     let results: Vec<(Histogram<u64>, u64, u64)> =
         queues.into_iter().map(|q| q.join().expect("queue thread panicked")).collect();
-    let secs = start.elapsed().as_secs_f64();
     shared.shutdown();
     for w in pool {
         w.join().expect("worker panicked");
     }
-    let streams = results
+    engine.unlisten();
+    let streams: Vec<StreamResult> = results
         .into_iter()
         .zip(streams)
         .map(|((latency_ns, requests, errors), s)| {
@@ -154,15 +230,31 @@ pub fn run_arm<E: Engine>(
             }
         })
         .collect();
-    ArmResult { secs, streams }
+    let sched = streams
+        .iter()
+        .map(|s| (s.stream.image, shared.counters(s.stream.image).expect("a registered image")))
+        .collect();
+    let traces = streams
+        .iter()
+        .filter_map(|s| by_image[&s.stream.image].tracer.as_ref().map(|t| (s.stream.image, t.snapshot())))
+        .collect();
+    let request_path_cpu_ns = cpu_ns.load(Ordering::Relaxed);
+    ArmResult { secs, streams, sched, traces, request_path_cpu_ns }
+}
+
+/// Nanoseconds the calling thread has run on a CPU (the first field of
+/// /proc/thread-self/schedstat).
+fn thread_cpu_ns() -> u64 {
+    let text =
+        std::fs::read_to_string("/proc/thread-self/schedstat").expect("read /proc/thread-self/schedstat");
+    text.split_whitespace().next().and_then(|f| f.parse().ok()).expect("a schedstat line")
 }
 
 /// Keeps `queue_depth` requests outstanding until `deadline`; returns the
-/// latency histogram, completed requests within the window, and errors.
-fn queue_thread<E: Engine>(
-    shared: &Shared<E>,
+/// latency histogram, requests completed within the window, and errors.
+fn queue_thread(
+    shared: &Shared,
     ss: &StreamShared,
-    done: Receiver<Completion>,
     deadline: Instant,
     seed: u64,
 ) -> (Histogram<u64>, u64, u64) {
@@ -172,12 +264,28 @@ fn queue_thread<E: Engine>(
     let mut submitted_at = vec![Instant::now(); s.queue_depth];
     let mut generation = 0u64;
     let (mut requests, mut errors, mut outstanding) = (0u64, 0u64, 0usize);
+    let trace_op = match s.op {
+        Op::Read => trace::Op::Read,
+        Op::Write => trace::Op::Write,
+        other => panic!("the load generator sends no {other:?}"),
+    };
     let mut submit = |slot: usize, submitted_at: &mut Vec<Instant>| -> bool {
         generation += 1;
         let offset = rng.gen_range(0..s.span_bytes / s.block_bytes) * s.block_bytes;
+        {
+            let mut sl = ss.slots[slot].lock().expect("slot lock");
+            if s.op == Op::Write {
+                stamp(&mut sl.buf, seed, generation);
+            }
+            submitted_at[slot] = Instant::now();
+            if ss.tracer.is_some() {
+                let mut t = RequestTrace::new(trace_op, trace::now_ns());
+                t.set_location(ss.qid, slot as u16, offset, s.block_bytes as u32);
+                sl.trace = Some(t);
+            }
+        }
         let request = RequestId(generation << SLOT_BITS | slot as u64);
         let desc = Descriptor { request, op: s.op, offset_bytes: offset, len_bytes: s.block_bytes };
-        submitted_at[slot] = Instant::now();
         shared.submit(s.image, desc).is_ok()
     };
     for slot in 0..s.queue_depth {
@@ -187,32 +295,42 @@ fn queue_thread<E: Engine>(
             errors += 1;
         }
     }
+    let mut batch = Vec::with_capacity(s.queue_depth);
     while outstanding > 0 {
-        let wait = deadline.max(Instant::now()) + DRAIN_TIMEOUT - Instant::now();
-        let Ok(c) = done.recv_timeout(wait) else {
+        if !ss.done.take_all(&mut batch, deadline.max(Instant::now()) + DRAIN_TIMEOUT) {
             errors += outstanding as u64; // requests that never completed
             break;
-        };
-        outstanding -= 1;
-        let now = Instant::now();
-        if now <= deadline {
-            let ns = now.duration_since(submitted_at[c.slot]).as_nanos() as u64;
-            hist.saturating_record(ns);
-            requests += 1;
-            errors += u64::from(!c.ok);
-            if submit(c.slot, &mut submitted_at) {
-                outstanding += 1;
-            } else {
-                errors += 1;
+        }
+        for c in batch.drain(..) {
+            outstanding -= 1;
+            let now = Instant::now();
+            if let (Some(tracer), Some(t)) = (&ss.tracer, &c.trace) {
+                tracer.finish(t, trace::now_ns(), if c.ok { 0 } else { -5 });
+            }
+            if now <= deadline {
+                let ns = now.duration_since(submitted_at[c.slot]).as_nanos() as u64;
+                hist.saturating_record(ns);
+                requests += 1;
+                errors += u64::from(!c.ok);
+                if submit(c.slot, &mut submitted_at) {
+                    outstanding += 1;
+                } else {
+                    errors += 1;
+                }
             }
         }
     }
     (hist, requests, errors)
 }
 
-fn worker<E: Engine>(shared: &Shared<E>, engine: &E, by_image: &HashMap<ImageId, Arc<StreamShared>>) {
+fn worker(
+    shared: &Shared,
+    images: &HashMap<ImageId, Arc<cas::Image>>,
+    by_image: &HashMap<ImageId, Arc<StreamShared>>,
+    tracing: Tracing,
+) {
     loop {
-        let d = match shared.next_blocking(Duration::from_millis(20)) {
+        let d = match shared.next_blocking(IDLE_WAIT) {
             Next::Dispatch(d) => d,
             Next::TimedOut => continue,
             Next::Shutdown => return,
@@ -220,19 +338,34 @@ fn worker<E: Engine>(shared: &Shared<E>, engine: &E, by_image: &HashMap<ImageId,
         let ss = &by_image[&d.image];
         ss.admission_wait_ns.lock().expect("histogram lock").saturating_record(d.admission_wait_ns());
         let slot = (d.request.0 & ((1 << SLOT_BITS) - 1)) as usize;
-        let result = {
-            let mut buf = ss.buffers[slot].lock().expect("slot buffer lock");
-            match d.op {
-                Op::Read => {
-                    engine.read(d.image, d.offset_bytes, &mut buf).and_then(|()| verify(&buf, d.offset_bytes))
-                }
+        let image = &images[&d.image];
+        let (result, trace) = {
+            let mut sl = ss.slots[slot].lock().expect("slot lock");
+            let Slot { buf, trace } = &mut *sl;
+            let mut trace = trace.take();
+            if let Some(t) = &mut trace {
+                d.record_into(t, trace::now_ns());
+            }
+            let begin_ns = (tracing == Tracing::On).then(trace::now_ns);
+            let result = match d.op {
+                Op::Read => image
+                    .read(d.offset_bytes, buf)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| verify(buf, d.offset_bytes)),
                 Op::Write => {
                     let r = d.reservation.expect("a write is dispatched with its reservation");
-                    engine.write_reserved(d.image, d.offset_bytes, &buf, r)
+                    image.write_reserved(r, d.offset_bytes, buf, false).map_err(|e| e.to_string())
                 }
-                Op::Flush => engine.flush(d.image),
                 other => Err(format!("the load generator sends no {other:?}")),
+            };
+            if let (Some(t), Some(begin_ns)) = (&mut trace, begin_ns) {
+                let end_ns = trace::now_ns();
+                if d.op != Op::Read {
+                    t.io_span(IoSource::Log, begin_ns, end_ns);
+                }
+                t.executed(end_ns);
             }
+            (result, trace)
         };
         if let Err(e) = &result {
             eprintln!("bench_sched: {:?} on image {} failed: {e}", d.op, d.image);
@@ -240,10 +373,9 @@ fn worker<E: Engine>(shared: &Shared<E>, engine: &E, by_image: &HashMap<ImageId,
         if shared.complete(d.image, d.request).is_err() {
             ss.errors.fetch_add(1, Ordering::Relaxed);
         }
-        // The channel holds queue_depth completions, so this never blocks.
-        // It fails only after the queue thread gave up waiting for this
-        // request, and counted it as an error already.
-        let _ = ss.done.send(Completion { slot, ok: result.is_ok() });
+        // After the queue thread gave up waiting (and counted this request
+        // as an error), the post is never taken.
+        ss.done.post(Completion { slot, ok: result.is_ok(), trace });
     }
 }
 
@@ -252,7 +384,7 @@ fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 120_000_000_000, 3).expect("histogram bounds")
 }
 
-/// Read data must be what the image was seeded with.
+/// Read data must be what image A was seeded with.
 fn verify(buf: &[u8], offset_bytes: u64) -> Result<(), String> {
     for (i, block) in buf.chunks(4096).enumerate() {
         let want = block_pattern(offset_bytes + i as u64 * 4096);

@@ -1,171 +1,247 @@
-//! `ci/bench sched`: the scheduler under a mixed load, against its same-run
-//! baselines. Writes `target/bench/sched.json`:
+//! `ci/bench sched`: the scheduler and the cas engine under a mixed load,
+//! against same-run baselines, on the daemon's request path without ublk.
+//! Writes `target/bench/sched.json`:
 //!
 //! ```text
 //! { "read_only":  { read_p50_us, read_p99_us, read_max_us, reads_per_s },
 //!   "write_only": { write_mib_s },
 //!   "mixed":      { read_p50_us, read_p99_us, read_max_us, reads_per_s,
-//!                   write_mib_s, read_admission_wait_ms_max, errors } }
+//!                   write_mib_s, read_admission_wait_ms_max, errors },
+//!   "trace_overhead_pct": f64 }
 //! ```
 //!
-//! Arms, each `SCHED_BENCH_SECS` (default 10) on a fresh engine:
-//! read-only (image A: 4 KiB random reads, QD8), write-only (image B: 1 MiB
-//! writes, QD32, into a log small enough to fill), and mixed (both at once).
-//! Targets: mixed read p99 <= 1.5 x read-only p99; read admission wait
-//! <= 50 ms; mixed write MiB/s >= 0.9 x write-only; zero errors.
+//! Each arm gets a fresh store (engine.rs) with image A seeded and
+//! compacted, so that every arm starts from the same engine state: the
+//! earlier arms' chunks, index growth and dirty page cache do not weigh on
+//! the later ones. Arms, `SCHED_BENCH_SECS` (default 10) each, tracing on as
+//! in the daemon:
 //!
-//! The engine is [`engine::FakeEngine`] (in memory, log drained at a fixed
-//! rate) until the cas engine implements [`engine::Engine`].
+//! ```text
+//!  read_only   A: 4 KiB random reads, QD8
+//!  overhead    the read_only workload again, tracing on/off interleaved
+//!              (overhead.rs), on the read_only arm's store
+//!  write_only  B: 1 MiB random writes, QD32, into a log small enough to fill
+//!  mixed       both streams at once
+//! ```
+//!
+//! The overhead arm runs `SCHED_BENCH_OVERHEAD_PAIRS` (default 4 per
+//! second of `SCHED_BENCH_SECS`) on/off pairs of `SCHED_BENCH_OVERHEAD_SECS`
+//! (default 0.3) segments. `SCHED_BENCH_ONLY=read_only|write_only|mixed|
+//! overhead` runs one arm (for a profiler) and writes no JSON.
+//!
+//! Targets: mixed read p99 <= 1.5 x read-only p99; mixed read admission
+//! wait <= 50 ms; mixed write MiB/s >= 0.9 x write-only; zero errors;
+//! trace overhead <= 3%.
 
 mod engine;
 mod load;
+mod mailbox;
+mod overhead;
+mod report;
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use engine::{Engine, FakeEngine};
-use load::{block_pattern, run_arm, ArmResult, Stream};
+use cas::StoreOptions;
+use engine::{Engine, EngineDelta};
+use load::{block_pattern, run_arm, ArmResult, Stream, Tracing};
+use report::{describe, errors, read_figures, write_mib_s};
 use sched::{Config, ImageId, Op};
-use serde_json::json;
+use serde_json::{json, Value};
 
 const MIB: u64 = 1 << 20;
 const IMAGE_A: ImageId = ImageId(1);
 const IMAGE_B: ImageId = ImageId(2);
-const A_SPAN_BYTES: u64 = 64 * MIB;
-const B_SPAN_BYTES: u64 = 128 * MIB;
-/// Fake engine: log quota per image and its drain (compaction) rate.
-const LOG_QUOTA_BYTES: u64 = 16 * MIB;
-const DRAIN_BYTES_PER_S: u64 = 256 * MIB;
-/// Worker pool; `write_slots` leaves the rest for reads.
+const A_BYTES: u64 = 64 * MIB;
+const B_BYTES: u64 = 128 * MIB;
+/// Per-image log quota: QD32 x 1 MiB in flight and queued is half as much
+/// again, so B's writers wait on compaction.
+const LOG_QUOTA_BYTES: u64 = 64 * MIB;
+/// The daemon's worker pool (ublk/src/daemon/control.rs).
 const WORKERS: usize = 4;
-const WRITE_SLOTS: u32 = 2;
 
 const READS: Stream =
-    Stream { image: IMAGE_A, op: Op::Read, block_bytes: 4096, queue_depth: 8, span_bytes: A_SPAN_BYTES };
+    Stream { image: IMAGE_A, op: Op::Read, block_bytes: 4096, queue_depth: 8, span_bytes: A_BYTES };
 const WRITES: Stream =
-    Stream { image: IMAGE_B, op: Op::Write, block_bytes: MIB, queue_depth: 32, span_bytes: B_SPAN_BYTES };
+    Stream { image: IMAGE_B, op: Op::Write, block_bytes: MIB, queue_depth: 32, span_bytes: B_BYTES };
 
-/// A fresh engine with image A seeded with its block pattern (through the
-/// engine's own write path, so a real engine gets real data).
-fn fresh_engine() -> Arc<FakeEngine> {
-    let engine = FakeEngine::start(LOG_QUOTA_BYTES, DRAIN_BYTES_PER_S);
-    engine.add_image(IMAGE_A, A_SPAN_BYTES);
-    engine.add_image(IMAGE_B, B_SPAN_BYTES);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut chunk = vec![0u8; MIB as usize];
-    for offset in (0..A_SPAN_BYTES).step_by(MIB as usize) {
-        for (i, block) in chunk.chunks_mut(4096).enumerate() {
-            block[..8].copy_from_slice(&block_pattern(offset + i as u64 * 4096));
-        }
-        let reservation = loop {
-            if let Some(r) = engine.try_reserve(IMAGE_A, Op::Write, MIB) {
-                break r;
-            }
-            assert!(Instant::now() < deadline, "seeding image A: the log never drained");
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        engine.write_reserved(IMAGE_A, offset, &chunk, reservation).expect("seed image A");
-    }
+fn env_f64(name: &str, default: f64) -> f64 {
+    std::env::var(name).map_or(default, |s| s.parse().unwrap_or_else(|_| panic!("{name}={s}: not a number")))
+}
+
+/// CPU seconds (user + system) this process has used, from /proc/self/stat
+/// (clock ticks of 10 ms).
+fn process_cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("read /proc/self/stat");
+    // Fields after the parenthesised command name; utime and stime are the
+    // 14th and 15th fields of the whole line.
+    let rest = &stat[stat.rfind(')').expect("a /proc stat line") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
+    ticks as f64 / 100.0
+}
+
+struct Setup {
+    config: Config,
+    opts: StoreOptions,
+    secs: f64,
+    pairs: usize,
+    segment_secs: f64,
+}
+
+/// A new store with image A seeded with its block pattern and compacted
+/// (reads then go to chunks: the chunk cache or the pack files).
+fn fresh_engine(setup: &Setup, arm: &str) -> Engine {
+    let engine = Engine::create(
+        &format!("sched-{arm}"),
+        setup.opts.clone(),
+        &[(IMAGE_A, "a", A_BYTES), (IMAGE_B, "b", B_BYTES)],
+    );
+    let t = Instant::now();
+    engine.seed(IMAGE_A, A_BYTES, |offset, block| block[..8].copy_from_slice(&block_pattern(offset)));
+    println!(
+        "{arm}: fresh store, image A seeded ({} MiB written, flushed, compacted in {:.2} s)",
+        A_BYTES / MIB,
+        casblk_ci::secs(t)
+    );
     engine
 }
 
-fn run(streams: &[Stream], secs: f64) -> ArmResult {
-    let engine = fresh_engine();
-    let config = Config { write_slots: WRITE_SLOTS, ..Config::default() };
-    let result = run_arm(engine.clone(), config, streams, secs, WORKERS);
-    engine.stop();
+/// One arm, with what the engine did during it, described.
+fn arm(engine: &Engine, setup: &Setup, name: &str, streams: &[Stream]) -> ArmResult {
+    let before = engine.mark();
+    let cpu = process_cpu_secs();
+    let result = run_arm(engine, setup.config.clone(), WORKERS, streams, setup.secs, Tracing::On);
+    let cpu = process_cpu_secs() - cpu;
+    let delta: EngineDelta = before.delta(&engine.mark());
+    describe(name, &result, &delta, cpu);
     result
 }
 
-fn us(ns: u64) -> f64 {
-    (ns as f64 / 100.0).round() / 10.0
-}
-
-fn read_figures(arm: &ArmResult) -> serde_json::Value {
-    let r = arm.streams.iter().find(|s| s.stream.op == Op::Read).expect("arm has a read stream");
-    json!({
-        "read_p50_us": us(r.latency_ns.value_at_quantile(0.50)),
-        "read_p99_us": us(r.latency_ns.value_at_quantile(0.99)),
-        "read_max_us": us(r.latency_ns.max()),
-        "reads_per_s": (r.requests as f64 / arm.secs).round(),
-    })
-}
-
-fn write_mib_s(arm: &ArmResult) -> f64 {
-    let w = arm.streams.iter().find(|s| s.stream.op == Op::Write).expect("arm has a write stream");
-    let mib_s = (w.requests * w.stream.block_bytes) as f64 / MIB as f64 / arm.secs;
-    (mib_s * 10.0).round() / 10.0
-}
-
-fn errors(arm: &ArmResult) -> u64 {
-    arm.streams.iter().map(|s| s.errors).sum()
+/// `SCHED_BENCH_ONLY=ARM`: one arm for a profiler; no JSON (the contract
+/// needs every arm).
+fn run_only(setup: &Setup, only: &str) {
+    let engine = fresh_engine(setup, only);
+    let streams: &[Stream] = match only {
+        "read_only" => &[READS],
+        "write_only" => &[WRITES],
+        "mixed" => &[READS, WRITES],
+        "overhead" => {
+            let oh =
+                overhead::measure(&engine, &setup.config, WORKERS, READS, setup.pairs, setup.segment_secs);
+            oh.print(setup.segment_secs);
+            return;
+        }
+        other => panic!("SCHED_BENCH_ONLY={other}: not read_only, write_only, mixed or overhead"),
+    };
+    let result = arm(&engine, setup, only, streams);
+    if streams.contains(&READS) {
+        println!("{only}: {}", read_figures(&result));
+    }
+    if streams.contains(&WRITES) {
+        println!("{only}: write_mib_s {}", write_mib_s(&result));
+    }
+    println!("{only}: errors {} (no JSON written: SCHED_BENCH_ONLY runs one arm)", errors(&result));
 }
 
 fn main() {
-    let secs: f64 = std::env::var("SCHED_BENCH_SECS").map_or(10.0, |s| s.parse().expect("SCHED_BENCH_SECS"));
+    let secs = env_f64("SCHED_BENCH_SECS", 10.0);
+    let setup = Setup {
+        config: Config::default(), // as the daemon
+        opts: StoreOptions { log_quota_bytes: LOG_QUOTA_BYTES, ..StoreOptions::default() },
+        secs,
+        pairs: env_f64("SCHED_BENCH_OVERHEAD_PAIRS", (4.0 * secs).ceil()) as usize,
+        segment_secs: env_f64("SCHED_BENCH_OVERHEAD_SECS", 0.3),
+    };
+    let (config, opts) = (&setup.config, &setup.opts);
     println!(
-        "bench_sched: fake engine (log {} MiB/image, drains {} MiB/s), {WORKERS} workers, \
-         {WRITE_SLOTS} write slots, {secs} s per arm",
-        LOG_QUOTA_BYTES / MIB,
-        DRAIN_BYTES_PER_S / MIB
+        "bench_sched: cas store on {} under target/bench, log quota {} MiB/image in {} MiB segments, chunk \
+         cache {} MiB, background compaction ({} threads); {WORKERS} workers, sched {} write slots, {} read \
+         credits, quantum {} KiB; {secs} s per arm, tracing on",
+        casblk_ci::filesystem_of(&casblk_ci::results_dir()),
+        opts.log_quota_bytes / MIB,
+        opts.log_segment_bytes / MIB,
+        opts.chunk_cache_bytes / MIB,
+        opts.compaction_threads,
+        config.write_slots,
+        config.read_credits,
+        config.quantum_bytes >> 10
     );
-    let read_only = run(&[READS], secs);
-    let write_only = run(&[WRITES], secs);
-    let mixed = run(&[READS, WRITES], secs);
+    if let Ok(only) = std::env::var("SCHED_BENCH_ONLY") {
+        run_only(&setup, &only);
+        return;
+    }
+    let started = Instant::now();
+    let engine = fresh_engine(&setup, "read_only");
+    let read_only = arm(&engine, &setup, "read_only", &[READS]);
+    let oh = overhead::measure(&engine, config, WORKERS, READS, setup.pairs, setup.segment_secs);
+    drop(engine);
+    let engine = fresh_engine(&setup, "write_only");
+    let write_only = arm(&engine, &setup, "write_only", &[WRITES]);
+    drop(engine);
+    let engine = fresh_engine(&setup, "mixed");
+    let mixed = arm(&engine, &setup, "mixed", &[READS, WRITES]);
+    drop(engine);
 
     let mut mixed_json = read_figures(&mixed);
-    let reads = mixed.streams.iter().find(|s| s.stream.op == Op::Read).expect("mixed reads");
     mixed_json["write_mib_s"] = json!(write_mib_s(&mixed));
-    mixed_json["read_admission_wait_ms_max"] =
-        json!((reads.admission_wait_ns.max() as f64 / 1e4).round() / 100.0);
+    let read_wait_ns_max = mixed.stream(Op::Read).admission_wait_ns.max();
+    mixed_json["read_admission_wait_ms_max"] = json!((read_wait_ns_max as f64 / 1e4).round() / 100.0);
     mixed_json["errors"] = json!(errors(&mixed));
     let out = json!({
         "read_only": read_figures(&read_only),
         "write_only": { "write_mib_s": write_mib_s(&write_only) },
         "mixed": mixed_json,
+        "trace_overhead_pct": (oh.pct * 100.0).round() / 100.0,
     });
-    let baseline_errors = errors(&read_only) + errors(&write_only);
 
-    let ro = &out["read_only"];
-    let mx = &out["mixed"];
-    let f = |v: &serde_json::Value| v.as_f64().expect("a number");
+    let (ro, wo, mx) = (&out["read_only"], &out["write_only"], &out["mixed"]);
+    let f = |v: &Value| v.as_f64().expect("a number");
     println!(
         "{:<11} {:>10} {:>10} {:>10} {:>11} {:>11}",
         "arm", "p50 us", "p99 us", "max us", "reads/s", "write MiB/s"
     );
-    for (name, arm) in [("read_only", ro), ("mixed", mx)] {
+    for (name, a) in [("read_only", ro), ("mixed", mx)] {
         println!(
             "{name:<11} {:>10} {:>10} {:>10} {:>11} {:>11}",
-            f(&arm["read_p50_us"]),
-            f(&arm["read_p99_us"]),
-            f(&arm["read_max_us"]),
-            f(&arm["reads_per_s"]),
-            arm.get("write_mib_s").map_or("-".to_string(), |v| f(v).to_string())
+            f(&a["read_p50_us"]),
+            f(&a["read_p99_us"]),
+            f(&a["read_max_us"]),
+            f(&a["reads_per_s"]),
+            a.get("write_mib_s").map_or("-".to_string(), |v| f(v).to_string())
         );
     }
-    println!("{:<11} {:>58}", "write_only", f(&out["write_only"]["write_mib_s"]));
+    println!("{:<11} {:>58}", "write_only", f(&wo["write_mib_s"]));
+    oh.print(setup.segment_secs);
+
+    let (ro_p99, mx_p99) = (f(&ro["read_p99_us"]), f(&mx["read_p99_us"]));
+    let (wo_mib, mx_mib) = (f(&wo["write_mib_s"]), f(&mx["write_mib_s"]));
+    let wait_ms = f(&mx["read_admission_wait_ms_max"]);
+    let (e_ro, e_wo, e_mx) = (errors(&read_only), errors(&write_only), errors(&mixed));
     let checks = [
-        ("mixed.read_p99_us <= 1.5 x read_only", f(&mx["read_p99_us"]) <= 1.5 * f(&ro["read_p99_us"])),
-        ("mixed.read_admission_wait_ms_max <= 50", f(&mx["read_admission_wait_ms_max"]) <= 50.0),
         (
-            "mixed.write_mib_s >= 0.9 x write_only",
-            f(&mx["write_mib_s"]) >= 0.9 * f(&out["write_only"]["write_mib_s"]),
+            format!(
+                "mixed.read_p99_us {mx_p99} <= 1.5 x read_only.read_p99_us {ro_p99} = {:.1}",
+                1.5 * ro_p99
+            ),
+            mx_p99 <= 1.5 * ro_p99,
         ),
-        ("errors == 0", errors(&mixed) == 0 && baseline_errors == 0),
+        (format!("mixed.read_admission_wait_ms_max {wait_ms} <= 50"), wait_ms <= 50.0),
+        (
+            format!(
+                "mixed.write_mib_s {mx_mib} >= 0.9 x write_only.write_mib_s {wo_mib} = {:.1}",
+                0.9 * wo_mib
+            ),
+            mx_mib >= 0.9 * wo_mib,
+        ),
+        (
+            format!("mixed.errors {e_mx} == 0 (read_only {e_ro}, write_only {e_wo})"),
+            e_mx == 0 && e_ro == 0 && e_wo == 0,
+        ),
+        (format!("trace_overhead_pct {:.2} <= 3", oh.pct), oh.pct <= 3.0),
     ];
-    for (name, arm) in [("read_only", &read_only), ("mixed", &mixed)] {
-        let r = arm.streams.iter().find(|s| s.stream.op == Op::Read).expect("read stream");
-        let w = &r.admission_wait_ns;
-        println!(
-            "{name}: read admission wait p50 {} us, p99 {} us, max {} us",
-            us(w.value_at_quantile(0.5)),
-            us(w.value_at_quantile(0.99)),
-            us(w.max())
-        );
-    }
     for (what, ok) in checks {
         println!("target {what}: {}", if ok { "met" } else { "MISSED" });
     }
     let path = casblk_ci::write_results("sched", &out);
-    println!("wrote {}", path.display());
+    println!("wrote {} ({:.0} s in all)", path.display(), casblk_ci::secs(started));
 }
