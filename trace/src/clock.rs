@@ -7,21 +7,33 @@
 //! the clock behind the caller's back except [`crate::Tracer::new`] (for
 //! `since_ms`) and [`crate::Snapshot::new`] (for `clock_ms`).
 //!
-//! `Instant` is monotonic across threads on Linux (CLOCK_MONOTONIC), so
-//! timestamps taken on a queue thread and on a worker thread compare.
+//! The clock is `quanta`'s: it reads the CPU's time-stamp counter when the
+//! CPU has an invariant TSC (synchronised across cores, constant rate) and
+//! scales it to nanoseconds with a calibration done once per process; on
+//! other CPUs it falls back to CLOCK_MONOTONIC. Either way it is monotonic
+//! across threads, so timestamps taken on a queue thread and on a worker
+//! thread compare. A request reads the clock five times; at ~9 ns per TSC
+//! read against ~45 ns for `Instant::now` (measured here), that is most of
+//! what tracing costs per request.
 
 use std::sync::OnceLock;
-use std::time::Instant;
 
-static EPOCH: OnceLock<Instant> = OnceLock::new();
+struct Epoch {
+    clock: quanta::Clock,
+    start: u64,
+}
+
+static EPOCH: OnceLock<Epoch> = OnceLock::new();
 
 /// Nanoseconds since the process-wide trace epoch (monotonic).
-///
-/// Saturates at `u64::MAX` (after ~584 years).
 #[inline]
 pub fn now_ns() -> u64 {
-    let epoch = EPOCH.get_or_init(Instant::now);
-    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    let epoch = EPOCH.get_or_init(|| {
+        let clock = quanta::Clock::new();
+        let start = clock.raw();
+        Epoch { clock, start }
+    });
+    epoch.clock.delta_as_nanos(epoch.start, epoch.clock.raw())
 }
 
 /// Converts nanoseconds to (fractional) microseconds for JSON.

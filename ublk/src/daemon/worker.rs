@@ -42,8 +42,9 @@ fn serve(sched: &Sched, registry: &Registry, d: Dispatch<cas::image::LogReservat
     };
     let (qid, tag) = DeviceCore::split_request(d.request);
     let mut job = core.take_job(qid, tag).expect("a dispatched request has its job");
-    d.record_into(&mut job.trace, trace::now_ns());
+    // One clock read marks admission, dispatch and the start of the I/O.
     let begin = trace::now_ns();
+    d.record_into(&mut job.trace, begin);
     let result = execute(&core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, job.fua);
     let end = trace::now_ns();
     if d.op != Op::Read {

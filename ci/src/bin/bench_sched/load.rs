@@ -343,10 +343,12 @@ fn worker(
             let mut sl = ss.slots[slot].lock().expect("slot lock");
             let Slot { buf, trace } = &mut *sl;
             let mut trace = trace.take();
-            if let Some(t) = &mut trace {
-                d.record_into(t, trace::now_ns());
-            }
+            // As the daemon's worker: one clock read marks admission,
+            // dispatch and the start of the I/O.
             let begin_ns = (tracing == Tracing::On).then(trace::now_ns);
+            if let (Some(t), Some(now)) = (&mut trace, begin_ns) {
+                d.record_into(t, now);
+            }
             let result = match d.op {
                 Op::Read => image
                     .read(d.offset_bytes, buf)
