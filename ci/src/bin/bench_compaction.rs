@@ -215,6 +215,8 @@ fn main() {
     });
     let path = write_results("compaction", &results);
     println!("wrote {}", path.display());
+    // Exiting below skips destructors: remove the scratch data first.
+    drop(scratch);
     if !(drain_ok && dedup_ok && pages_ok) {
         std::process::exit(1);
     }

@@ -203,6 +203,8 @@ fn main() {
     });
     let path = write_results("wal", &results);
     println!("wrote {}", path.display());
+    // Exiting below skips destructors: remove the scratch data first.
+    drop(scratch);
     if !(write_ok && flush_ok) {
         std::process::exit(1);
     }
