@@ -1,13 +1,33 @@
-//! The in-memory hash -> location index and its memory estimate.
+//! The in-memory hash -> location index, its shards, and its memory
+//! estimate.
 //!
-//! Keys are blake3 hashes, already uniformly distributed, so the map hashes
-//! a key by taking its first 8 bytes: a lookup is one table probe with no
-//! hashing work. Each entry is 48 bytes (32-byte key, 16-byte [`Loc`]) plus
-//! one control byte of the swiss table; [`table_bytes`] estimates the table
-//! size from its capacity so growth can be refused before it allocates.
+//! Keys are blake3 hashes, already uniformly distributed, so a shard's map
+//! hashes a key by taking its first 8 bytes: a lookup is one table probe
+//! with no hashing work. Each entry is 48 bytes (32-byte key, 16-byte
+//! [`Loc`]) plus one control byte of the swiss table; [`table_bytes`]
+//! estimates a table's size from its capacity so growth can be refused
+//! before it allocates.
+//!
+//! ```text
+//!  key: | bytes 0..8: hash inside a shard | byte 8: shard | 9..32 |
+//!
+//!  Index: [RwLock<IndexMap>; 256]   each on its own cache line
+//! ```
+//!
+//! Why shards: a reader takes one shard's read lock, so anything that
+//! needs a shard exclusively (publishing an insert, a GC stamp or removal,
+//! swapping in a grown table) holds out only the readers of that shard, for
+//! work proportional to the entries it changes. The chunk store changes a
+//! shard only with its writer lock held (the `&mut Writer` the mutating
+//! methods demand), so a growth can copy a shard into a bigger table under
+//! the shard's *read* lock, with readers still inside, and then swap the
+//! copy in under the write lock in O(1) (see `ChunkStore::grow_shard`).
 
+use super::Writer;
+use crossbeam::utils::CachePadded;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// A chunk hash as a map key (hashes by its first 8 bytes).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -82,9 +102,62 @@ pub(crate) fn grown_capacity(capacity: usize, needed: usize) -> usize {
     }
 }
 
+/// Shards of the index (a power of two up to 256: chosen by one key byte).
+pub(crate) const SHARDS: usize = 256;
+
+/// The shard holding `key`: byte 8, which the in-shard hash (bytes 0..8)
+/// does not use.
+pub(crate) fn shard_of(key: &Key) -> usize {
+    usize::from(key.0[8]) % SHARDS
+}
+
+/// The sharded index. Readers: [`Index::get`] or [`Index::read`]. Every
+/// change goes through [`Index::write`], which asks for the chunk store's
+/// writer state as proof that its lock is held.
+pub(crate) struct Index {
+    shards: Box<[CachePadded<RwLock<IndexMap>>]>,
+}
+
+impl Index {
+    /// Wraps `SHARDS` maps, each holding only keys of its shard.
+    pub fn from_maps(maps: Vec<IndexMap>) -> Index {
+        assert_eq!(maps.len(), SHARDS, "one map per shard");
+        Index { shards: maps.into_iter().map(|m| CachePadded::new(RwLock::new(m))).collect() }
+    }
+
+    /// Shard `s` for reading.
+    pub fn read(&self, s: usize) -> RwLockReadGuard<'_, IndexMap> {
+        self.shards[s].read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Shard `s` for changing; `_writer` proves the writer lock is held.
+    pub fn write(&self, _writer: &mut Writer, s: usize) -> RwLockWriteGuard<'_, IndexMap> {
+        self.shards[s].write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, key: &Key) -> Option<Loc> {
+        self.read(shard_of(key)).get(key).copied()
+    }
+
+    /// Entries in all shards (each shard read in turn).
+    pub fn len(&self) -> usize {
+        (0..SHARDS).map(|s| self.read(s).len()).sum()
+    }
+
+    /// Calls `f` with every entry, one shard's read lock at a time.
+    pub fn for_each(&self, mut f: impl FnMut(&Key, &Loc)) {
+        for s in 0..SHARDS {
+            for (k, l) in self.read(s).iter() {
+                f(k, l);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::hash::BuildHasher;
 
     #[test]
     fn estimate_covers_the_real_table() {
@@ -99,5 +172,23 @@ mod tests {
         // 10k entries need 16384 buckets of 49 bytes.
         assert_eq!(est, 16384 * 49);
         assert!(grown_capacity(m.capacity(), m.capacity() + 1) >= 2 * m.capacity());
+        // A table built fresh for the grown capacity is what the estimate said.
+        for cap in [0usize, 3, 7, 14, 28, 896, 10_000] {
+            let want = grown_capacity(cap, cap + 1);
+            let mut fresh = IndexMap::default();
+            fresh.try_reserve(want).unwrap();
+            assert_eq!(table_bytes(fresh.capacity()), table_bytes(want), "capacity {cap} -> {want}");
+        }
+    }
+
+    #[test]
+    fn the_shard_byte_is_not_the_in_shard_hash() {
+        let mut k = [0u8; 32];
+        k[8] = 7;
+        assert_eq!(shard_of(&Key(k)), 7);
+        let h = |k: &Key| PrefixBuild::default().hash_one(k);
+        let mut k2 = k;
+        k2[8] = 200;
+        assert_eq!(h(&Key(k)), h(&Key(k2)), "byte 8 does not feed the table's hash");
     }
 }

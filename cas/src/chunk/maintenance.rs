@@ -12,8 +12,13 @@
 //!   or removed its entries durable, so no durable entry ever points at a
 //!   deleted pack; a deletion lost in a crash leaves an unreferenced pack
 //!   that the next open deletes.
+//!
+//! Locks: every step changes the index under the writer lock, one shard at
+//! a time; a shard is write-locked only for the entries it changes (the
+//! sweep finds them under the read lock), so readers of other shards never
+//! wait and readers of that shard wait O(entries changed).
 
-use super::index::{Key, Loc};
+use super::index::{self, Key, Loc, SHARDS};
 use super::journal::JournalOp;
 use super::pack::{self, CHUNK_BYTES};
 use super::{lock, ChunkHash, ChunkStore};
@@ -21,8 +26,6 @@ use crate::error::{Error, Result};
 use crate::format;
 use std::time::Duration;
 
-/// Index entries removed per writer-lock hold during a sweep.
-const SWEEP_BATCH: usize = 4096;
 /// Slots read per pread while repacking (1 MiB).
 const REPACK_READ_SLOTS: usize = 256;
 
@@ -74,11 +77,14 @@ impl ChunkStore {
     }
 
     /// Stamps `hashes` live in `epoch`; returns how many are not stored.
+    /// Under the writer lock like every index change (a shard growth copies
+    /// the shard and must not miss a stamp).
     pub(crate) fn gc_mark(&self, epoch: u32, hashes: &[ChunkHash]) -> u64 {
-        let mut sh = self.write_shared();
+        let mut w = lock(&self.writer);
         let mut missing = 0;
         for h in hashes {
-            match sh.map.get_mut(&Key(*h)) {
+            let key = Key(*h);
+            match self.index.write(&mut w, index::shard_of(&key)).get_mut(&key) {
                 Some(loc) => loc.epoch = loc.epoch.max(epoch),
                 None => missing += 1,
             }
@@ -89,32 +95,39 @@ impl ChunkStore {
     /// Removes every entry not stamped with `epoch` (neither marked nor
     /// touched under a pin of this epoch). The removes become durable with
     /// the next sync.
+    ///
+    /// One shard at a time: under the writer lock (no entry changes), the
+    /// dead entries are found under the shard's read lock, then removed
+    /// under its write lock.
     pub(crate) fn gc_sweep(&self, epoch: u32) -> Result<SweepCounts> {
         self.check_poison()?;
-        let (scanned, dead) = {
-            let sh = self.read_shared();
-            let dead: Vec<Key> = sh.map.iter().filter(|(_, l)| l.epoch < epoch).map(|(k, _)| *k).collect();
-            (sh.map.len() as u64, dead)
-        };
-        let mut counts = SweepCounts { scanned, removed: 0 };
-        for part in dead.chunks(SWEEP_BATCH) {
-            let mut w = lock(&self.writer);
-            let mut sh = self.write_shared();
-            for key in part {
-                // Re-check: an insert may have restamped it since the scan.
-                let Some(loc) = sh.map.get(key).copied() else { continue };
-                if loc.epoch >= epoch {
-                    continue;
-                }
-                sh.map.remove(key);
-                sh.packs.get_mut(&loc.pack).expect("entry's pack is open").live -= 1;
-                w.pending.push(JournalOp::Remove { hash: key.0 });
-                w.seq += 1;
-                counts.removed += 1;
+        let mut counts = SweepCounts::default();
+        let mut dead: Vec<(Key, Loc)> = Vec::new();
+        for s in 0..SHARDS {
+            dead.clear();
+            let mut guard = lock(&self.writer);
+            let w = &mut *guard;
+            {
+                let shard = self.index.read(s);
+                counts.scanned += shard.len() as u64;
+                dead.extend(shard.iter().filter(|(_, l)| l.epoch < epoch).map(|(k, l)| (*k, *l)));
             }
-            drop(sh);
-            drop(w);
-            for key in part {
+            if dead.is_empty() {
+                continue;
+            }
+            let mut shard = self.index.write(w, s);
+            for (key, _) in &dead {
+                shard.remove(key);
+            }
+            drop(shard);
+            for (key, loc) in &dead {
+                w.packs.get_mut(&loc.pack).expect("entry's pack is open").live -= 1;
+                w.pending.push(JournalOp::Remove { hash: key.0 });
+            }
+            w.seq += dead.len() as u64;
+            counts.removed += dead.len() as u64;
+            drop(guard);
+            for (key, _) in &dead {
                 self.cache.remove(key);
             }
         }
@@ -123,9 +136,9 @@ impl ChunkStore {
 
     /// Every pack with its live and spanned slots.
     pub fn pack_usage(&self) -> Vec<PackUsage> {
-        let active = lock(&self.writer).active.as_ref().map(|a| a.id);
-        let sh = self.read_shared();
-        sh.packs
+        let w = lock(&self.writer);
+        let active = w.active.as_ref().map(|a| a.id);
+        w.packs
             .iter()
             .map(|(&id, p)| PackUsage {
                 id,
@@ -145,15 +158,15 @@ impl ChunkStore {
         if lock(&self.writer).active.as_ref().is_some_and(|a| a.id == id) {
             return Err(Error::InvalidArgument(format!("pack {id} is the active pack")));
         }
-        let (file, mut live) = {
-            let sh = self.read_shared();
-            let Some(p) = sh.packs.get(&id) else {
-                return Err(Error::NotFound(format!("pack {id}")));
-            };
-            let live: Vec<(Key, Loc)> =
-                sh.map.iter().filter(|(_, l)| l.pack == id).map(|(k, l)| (*k, *l)).collect();
-            (p.file.clone(), live)
+        let Some(file) = self.read_files().get(&id).cloned() else {
+            return Err(Error::NotFound(format!("pack {id}")));
         };
+        let mut live: Vec<(Key, Loc)> = Vec::new();
+        self.index.for_each(|k, l| {
+            if l.pack == id {
+                live.push((*k, *l));
+            }
+        });
         live.sort_unstable_by_key(|(_, l)| l.slot);
         let mut counts = RepackCounts::default();
         let mut buf = Vec::new();
@@ -186,16 +199,18 @@ impl ChunkStore {
             let mut guard = lock(&self.writer);
             let w = &mut *guard;
             let placed = self.write_chunks(w, buf.chunks_exact(CHUNK_BYTES), &mut counts.bytes_written)?;
-            let mut sh = self.write_shared();
             for ((key, old), p) in run.iter().zip(&placed) {
-                let Some(loc) = sh.map.get_mut(key) else { continue };
-                if loc.pack != id || loc.slot != old.slot {
-                    continue;
+                {
+                    let mut shard = self.index.write(w, index::shard_of(key));
+                    let Some(loc) = shard.get_mut(key) else { continue };
+                    if loc.pack != id || loc.slot != old.slot {
+                        continue;
+                    }
+                    loc.pack = p.pack;
+                    loc.slot = p.slot;
                 }
-                loc.pack = p.pack;
-                loc.slot = p.slot;
-                sh.packs.get_mut(&id).expect("repacked pack is open").live -= 1;
-                sh.packs.get_mut(&p.pack).expect("placed in an open pack").live += 1;
+                w.packs.get_mut(&id).expect("repacked pack is open").live -= 1;
+                w.packs.get_mut(&p.pack).expect("placed in an open pack").live += 1;
                 w.pending.push(JournalOp::Put { hash: key.0, pack: p.pack, slot: p.slot, crc: p.crc });
                 w.seq += 1;
                 counts.moved += 1;
@@ -211,17 +226,19 @@ impl ChunkStore {
     pub(crate) fn gc_delete_pack(&self, id: u32) -> Result<u64> {
         self.sync()?;
         let bytes = {
-            let w = lock(&self.writer);
-            let mut sh = self.write_shared();
+            let mut w = lock(&self.writer);
             if w.active.as_ref().is_some_and(|a| a.id == id) {
                 return Err(Error::InvalidArgument(format!("pack {id} is the active pack")));
             }
-            let Some(p) = sh.packs.get(&id) else {
+            let Some(p) = w.packs.get(&id) else {
                 return Err(Error::NotFound(format!("pack {id}")));
             };
             assert_eq!(p.live, 0, "pack {id} still has live chunks and must not be deleted");
             let bytes = pack::slot_offset(p.slots);
-            sh.packs.remove(&id);
+            w.packs.remove(&id);
+            // No entry points into it, so no reader is between its entry
+            // and this handle (see the module docs).
+            self.write_files().remove(&id);
             bytes
         };
         // Readers holding the handle keep reading the unlinked file.

@@ -12,8 +12,27 @@
 //! ```
 //!
 //! In memory: the whole hash -> location index (index.rs, 49 bytes per
-//! chunk, growth refused past a budget with [`Error::MemoryBudget`]), the
-//! open pack files, and a bounded clean cache of chunk bytes (cache.rs).
+//! chunk in 256 shards, growth refused past a budget with
+//! [`Error::MemoryBudget`]), the open pack files, and a bounded clean cache
+//! of chunk bytes (cache.rs).
+//!
+//! Locks, in the order they nest (never the other way round):
+//!
+//! ```text
+//!  sync_state   one sync (or checkpoint) at a time; held across journal I/O
+//!  writer       every change to the index or the packs; held across pack
+//!               writes, so readers never take it
+//!  index shard  RwLock per shard; one at a time, never two
+//!  files        RwLock of the open pack files; written only when a pack is
+//!               created or deleted
+//!  cache shard
+//! ```
+//!
+//! A read takes one shard's read lock and, inside it, `files` to clone the
+//! pack's handle: the entry cannot move while the shard is read-locked, and
+//! a pack is deleted only once no entry points into it, so the location
+//! and the handle agree. Exclusive holds are O(entries changed): a growth
+//! builds the bigger table beside the old one (see `grow_shard`).
 //!
 //! Writes: [`ChunkStore::insert_missing`] stores each chunk not yet present
 //! exactly once (the dedup check and the append run under one writer lock,
@@ -54,13 +73,18 @@ pub use pin::ChunkPin;
 use crate::error::{Error, Result};
 use crate::format;
 use crate::storage::{OpenMode, Storage, StorageFile};
-use index::{IndexMap, Key, Loc, PrefixBuild};
+use index::{Index, IndexMap, Key, Loc, PrefixBuild, SHARDS};
 use journal::{Journal, JournalOp};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Shards of the clean chunk cache: every read takes one shard's mutex
+/// (twice on a miss), so a thread descheduled while holding one stalls
+/// only the reads that hash to the same shard.
+const CACHE_SHARDS: usize = 64;
 
 /// blake3 hash of a 4 KiB block: the name of a chunk.
 pub type ChunkHash = [u8; 32];
@@ -136,9 +160,9 @@ pub struct ChunkStats {
     pub syncs: u64,
 }
 
-/// One pack file as the index sees it.
+/// One pack file's slot counts (the writer's bookkeeping; readers only
+/// need its file, in `ChunkStore::files`).
 pub(crate) struct PackState {
-    pub file: Arc<dyn StorageFile>,
     /// Slots the file spans (written, live or dead).
     pub slots: u32,
     pub capacity: u32,
@@ -146,12 +170,8 @@ pub(crate) struct PackState {
     pub live: u32,
 }
 
-/// What readers share: the index and the open packs, read-locked together
-/// so a reader gets a location and its file handle atomically.
-pub(crate) struct Shared {
-    pub map: IndexMap,
-    pub packs: BTreeMap<u32, PackState>,
-}
+/// The open pack files, by id.
+pub(crate) type PackFiles = BTreeMap<u32, Arc<dyn StorageFile>>;
 
 /// The pack being appended to.
 pub(crate) struct ActivePack {
@@ -161,9 +181,14 @@ pub(crate) struct ActivePack {
     pub capacity: u32,
 }
 
-/// Append-side state, behind the writer lock.
+/// Append-side state, behind the writer lock. Holding it is what allows
+/// changing the index (`Index::write` asks for it).
 pub(crate) struct Writer {
     pub active: Option<ActivePack>,
+    pub packs: BTreeMap<u32, PackState>,
+    /// Estimated heap bytes of each index shard's table, and their sum.
+    pub table_bytes: Vec<u64>,
+    pub table_bytes_total: u64,
     pub next_pack_id: u32,
     /// Reused run buffer (grows to one run, 4 MiB at most).
     pub buf: Vec<u8>,
@@ -177,10 +202,8 @@ pub(crate) struct Writer {
     pub dir_dirty: bool,
 }
 
-/// Sync-side state, behind the sync lock (one sync at a time).
-///
-/// Lock order: `sync_state`, then `writer`, then `shared`, then a cache
-/// shard; never the other way round.
+/// Sync-side state, behind the sync lock (one sync at a time). Lock order:
+/// see the module docs.
 pub(crate) struct SyncState {
     pub journal: Journal,
     /// Every index change up to this sequence is durable.
@@ -195,7 +218,8 @@ pub struct ChunkStore {
     pub(crate) slots_per_pack: u32,
     pub(crate) budget_bytes: u64,
     pub(crate) checkpoint_min_bytes: u64,
-    pub(crate) shared: RwLock<Shared>,
+    pub(crate) index: Index,
+    pub(crate) files: RwLock<PackFiles>,
     pub(crate) writer: Mutex<Writer>,
     pub(crate) sync_state: Mutex<SyncState>,
     pub(crate) pins: pin::Pins,
@@ -204,6 +228,9 @@ pub struct ChunkStore {
     pub(crate) syncs: AtomicU64,
     poisoned: AtomicBool,
     poison_reason: Mutex<String>,
+    /// Called in the middle of each shard growth (tests).
+    #[cfg(test)]
+    growth_hook: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -244,15 +271,17 @@ impl ChunkStore {
         }
         let names = storage.list_dir(dir)?;
         let pack_ids: Vec<u32> = names.iter().filter_map(|n| pack::parse_pack_file_name(n)).collect();
-        let mut map = IndexMap::default();
+        let mut maps: Vec<IndexMap> = (0..SHARDS).map(|_| IndexMap::default()).collect();
         let journal = if storage.exists(&dir.join(journal::INDEX_FILE)) {
             Journal::open(storage.as_ref(), dir, |op| {
                 match op {
                     JournalOp::Put { hash, pack, slot, crc } => {
-                        map.insert(Key(hash), Loc { pack, slot, crc, epoch: 0 });
+                        let key = Key(hash);
+                        maps[index::shard_of(&key)].insert(key, Loc { pack, slot, crc, epoch: 0 });
                     }
                     JournalOp::Remove { hash } => {
-                        map.remove(&Key(hash));
+                        let key = Key(hash);
+                        maps[index::shard_of(&key)].remove(&key);
                     }
                 }
                 Ok(())
@@ -267,7 +296,7 @@ impl ChunkStore {
 
         // Live entries and the highest referenced slot, per pack.
         let mut refs: HashMap<u32, (u32, u32)> = HashMap::new();
-        for loc in map.values() {
+        for loc in maps.iter().flat_map(|m| m.values()) {
             let r = refs.entry(loc.pack).or_insert((0, 0));
             r.0 += 1;
             r.1 = r.1.max(loc.slot);
@@ -280,6 +309,7 @@ impl ChunkStore {
             ));
         }
         let mut packs = BTreeMap::new();
+        let mut files = PackFiles::new();
         for &id in &pack_ids {
             let path = dir.join(pack::pack_file_name(id));
             let Some(&(live, max_slot)) = refs.get(&id) else {
@@ -314,19 +344,31 @@ impl ChunkStore {
                 ));
             }
             let slots = spanned as u32;
-            packs.insert(id, PackState { file, slots, capacity: header.capacity_slots, live });
+            packs.insert(id, PackState { slots, capacity: header.capacity_slots, live });
+            files.insert(id, file);
         }
         let next_pack_id = pack_ids.iter().max().map_or(1, |m| m + 1);
         // Keep appending to the newest pack if it has room.
         let active = packs.iter().next_back().and_then(|(&id, p)| {
             (p.slots < p.capacity).then(|| ActivePack {
                 id,
-                file: p.file.clone(),
+                file: files[&id].clone(),
                 next_slot: p.slots,
                 capacity: p.capacity,
             })
         });
-        let index_bytes = index::table_bytes(map.capacity());
+        // Fresh tables (replayed removes leave tombstones), so each shard's
+        // size is what its capacity says.
+        let maps: Vec<IndexMap> = maps
+            .into_iter()
+            .map(|m| {
+                let mut fresh = IndexMap::with_capacity_and_hasher(m.len(), PrefixBuild::default());
+                fresh.extend(m);
+                fresh
+            })
+            .collect();
+        let table_bytes: Vec<u64> = maps.iter().map(|m| index::table_bytes(m.capacity())).collect();
+        let index_bytes: u64 = table_bytes.iter().sum();
         if index_bytes > opts.index_memory_budget_bytes {
             tracing::warn!(
                 index_bytes,
@@ -342,9 +384,13 @@ impl ChunkStore {
             slots_per_pack,
             budget_bytes: opts.index_memory_budget_bytes,
             checkpoint_min_bytes: opts.index_checkpoint_min_bytes,
-            shared: RwLock::new(Shared { map, packs }),
+            index: Index::from_maps(maps),
+            files: RwLock::new(files),
             writer: Mutex::new(Writer {
                 active,
+                packs,
+                table_bytes,
+                table_bytes_total: index_bytes,
                 next_pack_id,
                 buf: Vec::new(),
                 pending: Vec::new(),
@@ -355,19 +401,34 @@ impl ChunkStore {
             sync_state: Mutex::new(SyncState { journal, durable_seq: 0 }),
             pins: pin::Pins::new(),
             gc_lock: Mutex::new(()),
-            cache: ClockCache::new(cache_entries, 8),
+            cache: ClockCache::new(cache_entries, CACHE_SHARDS),
             syncs: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(String::new()),
+            #[cfg(test)]
+            growth_hook: Mutex::new(None),
         })
     }
 
-    pub(crate) fn read_shared(&self) -> RwLockReadGuard<'_, Shared> {
-        self.shared.read().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn read_files(&self) -> RwLockReadGuard<'_, PackFiles> {
+        self.files.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn write_shared(&self) -> RwLockWriteGuard<'_, Shared> {
-        self.shared.write().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn write_files(&self) -> RwLockWriteGuard<'_, PackFiles> {
+        self.files.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs the test hook, if set, in the middle of a growth.
+    pub(crate) fn growth_hook(&self) {
+        #[cfg(test)]
+        if let Some(h) = lock(&self.growth_hook).clone() {
+            h();
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_growth_hook(&self, h: Option<Arc<dyn Fn() + Send + Sync>>) {
+        *lock(&self.growth_hook) = h;
     }
 
     /// Takes a pin of the current GC epoch (see [`ChunkPin`]).
@@ -391,12 +452,15 @@ impl ChunkStore {
             return Ok(());
         }
         let (loc, file) = {
-            let sh = self.read_shared();
-            let Some(loc) = sh.map.get(&key).copied() else {
+            let shard = self.index.read(index::shard_of(&key));
+            let Some(loc) = shard.get(&key).copied() else {
                 return Err(Error::NotFound(format!("chunk {}", hex(hash))));
             };
-            let pack = sh.packs.get(&loc.pack).expect("every index entry's pack is open");
-            (loc, pack.file.clone())
+            // Still inside the shard's read lock: the entry cannot move, so
+            // its pack cannot be deleted (see the module docs).
+            let file = self.read_files().get(&loc.pack).expect("every index entry's pack is open").clone();
+            drop(shard);
+            (loc, file)
         };
         let offset = pack::slot_offset(loc.slot);
         file.read_exact_at(out, offset)?;
@@ -416,12 +480,12 @@ impl ChunkStore {
 
     /// True when chunk `hash` is stored (durable or not yet synced).
     pub fn contains(&self, hash: &ChunkHash) -> bool {
-        self.read_shared().map.contains_key(&Key(*hash))
+        self.index.get(&Key(*hash)).is_some()
     }
 
     /// Number of chunks in the index.
     pub fn len(&self) -> u64 {
-        self.read_shared().map.len() as u64
+        self.index.len() as u64
     }
 
     pub fn is_empty(&self) -> bool {
@@ -430,27 +494,30 @@ impl ChunkStore {
 
     /// Bytes the pack files span (headers, live and dead slots).
     pub fn stored_bytes(&self) -> u64 {
-        self.read_shared().packs.values().map(|p| pack::slot_offset(p.slots)).sum()
+        lock(&self.writer).packs.values().map(|p| pack::slot_offset(p.slots)).sum()
     }
 
     /// Estimated heap bytes of the index (what the budget limits).
     pub fn index_memory_bytes(&self) -> u64 {
-        // Writer before shared: the lock order everywhere.
-        let pending = lock(&self.writer).pending.len();
-        let capacity = self.read_shared().map.capacity();
-        index::table_bytes(capacity) + (pending * std::mem::size_of::<JournalOp>()) as u64
+        Self::memory_bytes(&lock(&self.writer), 0)
+    }
+
+    /// The index's estimated heap bytes with `more_pending` more journal ops.
+    pub(crate) fn memory_bytes(w: &Writer, more_pending: usize) -> u64 {
+        let pending = (w.pending.len() + more_pending) * std::mem::size_of::<JournalOp>();
+        w.table_bytes_total + pending as u64
     }
 
     pub fn stats(&self) -> ChunkStats {
         let journal_bytes = lock(&self.sync_state).journal.len_bytes();
-        let index_memory_bytes = self.index_memory_bytes();
-        let sh = self.read_shared();
+        let chunks = self.len();
+        let w = lock(&self.writer);
         ChunkStats {
-            chunks: sh.map.len() as u64,
-            packs: sh.packs.len() as u64,
-            stored_bytes: sh.packs.values().map(|p| pack::slot_offset(p.slots)).sum(),
-            dead_slots: sh.packs.values().map(|p| u64::from(p.slots - p.live)).sum(),
-            index_memory_bytes,
+            chunks,
+            packs: w.packs.len() as u64,
+            stored_bytes: w.packs.values().map(|p| pack::slot_offset(p.slots)).sum(),
+            dead_slots: w.packs.values().map(|p| u64::from(p.slots - p.live)).sum(),
+            index_memory_bytes: Self::memory_bytes(&w, 0),
             index_journal_bytes: journal_bytes,
             cache_hits: self.cache.hits(),
             cache_misses: self.cache.misses(),
@@ -463,13 +530,13 @@ impl ChunkStore {
     /// its blake3 hash): an offline consistency check. Returns the number
     /// of chunks checked.
     pub fn verify(&self, rehash: bool) -> Result<u64> {
-        let entries: Vec<(Key, Loc)> = self.read_shared().map.iter().map(|(k, l)| (*k, *l)).collect();
+        let mut entries: Vec<(Key, Loc)> = Vec::new();
+        self.index.for_each(|k, l| entries.push((*k, *l)));
         let mut buf = vec![0u8; CHUNK_BYTES];
         for (key, loc) in &entries {
             let file = {
-                let sh = self.read_shared();
-                match sh.packs.get(&loc.pack) {
-                    Some(p) => p.file.clone(),
+                match self.read_files().get(&loc.pack) {
+                    Some(f) => f.clone(),
                     None => {
                         return Err(corrupt(
                             &self.dir,

@@ -318,3 +318,54 @@ fn syncs_are_counted_like_the_storage_sees_them() {
     assert_eq!(c.stats().syncs, s.sync_count() - before);
     assert_eq!(c.stats().syncs, 3 + 1 + 1, "three packs, the directory, the journal");
 }
+
+/// Regression (bench_sched read maxima of 36-56 ms): growing the index held
+/// every reader out for the whole rehash. Now a growth builds the bigger
+/// table while readers keep reading; the hook runs in the middle of each
+/// growth and has another thread read every stored chunk meanwhile.
+#[test]
+fn readers_are_not_held_out_by_index_growth() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let s = MemStorage::new();
+    let c = Arc::new(open(&s, ChunkStoreOptions { pack_bytes: 4 << 20, ..Default::default() }));
+    let stored = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (done_tx, done_rx) = mpsc::channel::<usize>();
+    let reader = {
+        let (c, stored) = (c.clone(), stored.clone());
+        std::thread::spawn(move || {
+            for () in go_rx {
+                let seeds = stored.lock().unwrap().clone();
+                for &seed in &seeds {
+                    assert_eq!(read(&c, seed).unwrap(), block(seed), "chunk {seed} during a growth");
+                }
+                done_tx.send(seeds.len()).unwrap();
+            }
+        })
+    };
+    let checked = Arc::new(AtomicU64::new(0));
+    {
+        let checked = checked.clone();
+        let go_tx = Mutex::new(go_tx);
+        let done_rx = Mutex::new(done_rx);
+        c.set_growth_hook(Some(Arc::new(move || {
+            go_tx.lock().unwrap().send(()).unwrap();
+            let n = done_rx
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(10))
+                .expect("a reader was held out while the index grew");
+            checked.fetch_add(n as u64, Ordering::Relaxed);
+        })));
+    }
+    for round in 0..16u64 {
+        let seeds: Vec<u64> = (round * 256..(round + 1) * 256).collect();
+        insert(&c, seeds.iter().copied());
+        stored.lock().unwrap().extend(seeds);
+    }
+    c.set_growth_hook(None);
+    assert!(checked.load(Ordering::Relaxed) > 0, "no growth found chunks to read");
+    drop(c);
+    reader.join().unwrap();
+}

@@ -3,7 +3,8 @@
 //! Ordering rules (why the index never points at lost bytes):
 //! 1. chunk bytes are written to a pack (one pwrite per run of up to
 //!    `RUN_CHUNKS`), then published in the in-memory index and queued as
-//!    journal puts, all under the writer lock;
+//!    journal puts, all under the writer lock (each entry under its shard's
+//!    write lock, held for that one insert);
 //! 2. `sync` syncs every pack written since the last sync, then the store
 //!    directory if a pack was created, then appends and syncs one journal
 //!    batch with the queued changes. Only then are they durable.
@@ -12,8 +13,16 @@
 //! index change made before it was called is durable, including changes
 //! another caller queued (so a chunk found as a duplicate is durable when
 //! the finder's `sync` returns).
+//!
+//! Index growth (`reserve`): a shard that lacks room for the entries about
+//! to be published is copied into a table of the grown capacity while its
+//! readers keep reading (only the read lock is held; every other change
+//! needs the writer lock, which the grower holds), then the copy is
+//! swapped in under the write lock, an O(1) hold. The old table is freed
+//! after the lock is released. The budget is checked, for every shard
+//! that must grow, before anything is allocated.
 
-use super::index::{self, Key, Loc, PrefixBuild};
+use super::index::{self, Key, Loc, PrefixBuild, SHARDS};
 use super::journal::{self, JournalOp};
 use super::pack::{self, PackHeader, CHUNK_BYTES, PACK_HEADER_BYTES};
 use super::{lock, ActivePack, ChunkHash, ChunkPin, ChunkStore, InsertStats, PackState, Writer};
@@ -68,66 +77,100 @@ impl ChunkStore {
         let w = &mut *guard;
         let mut stats = InsertStats::default();
 
-        // Classify under the read lock: stored, repeated in this call, missing.
+        // Classify (the writer lock keeps the index still): stored,
+        // repeated in this call, missing.
         let mut missing: Vec<usize> = Vec::new();
-        let mut restamp: Vec<Key> = Vec::new();
-        {
-            let sh = self.read_shared();
-            let mut seen: HashSet<Key, PrefixBuild> = HashSet::default();
-            for (i, (hash, _)) in chunks.iter().enumerate() {
-                let key = Key(*hash);
-                match sh.map.get(&key) {
-                    Some(loc) => {
-                        stats.dup_chunks += 1;
-                        if loc.epoch < pin.epoch {
-                            restamp.push(key);
-                        }
+        let mut seen: HashSet<Key, PrefixBuild> = HashSet::default();
+        for (i, (hash, _)) in chunks.iter().enumerate() {
+            let key = Key(*hash);
+            match self.index.get(&key) {
+                Some(loc) => {
+                    stats.dup_chunks += 1;
+                    if loc.epoch < pin.epoch {
+                        let mut shard = self.index.write(w, index::shard_of(&key));
+                        let loc = shard.get_mut(&key).expect("the writer lock keeps entries");
+                        loc.epoch = loc.epoch.max(pin.epoch);
                     }
-                    None if seen.insert(key) => missing.push(i),
-                    None => stats.dup_chunks += 1,
                 }
-            }
-        }
-        if !restamp.is_empty() {
-            let mut sh = self.write_shared();
-            for key in &restamp {
-                if let Some(loc) = sh.map.get_mut(key) {
-                    loc.epoch = loc.epoch.max(pin.epoch);
-                }
+                None if seen.insert(key) => missing.push(i),
+                None => stats.dup_chunks += 1,
             }
         }
         if missing.is_empty() {
             return Ok(stats);
         }
-        self.reserve(w, missing.len())?;
+        self.reserve(w, missing.iter().map(|&i| Key(chunks[i].0)))?;
         let placed = self.write_chunks(w, missing.iter().map(|&i| chunks[i].1), &mut stats.bytes_written)?;
-        let mut sh = self.write_shared();
         for (&i, p) in missing.iter().zip(&placed) {
-            let hash = chunks[i].0;
-            sh.map.insert(Key(hash), Loc { pack: p.pack, slot: p.slot, crc: p.crc, epoch: pin.epoch });
-            sh.packs.get_mut(&p.pack).expect("placed in an open pack").live += 1;
-            w.pending.push(JournalOp::Put { hash, pack: p.pack, slot: p.slot, crc: p.crc });
+            let key = Key(chunks[i].0);
+            let loc = Loc { pack: p.pack, slot: p.slot, crc: p.crc, epoch: pin.epoch };
+            // `reserve` made room: this insert never resizes under the lock.
+            self.index.write(w, index::shard_of(&key)).insert(key, loc);
+            w.packs.get_mut(&p.pack).expect("placed in an open pack").live += 1;
+            w.pending.push(JournalOp::Put { hash: key.0, pack: p.pack, slot: p.slot, crc: p.crc });
         }
         w.seq += placed.len() as u64;
         stats.new_chunks = placed.len() as u64;
         Ok(stats)
     }
 
-    /// Refuses (with `MemoryBudget`) index growth by `more` entries past the
-    /// budget, else reserves the table space.
-    fn reserve(&self, w: &Writer, more: usize) -> Result<()> {
-        let mut sh = self.write_shared();
-        let needed = sh.map.len() + more;
-        let capacity = index::grown_capacity(sh.map.capacity(), needed);
-        let pending = (w.pending.len() + more) * std::mem::size_of::<JournalOp>();
-        let total = index::table_bytes(capacity) + pending as u64;
+    /// Makes room in the index for `keys` (distinct and not stored): grows
+    /// each shard that lacks room (see the module docs), or refuses with
+    /// `MemoryBudget`, before allocating anything, if the grown tables and
+    /// the queued journal ops would exceed the budget.
+    fn reserve(&self, w: &mut Writer, keys: impl ExactSizeIterator<Item = Key>) -> Result<()> {
+        let more = keys.len();
+        let mut adds = [0usize; SHARDS];
+        for key in keys {
+            adds[index::shard_of(&key)] += 1;
+        }
+        let mut grow: Vec<(usize, usize)> = Vec::new();
+        let mut total = Self::memory_bytes(w, more);
+        for (s, &add) in adds.iter().enumerate().filter(|(_, &a)| a > 0) {
+            let (len, capacity) = {
+                let shard = self.index.read(s);
+                (shard.len(), shard.capacity())
+            };
+            // capacity = entries + free slots (hashbrown's growth_left).
+            if capacity - len < add {
+                let grown = index::grown_capacity(capacity, len + add);
+                total = total - w.table_bytes[s] + index::table_bytes(grown);
+                grow.push((s, grown));
+            }
+        }
         if total > self.budget_bytes {
             return Err(Error::MemoryBudget(format!(
-                "the chunk index would grow to {total} bytes for {needed} chunks, over its budget of {} bytes",
-                self.budget_bytes
+                "the chunk index would grow to {total} bytes for {} more chunks, over its budget of {} bytes",
+                more, self.budget_bytes
             )));
         }
-        sh.map.try_reserve(more).map_err(|e| Error::MemoryBudget(format!("chunk index growth refused: {e}")))
+        for (s, capacity) in grow {
+            self.grow_shard(w, s, capacity)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces shard `s` with a copy of room `capacity`. The copy is made
+    /// under the shard's read lock (readers continue; nothing else can
+    /// change the shard, since that needs the writer lock `w` proves), the
+    /// swap under its write lock, and the old table is freed after.
+    fn grow_shard(&self, w: &mut Writer, s: usize, capacity: usize) -> Result<()> {
+        let grown = {
+            let shard = self.index.read(s);
+            let mut grown = index::IndexMap::default();
+            grown
+                .try_reserve(capacity)
+                .map_err(|e| Error::MemoryBudget(format!("chunk index growth refused: {e}")))?;
+            grown.extend(shard.iter().map(|(k, l)| (*k, *l)));
+            self.growth_hook();
+            grown
+        };
+        let bytes = index::table_bytes(grown.capacity());
+        let old = std::mem::replace(&mut *self.index.write(w, s), grown);
+        drop(old);
+        w.table_bytes_total = w.table_bytes_total - w.table_bytes[s] + bytes;
+        w.table_bytes[s] = bytes;
+        Ok(())
     }
 
     /// Appends `datas` to the active pack(s), one pwrite per run, and
@@ -164,10 +207,10 @@ impl ChunkStore {
         Ok(placed)
     }
 
-    /// Records the active pack's high-water slot for the readers' side.
-    fn note_slots(&self, w: &Writer) {
+    /// Records the active pack's high-water slot in its counts.
+    fn note_slots(&self, w: &mut Writer) {
         if let Some(a) = &w.active {
-            if let Some(p) = self.write_shared().packs.get_mut(&a.id) {
+            if let Some(p) = w.packs.get_mut(&a.id) {
                 p.slots = p.slots.max(a.next_slot);
             }
         }
@@ -199,9 +242,8 @@ impl ChunkStore {
         *bytes_written += PACK_HEADER_BYTES;
         w.dir_dirty = true;
         w.dirty.insert(id, file.clone());
-        self.write_shared()
-            .packs
-            .insert(id, PackState { file: file.clone(), slots: 0, capacity: self.slots_per_pack, live: 0 });
+        w.packs.insert(id, PackState { slots: 0, capacity: self.slots_per_pack, live: 0 });
+        self.write_files().insert(id, file.clone());
         w.active = Some(ActivePack { id, file: file.clone(), next_slot: 0, capacity: self.slots_per_pack });
         Ok((id, file, 0, self.slots_per_pack as usize))
     }
@@ -232,7 +274,7 @@ impl ChunkStore {
             return Err(e);
         }
         s.durable_seq = upto;
-        let live = self.read_shared().map.len() as u64;
+        let live = self.len();
         if s.journal.len_bytes() > self.checkpoint_min_bytes.max(2 * journal::live_bytes(live)) {
             self.checkpoint(&mut s)?;
         }
@@ -261,22 +303,20 @@ impl ChunkStore {
     /// durable first). Skipped when the snapshot would break the budget.
     fn checkpoint(&self, s: &mut super::SyncState) -> Result<()> {
         let (snapshot, ops, upto, dirty, dir_dirty) = {
+            // The writer lock keeps the index still while it is copied.
             let mut w = lock(&self.writer);
-            let sh = self.read_shared();
-            let snapshot_bytes = (sh.map.len() * std::mem::size_of::<JournalOp>()) as u64;
-            if index::table_bytes(sh.map.capacity()) + snapshot_bytes > self.budget_bytes {
+            let snapshot_bytes = self.len() * std::mem::size_of::<JournalOp>() as u64;
+            if w.table_bytes_total + snapshot_bytes > self.budget_bytes {
                 tracing::warn!(
                     snapshot_bytes,
                     "chunk index checkpoint skipped: it would exceed the memory budget"
                 );
                 return Ok(());
             }
-            let snapshot: Vec<JournalOp> = sh
-                .map
-                .iter()
-                .map(|(k, l)| JournalOp::Put { hash: k.0, pack: l.pack, slot: l.slot, crc: l.crc })
-                .collect();
-            drop(sh);
+            let mut snapshot: Vec<JournalOp> = Vec::new();
+            self.index.for_each(|k, l| {
+                snapshot.push(JournalOp::Put { hash: k.0, pack: l.pack, slot: l.slot, crc: l.crc })
+            });
             let ops = std::mem::take(&mut w.pending);
             (snapshot, ops, w.seq, std::mem::take(&mut w.dirty), std::mem::take(&mut w.dir_dirty))
         };
