@@ -89,20 +89,26 @@ where
     }
 
     /// Stores `value` under `key`, evicting an unreferenced entry if full.
+    /// The value it replaces or evicts is dropped after the shard's lock
+    /// is released (it may be the last reference to a 4 KiB buffer).
     pub fn insert(&self, key: K, value: V) {
+        let old = self.insert_locked(key, value);
+        drop(old);
+    }
+
+    fn insert_locked(&self, key: K, value: V) -> Option<V> {
         let mut sh = lock(self.shard(&key));
         let sh = &mut *sh;
         if sh.capacity == 0 {
-            return;
+            return Some(value);
         }
         if let Some(&i) = sh.map.get(&key) {
-            sh.slots[i].value = value;
-            return;
+            return Some(std::mem::replace(&mut sh.slots[i].value, value));
         }
         if sh.slots.len() < sh.capacity {
             sh.map.insert(key.clone(), sh.slots.len());
             sh.slots.push(Slot { key, value, referenced: false });
-            return;
+            return None;
         }
         // Bounded: the second lap finds every bit cleared.
         let victim = loop {
@@ -115,15 +121,16 @@ where
         };
         sh.map.remove(&sh.slots[victim].key);
         sh.map.insert(key.clone(), victim);
-        sh.slots[victim] = Slot { key, value, referenced: false };
+        let old = std::mem::replace(&mut sh.slots[victim], Slot { key, value, referenced: false });
+        Some(old.value)
     }
 
     /// Drops the entry under `key`, if any.
     pub fn remove(&self, key: &K) {
-        let mut sh = lock(self.shard(key));
-        let sh = &mut *sh;
+        let mut guard = lock(self.shard(key));
+        let sh = &mut *guard;
         let Some(i) = sh.map.remove(key) else { return };
-        sh.slots.swap_remove(i);
+        let gone = sh.slots.swap_remove(i);
         if i < sh.slots.len() {
             let moved = sh.slots[i].key.clone();
             sh.map.insert(moved, i);
@@ -131,6 +138,8 @@ where
         if sh.hand >= sh.slots.len() {
             sh.hand = 0;
         }
+        drop(guard);
+        drop(gone);
     }
 
     pub fn len(&self) -> usize {

@@ -191,7 +191,7 @@ impl Manifest {
             opts,
             current: RwLock::new(Arc::new(snapshot)),
             commit_state: Mutex::new(CommitState { poisoned: None }),
-            cache: ClockCache::new(cache_entries, 4),
+            cache: ClockCache::new(cache_entries, 16),
             next_file_id: AtomicU64::new(2),
         };
         // Check the root page now, so a damaged manifest fails at open.
