@@ -4,6 +4,9 @@
 //! segment pins, see `Log::reclaim_through`).
 
 use super::{bump, write_lock, CapacityListener, Image, ImageCompaction, RECLAIM_PIN_WAIT_MS};
+
+/// Overlay extents removed per hold of the overlay's write lock.
+const RECLAIM_STEP_EXTENTS: usize = 512;
 use crate::error::{Error, Result};
 use crate::wal::Log;
 use std::sync::Arc;
@@ -84,7 +87,17 @@ impl Image {
                 "cannot reclaim log through seq {covered_seq}: only seq {durable} is durable"
             )));
         }
-        write_lock(&self.overlay).remove_through(covered_seq);
+        // In bounded steps, releasing the lock between them: readers and
+        // writers of the image wait at most one step. Any subset of covered
+        // extents may go first: each holds the same bytes as the manifest.
+        loop {
+            let (gone, more) = write_lock(&self.overlay).remove_through(covered_seq, RECLAIM_STEP_EXTENTS);
+            // Segment handles drop here, outside the lock.
+            drop(gone);
+            if !more {
+                break;
+            }
+        }
         let wait = std::time::Duration::from_millis(RECLAIM_PIN_WAIT_MS);
         let out = self.log.reclaim_through(covered_seq, wait);
         bump(&self.counters.segments_reclaimed, out.deleted);

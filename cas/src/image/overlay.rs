@@ -16,6 +16,14 @@
 //! writers that publish out of seq order leave the same index that replay
 //! in seq order builds.
 //!
+//! Reclamation: a second index orders extents by `(seq, start)`, so
+//! [`Overlay::remove_through`] finds the extents a manifest commit covers
+//! without walking the others, and removes at most a given number per call
+//! (the image releases its lock between calls). It also raises a floor:
+//! a record at or below it is in the manifest, so inserting it later (a
+//! writer publishes after its record was already compacted) is dropped;
+//! otherwise it would shadow newer compacted data.
+//!
 //! Bound: each insert adds at most one new extent per gap between newer
 //! extents plus two split remainders, so the extent count stays below
 //! three times the records in the log, which the log quota bounds.
@@ -24,7 +32,7 @@
 //! index over the records of one batch, with sources in its own buffer.
 
 use crate::wal::{Segment, SECTOR_BYTES};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// Where an extent's bytes are.
@@ -72,11 +80,16 @@ pub struct Piece<S = Source> {
 #[derive(Debug)]
 pub struct Overlay<S = Source> {
     map: BTreeMap<u64, Extent<S>>,
+    /// `(seq, start)` of every extent in `map`.
+    by_seq: BTreeSet<(u64, u64)>,
+    /// Records at or below this seq were removed as compacted: inserts of
+    /// them are dropped.
+    removed_through: u64,
 }
 
 impl<S> Default for Overlay<S> {
     fn default() -> Self {
-        Overlay { map: BTreeMap::new() }
+        Overlay { map: BTreeMap::new(), by_seq: BTreeSet::new(), removed_through: 0 }
     }
 }
 
@@ -89,6 +102,20 @@ impl<S: Advance> Overlay<S> {
         self.map.len()
     }
 
+    /// Adds an extent at `start` (the place is free), in both indexes.
+    fn put(&mut self, start: u64, e: Extent<S>) {
+        self.by_seq.insert((e.seq, start));
+        let old = self.map.insert(start, e);
+        assert!(old.is_none(), "overlay extents never share a start");
+    }
+
+    /// Takes out the extent at `start`, from both indexes.
+    fn take(&mut self, start: u64) -> Extent<S> {
+        let e = self.map.remove(&start).expect("an extent starts here");
+        assert!(self.by_seq.remove(&(e.seq, start)), "the seq index lists every extent");
+        e
+    }
+
     /// Takes out every extent overlapping `[start, end)`.
     fn take_overlapping(&mut self, start: u64, end: u64) -> Vec<(u64, Extent<S>)> {
         let mut keys: Vec<u64> = Vec::new();
@@ -98,34 +125,39 @@ impl<S: Advance> Overlay<S> {
             }
         }
         keys.extend(self.map.range(start..end).map(|(&k, _)| k));
-        keys.into_iter().map(|k| (k, self.map.remove(&k).expect("key just seen"))).collect()
+        keys.into_iter().map(|k| (k, self.take(k))).collect()
     }
 
     /// Records that sectors `[start, start + len)` now come from `src`, as
     /// of record `seq`, except where a newer record already says otherwise.
+    /// A record at or below what `remove_through` removed is dropped: the
+    /// manifest holds it, or something newer.
     pub fn insert(&mut self, start: u64, len: u64, seq: u64, src: S) {
         assert!(len > 0, "empty extent");
+        if seq <= self.removed_through {
+            return;
+        }
         let end = start + len;
         let mut newer: Vec<(u64, u64)> = Vec::new();
         for (k, e) in self.take_overlapping(start, end) {
             let e_end = k + e.len;
             if e.seq > seq {
                 newer.push((k.max(start), e_end.min(end)));
-                self.map.insert(k, e);
+                self.put(k, e);
                 continue;
             }
             if k < start {
-                self.map.insert(k, Extent { len: start - k, seq: e.seq, src: e.src.clone() });
+                self.put(k, Extent { len: start - k, seq: e.seq, src: e.src.clone() });
             }
             if e_end > end {
-                self.map.insert(end, Extent { len: e_end - end, seq: e.seq, src: e.src.advanced(end - k) });
+                self.put(end, Extent { len: e_end - end, seq: e.seq, src: e.src.advanced(end - k) });
             }
         }
         newer.sort_unstable();
         let mut cur = start;
         for (ns, ne) in newer.into_iter().chain(std::iter::once((end, end))) {
             if cur < ns {
-                self.map.insert(cur, Extent { len: ns - cur, seq, src: src.advanced(cur - start) });
+                self.put(cur, Extent { len: ns - cur, seq, src: src.advanced(cur - start) });
             }
             cur = cur.max(ne);
         }
@@ -152,17 +184,30 @@ impl<S: Advance> Overlay<S> {
         out
     }
 
-    /// Drops every extent from a record with seq <= `covered_seq` (its
-    /// data is now in the manifest) and returns how many went.
-    pub fn remove_through(&mut self, covered_seq: u64) -> usize {
-        let before = self.map.len();
-        self.map.retain(|_, e| e.seq > covered_seq);
-        before - self.map.len()
+    /// Drops extents from records with seq <= `covered_seq` (their data is
+    /// now in the manifest), at most `max` of them, oldest first, and from
+    /// now on drops inserts of such records. Returns the sources removed
+    /// (for the caller to drop outside its lock) and whether covered
+    /// extents remain. Work: O(removed x log extents); the others are not
+    /// visited.
+    pub fn remove_through(&mut self, covered_seq: u64, max: usize) -> (Vec<S>, bool) {
+        self.removed_through = self.removed_through.max(covered_seq);
+        let mut removed = Vec::new();
+        while let Some(&(seq, start)) = self.by_seq.first() {
+            if seq > covered_seq {
+                break;
+            }
+            if removed.len() == max {
+                return (removed, true);
+            }
+            removed.push(self.take(start).src);
+        }
+        (removed, false)
     }
 
     /// The highest seq any extent holds (0 if empty).
     pub fn max_seq(&self) -> u64 {
-        self.map.values().map(|e| e.seq).max().unwrap_or(0)
+        self.by_seq.last().map_or(0, |&(seq, _)| seq)
     }
 
     /// Every extent in sector order: `(start, len, source)`.
@@ -170,8 +215,10 @@ impl<S: Advance> Overlay<S> {
         self.map.iter().map(|(&start, e)| (start, e.len, &e.src))
     }
 
+    /// Empties the overlay (the floor of `remove_through` stays).
     pub fn clear(&mut self) {
         self.map.clear();
+        self.by_seq.clear();
     }
 }
 
@@ -207,6 +254,8 @@ mod tests {
         }
         assert_eq!(got, model, "ops {ops:?}");
         assert!(ov.extent_count() <= 3 * ops.len() + 1);
+        let by_seq: BTreeSet<(u64, u64)> = ov.map.iter().map(|(&k, e)| (e.seq, k)).collect();
+        assert_eq!(ov.by_seq, by_seq, "the seq index lists exactly the extents");
     }
 
     fn dummy() -> Arc<Segment> {
@@ -245,8 +294,58 @@ mod tests {
         let pieces: Vec<(u64, u64, bool)> =
             ov.lookup(0, 16).iter().map(|p| (p.start, p.len, p.src.is_some())).collect();
         assert_eq!(pieces, vec![(0, 4, false), (4, 4, true), (8, 2, false), (10, 2, true), (12, 4, false)]);
-        assert_eq!(ov.remove_through(1), 1);
+        assert_eq!(ov.remove_through(1, usize::MAX).0.len(), 1);
         assert_eq!(ov.max_seq(), 2);
         assert!(ov.lookup(5, 1)[0].src.is_none());
+    }
+
+    /// Reclamation removes exactly the covered extents, in bounded steps,
+    /// and visits only those: the step count follows what is removed, not
+    /// what stays.
+    #[test]
+    fn remove_through_takes_only_covered_extents_in_bounded_steps() {
+        let mut ov: Overlay = Overlay::new();
+        // 1000 old extents (seq 1..=1000) and 5000 newer ones elsewhere.
+        for seq in 1..=6000u64 {
+            ov.insert(seq * 16, 8, seq, Source::Zero);
+        }
+        let mut removed = 0;
+        let mut calls = 0;
+        loop {
+            let (gone, more) = ov.remove_through(1000, 64);
+            assert!(gone.len() <= 64);
+            removed += gone.len();
+            calls += 1;
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(removed, 1000);
+        assert_eq!(calls, 1000 / 64 + 1);
+        assert_eq!(ov.extent_count(), 5000);
+        assert!(ov.lookup(16, 8)[0].src.is_none(), "seq 1 is gone");
+        assert!(ov.lookup(1001 * 16, 8)[0].src.is_some(), "seq 1001 stays");
+        // Nothing covered is left: one call, nothing removed.
+        assert_eq!(ov.remove_through(1000, 64).0.len(), 0);
+    }
+
+    /// Regression: a writer publishes its extent after its record was
+    /// compacted and reclaimed (it completed, a flush made it durable and a
+    /// pass covered it, all before the publish). The late extent must not
+    /// shadow the manifest, which holds a newer record of those sectors.
+    #[test]
+    fn a_record_published_after_its_reclamation_is_dropped() {
+        let mut ov: Overlay = Overlay::new();
+        // Record 2 (newer) published; record 1 (older, same sectors) not yet.
+        ov.insert(0, 8, 2, Source::Zero);
+        // A pass covers both; reclamation removes what the overlay holds.
+        assert_eq!(ov.remove_through(2, usize::MAX).0.len(), 1);
+        // Record 1's writer publishes now.
+        ov.insert(0, 8, 1, Source::Zero);
+        assert!(ov.lookup(0, 8)[0].src.is_none(), "sectors read from the manifest");
+        assert_eq!(ov.extent_count(), 0);
+        // Records above the floor are still taken.
+        ov.insert(0, 8, 3, Source::Zero);
+        assert_eq!(ov.extent_count(), 1);
     }
 }
