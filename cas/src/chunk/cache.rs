@@ -29,6 +29,44 @@ struct Shard<K, V, S> {
     capacity: usize,
 }
 
+impl<K: Hash + Eq + Clone, V, S: BuildHasher> Shard<K, V, S> {
+    /// Adds `key` (absent) with the value `make` builds from the value it
+    /// evicts (None while the shard has room). `make` also returns what is
+    /// left to drop, which `place` returns for the caller to drop after
+    /// the unlock (with a capacity of 0, the value itself).
+    fn place(&mut self, key: K, make: impl FnOnce(Option<V>) -> (V, Option<V>)) -> Option<V> {
+        if self.capacity == 0 {
+            return Some(make(None).0);
+        }
+        if self.slots.len() < self.capacity {
+            let (value, rest) = make(None);
+            self.map.insert(key.clone(), self.slots.len());
+            self.slots.push(Slot { key, value, referenced: false });
+            return rest;
+        }
+        // CLOCK. Bounded: the second lap finds every bit cleared.
+        let victim = loop {
+            let i = self.hand;
+            self.hand = (self.hand + 1) % self.slots.len();
+            if std::mem::take(&mut self.slots[i].referenced) {
+                continue;
+            }
+            break i;
+        };
+        // Take the victim out (the last slot moves into its place), push
+        // the new entry and swap it back into the victim's index: every
+        // other entry ends where the map says.
+        let old = self.slots.swap_remove(victim);
+        self.map.remove(&old.key);
+        let (value, rest) = make(Some(old.value));
+        self.slots.push(Slot { key: key.clone(), value, referenced: false });
+        let last = self.slots.len() - 1;
+        self.slots.swap(victim, last);
+        self.map.insert(key, victim);
+        rest
+    }
+}
+
 /// The cache; `V` is cheap to clone (an `Arc`).
 pub(crate) struct ClockCache<K, V, S> {
     shards: Box<[Mutex<Shard<K, V, S>>]>,
@@ -90,39 +128,31 @@ where
 
     /// Stores `value` under `key`, evicting an unreferenced entry if full.
     /// The value it replaces or evicts is dropped after the shard's lock
-    /// is released (it may be the last reference to a 4 KiB buffer).
+    /// is released.
     pub fn insert(&self, key: K, value: V) {
-        let old = self.insert_locked(key, value);
+        let mut guard = lock(self.shard(&key));
+        let sh = &mut *guard;
+        let old = match sh.map.get(&key) {
+            Some(&i) => Some(std::mem::replace(&mut sh.slots[i].value, value)),
+            None => sh.place(key, |evicted| (value, evicted)),
+        };
+        drop(guard);
         drop(old);
     }
 
-    fn insert_locked(&self, key: K, value: V) -> Option<V> {
-        let mut sh = lock(self.shard(&key));
-        let sh = &mut *sh;
-        if sh.capacity == 0 {
-            return Some(value);
+    /// Stores the value `make` builds under `key`, unless `key` is present.
+    /// `make` runs under the shard's lock and gets the value the insert
+    /// evicts, if the shard is full, so it can reuse that value's
+    /// allocation: a full cache then inserts without allocating or freeing.
+    /// `make` must not panic.
+    pub fn insert_with(&self, key: K, make: impl FnOnce(Option<V>) -> V) {
+        let mut guard = lock(self.shard(&key));
+        let sh = &mut *guard;
+        if !sh.map.contains_key(&key) {
+            let unused = sh.place(key, |evicted| (make(evicted), None));
+            drop(guard);
+            drop(unused);
         }
-        if let Some(&i) = sh.map.get(&key) {
-            return Some(std::mem::replace(&mut sh.slots[i].value, value));
-        }
-        if sh.slots.len() < sh.capacity {
-            sh.map.insert(key.clone(), sh.slots.len());
-            sh.slots.push(Slot { key, value, referenced: false });
-            return None;
-        }
-        // Bounded: the second lap finds every bit cleared.
-        let victim = loop {
-            let i = sh.hand;
-            sh.hand = (sh.hand + 1) % sh.slots.len();
-            if std::mem::take(&mut sh.slots[i].referenced) {
-                continue;
-            }
-            break i;
-        };
-        sh.map.remove(&sh.slots[victim].key);
-        sh.map.insert(key.clone(), victim);
-        let old = std::mem::replace(&mut sh.slots[victim], Slot { key, value, referenced: false });
-        Some(old.value)
     }
 
     /// Drops the entry under `key`, if any.
@@ -190,6 +220,30 @@ mod tests {
         c.insert(10, 10);
         assert_eq!(c.get(&2), Some(2), "a referenced entry is evicted last");
         assert_eq!(c.len(), 4);
+    }
+
+    #[test]
+    fn insert_with_hands_over_the_evicted_value() {
+        let c: ClockCache<u64, u64, RandomState> = ClockCache::new(2, 1);
+        c.insert_with(1, |old| {
+            assert_eq!(old, None, "room left: nothing evicted");
+            10
+        });
+        c.insert_with(2, |_| 20);
+        c.insert_with(1, |_| panic!("present keys are not rebuilt"));
+        c.get(&2);
+        c.insert_with(3, |old| {
+            assert_eq!(old, Some(10), "the unreferenced entry is the victim");
+            30
+        });
+        assert_eq!((c.get(&1), c.get(&2), c.get(&3)), (None, Some(20), Some(30)));
+        assert_eq!(c.len(), 2);
+        // Entries keep their places across many evictions.
+        for k in 4..100u64 {
+            c.insert_with(k, |_| k * 10);
+            assert_eq!(c.get(&k), Some(k * 10));
+        }
+        assert_eq!(c.len(), 2);
     }
 
     #[test]
