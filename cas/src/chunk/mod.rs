@@ -210,6 +210,19 @@ pub(crate) struct SyncState {
     pub durable_seq: u64,
 }
 
+/// Where a shard growth is when it calls the test hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GrowthPhase {
+    /// Copying the shard, under its read lock.
+    Copying,
+    /// Copied, no shard lock held, not swapped in yet.
+    Copied,
+}
+
+/// Called with the shard's number twice in each shard growth.
+#[cfg(test)]
+pub(crate) type GrowthHook = Arc<dyn Fn(usize, GrowthPhase) + Send + Sync>;
+
 /// The chunk store. `Send + Sync`; every method takes `&self`.
 pub struct ChunkStore {
     pub(crate) storage: Arc<dyn Storage>,
@@ -230,7 +243,7 @@ pub struct ChunkStore {
     poison_reason: Mutex<String>,
     /// Called in the middle of each shard growth (tests).
     #[cfg(test)]
-    growth_hook: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+    growth_hook: Mutex<Option<GrowthHook>>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -418,16 +431,16 @@ impl ChunkStore {
         self.files.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs the test hook, if set, in the middle of a growth.
-    pub(crate) fn growth_hook(&self) {
+    /// Runs the test hook, if set, at `_phase` of growing shard `_s`.
+    pub(crate) fn growth_hook(&self, _s: usize, _phase: GrowthPhase) {
         #[cfg(test)]
         if let Some(h) = lock(&self.growth_hook).clone() {
-            h();
+            h(_s, _phase);
         }
     }
 
     #[cfg(test)]
-    pub(crate) fn set_growth_hook(&self, h: Option<Arc<dyn Fn() + Send + Sync>>) {
+    pub(crate) fn set_growth_hook(&self, h: Option<GrowthHook>) {
         *lock(&self.growth_hook) = h;
     }
 

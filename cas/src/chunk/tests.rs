@@ -321,8 +321,8 @@ fn syncs_are_counted_like_the_storage_sees_them() {
 
 /// Regression (bench_sched read maxima of 36-56 ms): growing the index held
 /// every reader out for the whole rehash. Now a growth builds the bigger
-/// table while readers keep reading; the hook runs in the middle of each
-/// growth and has another thread read every stored chunk meanwhile.
+/// table while readers keep reading; the hook runs while each growth copies
+/// its shard and has another thread read every stored chunk meanwhile.
 #[test]
 fn readers_are_not_held_out_by_index_growth() {
     use std::sync::mpsc;
@@ -349,7 +349,10 @@ fn readers_are_not_held_out_by_index_growth() {
         let checked = checked.clone();
         let go_tx = Mutex::new(go_tx);
         let done_rx = Mutex::new(done_rx);
-        c.set_growth_hook(Some(Arc::new(move || {
+        c.set_growth_hook(Some(Arc::new(move |_shard, phase| {
+            if phase != GrowthPhase::Copying {
+                return;
+            }
             go_tx.lock().unwrap().send(()).unwrap();
             let n = done_rx
                 .lock()
@@ -368,4 +371,56 @@ fn readers_are_not_held_out_by_index_growth() {
     assert!(checked.load(Ordering::Relaxed) > 0, "no growth found chunks to read");
     drop(c);
     reader.join().unwrap();
+}
+
+/// Every index change needs the writer lock, GC marking included: a growth
+/// copies its shard under the read lock and swaps the copy in, so a stamp
+/// made in between would land in the discarded table and the sweep would
+/// then remove a live chunk. Here a mark starts in the middle of a growth
+/// of a shard holding marked chunks; none of them may be swept.
+#[test]
+fn a_mark_during_a_growth_lands_in_the_grown_table() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let s = MemStorage::new();
+    let c = Arc::new(open(&s, ChunkStoreOptions { pack_bytes: 4 << 20, ..Default::default() }));
+    insert(&c, 0..64);
+    let epoch = c.gc_advance_epoch(Duration::from_secs(1)).unwrap();
+    let marked: Vec<ChunkHash> = (0..64).map(|seed| hash_block(&block(seed))).collect();
+    let shards: Vec<usize> = marked.iter().map(|h| index::shard_of(&Key(*h))).collect();
+    let marker = Arc::new(Mutex::new(None));
+    {
+        let (weak, marker) = (Arc::downgrade(&c), marker.clone());
+        c.set_growth_hook(Some(Arc::new(move |shard, phase| {
+            let mut slot = marker.lock().unwrap();
+            if slot.is_some() || phase != GrowthPhase::Copied || !shards.contains(&shard) {
+                return;
+            }
+            let (c, hashes) = (weak.upgrade().expect("store alive"), marked.clone());
+            let (tx, rx) = mpsc::channel();
+            *slot = Some(std::thread::spawn(move || {
+                let missing = c.gc_mark(epoch, &hashes);
+                // Nobody listens once the growth went on without it.
+                let _ = tx.send(());
+                missing
+            }));
+            // Give an unserialised mark time to land in the old table.
+            let _ = rx.recv_timeout(Duration::from_millis(200));
+        })));
+    }
+    let mut seed = 64;
+    while marker.lock().unwrap().is_none() {
+        assert!(seed < 64 + 100_000, "no growth of a shard holding a marked chunk");
+        insert(&c, seed..seed + 256);
+        seed += 256;
+    }
+    c.set_growth_hook(None);
+    let handle = marker.lock().unwrap().take().unwrap();
+    assert_eq!(handle.join().unwrap(), 0, "every marked chunk was stored");
+    // Entries inserted since were stamped by their pins; the 64 by the mark.
+    let swept = c.gc_sweep(epoch).unwrap();
+    assert_eq!(swept.removed, 0, "a mark made during a growth was lost");
+    for seed in 0..64 {
+        assert!(c.contains(&hash_block(&block(seed))), "chunk {seed} swept");
+    }
 }

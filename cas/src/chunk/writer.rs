@@ -25,7 +25,7 @@
 use super::index::{self, Key, Loc, PrefixBuild, SHARDS};
 use super::journal::{self, JournalOp};
 use super::pack::{self, PackHeader, CHUNK_BYTES, PACK_HEADER_BYTES};
-use super::{lock, ActivePack, ChunkHash, ChunkPin, ChunkStore, InsertStats, PackState, Writer};
+use super::{lock, ActivePack, ChunkHash, ChunkPin, ChunkStore, GrowthPhase, InsertStats, PackState, Writer};
 use crate::error::{Error, Result};
 use crate::format;
 use crate::storage::OpenMode;
@@ -162,9 +162,11 @@ impl ChunkStore {
                 .try_reserve(capacity)
                 .map_err(|e| Error::MemoryBudget(format!("chunk index growth refused: {e}")))?;
             grown.extend(shard.iter().map(|(k, l)| (*k, *l)));
-            self.growth_hook();
+            self.growth_hook(s, GrowthPhase::Copying);
             grown
         };
+        // Until the swap nothing can change the shard: that needs `w`.
+        self.growth_hook(s, GrowthPhase::Copied);
         let bytes = index::table_bytes(grown.capacity());
         let old = std::mem::replace(&mut *self.index.write(w, s), grown);
         drop(old);
