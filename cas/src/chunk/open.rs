@@ -1,0 +1,189 @@
+//! Opening the chunk store: replaying the index journal into the sharded
+//! index, checking every pack the index references (header, store id,
+//! length), deleting packs nothing references (crash leftovers, packs GC
+//! emptied), and finding where appends resume.
+
+use super::index::{self, Index, IndexMap, Key, Loc, PrefixBuild, SHARDS};
+use super::journal::{self, Journal, JournalOp};
+use super::pack::{self, PackHeader, PACK_HEADER_BYTES};
+use super::{
+    corrupt, pin, ActivePack, ChunkStore, ChunkStoreOptions, ClockCache, PackFiles, PackState, SyncState,
+    Writer, CACHE_SHARDS, CHUNK_BYTES,
+};
+use crate::error::{Error, Result};
+use crate::storage::{OpenMode, Storage};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hasher};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// A store id that differs between stores (no RNG dependency needed).
+fn new_store_id() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+impl ChunkStore {
+    /// Opens the chunk store in `dir`, creating it if absent. Replays the
+    /// index journal, checks every pack the index references (header, store
+    /// id, length), and deletes pack files nothing references (crash
+    /// leftovers or packs GC emptied).
+    pub fn open(storage: Arc<dyn Storage>, dir: &Path, opts: ChunkStoreOptions) -> Result<ChunkStore> {
+        let slots = opts.pack_bytes.saturating_sub(PACK_HEADER_BYTES) / CHUNK_BYTES as u64;
+        if slots == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "pack_bytes {} leaves no room for a chunk after the {PACK_HEADER_BYTES}-byte header",
+                opts.pack_bytes
+            )));
+        }
+        let slots_per_pack = u32::try_from(slots).unwrap_or(u32::MAX);
+        if !storage.exists(dir) {
+            storage.create_dir_all(dir)?;
+            storage.sync_dir(dir.parent().unwrap_or(Path::new("/")))?;
+        }
+        let names = storage.list_dir(dir)?;
+        let pack_ids: Vec<u32> = names.iter().filter_map(|n| pack::parse_pack_file_name(n)).collect();
+        let mut maps: Vec<IndexMap> = (0..SHARDS).map(|_| IndexMap::default()).collect();
+        let journal = if storage.exists(&dir.join(journal::INDEX_FILE)) {
+            Journal::open(storage.as_ref(), dir, |op| {
+                match op {
+                    JournalOp::Put { hash, pack, slot, crc } => {
+                        let key = Key(hash);
+                        maps[index::shard_of(&key)].insert(key, Loc { pack, slot, crc, epoch: 0 });
+                    }
+                    JournalOp::Remove { hash } => {
+                        let key = Key(hash);
+                        maps[index::shard_of(&key)].remove(&key);
+                    }
+                }
+                Ok(())
+            })?
+        } else {
+            if !pack_ids.is_empty() {
+                return Err(corrupt(dir, 0, "pack files exist but the chunk index is missing"));
+            }
+            Journal::create(storage.as_ref(), dir, new_store_id())?
+        };
+        let store_id = journal.store_id;
+
+        // Live entries and the highest referenced slot, per pack.
+        let mut refs: HashMap<u32, (u32, u32)> = HashMap::new();
+        for loc in maps.iter().flat_map(|m| m.values()) {
+            let r = refs.entry(loc.pack).or_insert((0, 0));
+            r.0 += 1;
+            r.1 = r.1.max(loc.slot);
+        }
+        if let Some(missing) = refs.keys().find(|id| !pack_ids.contains(id)) {
+            return Err(corrupt(
+                dir,
+                0,
+                format!("the index references pack {missing}, which does not exist"),
+            ));
+        }
+        let mut packs = BTreeMap::new();
+        let mut files = PackFiles::new();
+        for &id in &pack_ids {
+            let path = dir.join(pack::pack_file_name(id));
+            let Some(&(live, max_slot)) = refs.get(&id) else {
+                // Crash leftover or emptied by GC: nothing points into it.
+                storage.remove_file(&path)?;
+                continue;
+            };
+            let file = storage.open(&path, OpenMode::Existing)?;
+            let len = file.len()?;
+            let mut head = vec![0u8; PACK_HEADER_BYTES as usize];
+            let n = file.read_at(&mut head, 0)?;
+            let header = PackHeader::decode(&head[..n], &path)?;
+            if header.store_id != store_id || header.pack_id != id {
+                return Err(corrupt(
+                    &path,
+                    0,
+                    format!(
+                        "pack header names store {:#x} pack {}, expected store {store_id:#x} pack {id}",
+                        header.store_id, header.pack_id
+                    ),
+                ));
+            }
+            let spanned = pack::slots_spanned(len);
+            if u64::from(max_slot) >= spanned || spanned > u64::from(header.capacity_slots) {
+                return Err(corrupt(
+                    &path,
+                    pack::slot_offset(max_slot),
+                    format!(
+                        "pack spans {spanned} of {} slots but the index references slot {max_slot}",
+                        header.capacity_slots
+                    ),
+                ));
+            }
+            let slots = spanned as u32;
+            packs.insert(id, PackState { slots, capacity: header.capacity_slots, live });
+            files.insert(id, file);
+        }
+        let next_pack_id = pack_ids.iter().max().map_or(1, |m| m + 1);
+        // Keep appending to the newest pack if it has room.
+        let active = packs.iter().next_back().and_then(|(&id, p)| {
+            (p.slots < p.capacity).then(|| ActivePack {
+                id,
+                file: files[&id].clone(),
+                next_slot: p.slots,
+                capacity: p.capacity,
+            })
+        });
+        // Fresh tables (replayed removes leave tombstones), so each shard's
+        // size is what its capacity says.
+        let maps: Vec<IndexMap> = maps
+            .into_iter()
+            .map(|m| {
+                let mut fresh = IndexMap::with_capacity_and_hasher(m.len(), PrefixBuild::default());
+                fresh.extend(m);
+                fresh
+            })
+            .collect();
+        let table_bytes: Vec<u64> = maps.iter().map(|m| index::table_bytes(m.capacity())).collect();
+        let index_bytes: u64 = table_bytes.iter().sum();
+        if index_bytes > opts.index_memory_budget_bytes {
+            tracing::warn!(
+                index_bytes,
+                budget = opts.index_memory_budget_bytes,
+                "chunk index loaded above its memory budget: inserts of new chunks will be refused"
+            );
+        }
+        let cache_entries = (opts.cache_bytes / CHUNK_BYTES as u64) as usize;
+        Ok(ChunkStore {
+            storage,
+            dir: dir.to_path_buf(),
+            store_id,
+            slots_per_pack,
+            budget_bytes: opts.index_memory_budget_bytes,
+            checkpoint_min_bytes: opts.index_checkpoint_min_bytes,
+            index: Index::from_maps(maps),
+            files: RwLock::new(files),
+            writer: Mutex::new(Writer {
+                active,
+                packs,
+                table_bytes,
+                table_bytes_total: index_bytes,
+                next_pack_id,
+                buf: Vec::new(),
+                pending: Vec::new(),
+                seq: 0,
+                dirty: BTreeMap::new(),
+                dir_dirty: false,
+            }),
+            sync_state: Mutex::new(SyncState { journal, durable_seq: 0 }),
+            pins: pin::Pins::new(),
+            gc_lock: Mutex::new(()),
+            cache: ClockCache::new(cache_entries, CACHE_SHARDS),
+            syncs: AtomicU64::new(0),
+            poisoned: AtomicBool::new(false),
+            poison_reason: Mutex::new(String::new()),
+            #[cfg(test)]
+            growth_hook: Mutex::new(None),
+        })
+    }
+}
