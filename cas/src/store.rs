@@ -146,7 +146,7 @@ impl StoreOptions {
 
     /// The least compaction memory that always fits a batch of one record
     /// while the other batch buffer holds one too.
-    fn compaction_memory_min(&self) -> u64 {
+    pub fn compaction_memory_min(&self) -> u64 {
         let record_max = self.log_segment_bytes.min(MAX_WRITE_BYTES + 4096);
         2 * (record_max + COMPACTION_SLACK_BYTES) + 4 * COMPACTION_SLACK_BYTES
     }

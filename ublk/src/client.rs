@@ -77,7 +77,10 @@ pub fn add_image(store: &Path, args: AddArgs) -> Result<()> {
         depth: args.depth,
         io_buf_bytes: args.io_buf_bytes,
         poll_us: args.poll_us,
+        settings: daemon::StoreSettings::from(&args.store_settings),
     };
+    // Bad values fail here, before a daemon is reached or started.
+    req.settings.options()?;
     if let Some(socket) = running_daemon(&dir) {
         return attach_via(&socket, &req);
     }

@@ -33,6 +33,10 @@ pub struct AddImageArgs {
     pub depth: u16,
     pub io_buf_bytes: u32,
     pub poll_us: u64,
+    /// Store daemon settings: used if this request starts the daemon,
+    /// checked against the running daemon's otherwise.
+    #[serde(default)]
+    pub settings: super::StoreSettings,
 }
 
 /// The control socket of the daemon serving `store_dir` (which must be
@@ -57,6 +61,8 @@ struct Table {
 
 struct Daemon {
     store: Arc<cas::Store>,
+    /// What the store was opened with (`add`'s settings flags).
+    options: cas::StoreOptions,
     store_dir: PathBuf,
     socket: PathBuf,
     sched: Arc<Sched>,
@@ -70,7 +76,8 @@ struct Daemon {
 /// serves the control socket, and returns once no device is left.
 pub fn serve_store(store_dir: PathBuf, first: AddImageArgs, ready: Ready) -> Result<()> {
     let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
-    let store = cas::Store::open(storage, &store_dir, cas::StoreOptions::default())
+    let options = first.settings.options()?;
+    let store = cas::Store::open(storage, &store_dir, options.clone())
         .with_context(|| format!("opening store {}", store_dir.display()))?;
     let scheduler = sched::Scheduler::new(sched::Config::default(), sched::MonotonicClock::new())
         .map_err(|e| anyhow!("scheduler: {e}"))?;
@@ -81,6 +88,7 @@ pub fn serve_store(store_dir: PathBuf, first: AddImageArgs, ready: Ready) -> Res
     std::fs::create_dir_all(RUN_DIR).with_context(|| format!("creating {RUN_DIR}"))?;
     let daemon = Arc::new(Daemon {
         store,
+        options,
         store_dir,
         socket: socket.clone(),
         sched: sched.clone(),
@@ -153,6 +161,9 @@ impl Daemon {
     /// Attaches an image as a new ublk device; returns its path once usable.
     fn attach(self: &Arc<Self>, args: &AddImageArgs) -> Result<String> {
         raw::validate_queue_args(args.queues, args.depth, args.io_buf_bytes)?;
+        if let Some(why) = args.settings.conflict(&self.options) {
+            bail!(why);
+        }
         crate::control::require_free_id(args.id)?;
         let frontier = sched::Config::default().frontier_limit();
         if usize::from(args.queues) * usize::from(args.depth) > frontier {
@@ -365,6 +376,10 @@ impl Daemon {
         match trace::counters_from("chunks", &self.store.chunk_stats()) {
             Ok(c) => snap.attach("chunks", c),
             Err(e) => tracing::warn!("chunk counters: {e}"),
+        }
+        match trace::counters_from("settings", &self.options) {
+            Ok(c) => snap.attach("settings", c),
+            Err(e) => tracing::warn!("settings: {e}"),
         }
         snap
     }

@@ -20,9 +20,11 @@ mod bridge;
 mod control;
 mod device;
 mod queue;
+mod settings;
 mod worker;
 
 pub use control::{serve_store, socket_path, AddImageArgs};
+pub use settings::StoreSettings;
 
 use device::DeviceCore;
 use std::collections::HashMap;

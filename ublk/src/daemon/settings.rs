@@ -1,0 +1,145 @@
+//! Store daemon settings from `casblk add`: the few `cas::StoreOptions` a
+//! user tunes, given as flags, applied when the daemon starts.
+
+use crate::cli::StoreSettingsArgs;
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+/// Compaction's share of the memory budget when `--memory-budget` is given:
+/// a quarter, up to the default's 128 MiB.
+const COMPACTION_SHARE_DIVISOR: u64 = 4;
+
+/// What the user asked for; `None` keeps the default (or, for a running
+/// daemon, whatever it runs with).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreSettings {
+    pub chunk_cache_bytes: Option<u64>,
+    pub log_quota_bytes: Option<u64>,
+    pub memory_budget_bytes: Option<u64>,
+    pub compaction_threads: Option<u64>,
+}
+
+impl From<&StoreSettingsArgs> for StoreSettings {
+    fn from(a: &StoreSettingsArgs) -> StoreSettings {
+        StoreSettings {
+            chunk_cache_bytes: a.chunk_cache,
+            log_quota_bytes: a.log_quota,
+            memory_budget_bytes: a.memory_budget,
+            compaction_threads: a.compaction_threads,
+        }
+    }
+}
+
+impl StoreSettings {
+    /// The store options these settings give, or an error naming the flag.
+    pub fn options(&self) -> Result<cas::StoreOptions> {
+        let mut o = cas::StoreOptions::default();
+        if let Some(v) = self.chunk_cache_bytes {
+            o.chunk_cache_bytes = v;
+        }
+        if let Some(v) = self.log_quota_bytes {
+            if v < 2 * o.log_segment_bytes {
+                bail!(
+                    "--log-quota {v} is too small: it must hold two log segments ({} bytes)",
+                    2 * o.log_segment_bytes
+                );
+            }
+            o.log_quota_bytes = v;
+        }
+        if let Some(v) = self.compaction_threads {
+            o.compaction_threads = v;
+        }
+        if let Some(budget) = self.memory_budget_bytes {
+            o.memory_budget_bytes = budget;
+            o.compaction_memory_bytes = o.compaction_memory_bytes.min(budget / COMPACTION_SHARE_DIVISOR);
+            if o.validate().is_err() {
+                // Only the compaction share can be out of range here.
+                let min = o.compaction_memory_min();
+                let need = (COMPACTION_SHARE_DIVISOR * min).div_ceil(1 << 20);
+                bail!(
+                    "--memory-budget {budget} is too small: a quarter of it goes to compaction, which needs \
+                     {} MiB; use at least {need}M",
+                    min.div_ceil(1 << 20)
+                );
+            }
+        }
+        o.validate().map_err(|e| anyhow::anyhow!("store settings: {e}"))?;
+        Ok(o)
+    }
+
+    /// Why a daemon running with `running` cannot take these settings:
+    /// the first one given that differs. `None` when they agree.
+    pub fn conflict(&self, running: &cas::StoreOptions) -> Option<String> {
+        let given = [
+            ("--chunk-cache", self.chunk_cache_bytes, running.chunk_cache_bytes),
+            ("--log-quota", self.log_quota_bytes, running.log_quota_bytes),
+            ("--memory-budget", self.memory_budget_bytes, running.memory_budget_bytes),
+            ("--compaction-threads", self.compaction_threads, running.compaction_threads),
+        ];
+        given.into_iter().find_map(|(flag, want, has)| match want {
+            Some(w) if w != has => Some(format!(
+                "the store's daemon already runs with {flag} {has}, not {w}: store settings apply when \
+                 the daemon starts (delete the store's devices first, or leave the flag out)"
+            )),
+            _ => None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_flags_give_the_defaults() {
+        assert_eq!(StoreSettings::default().options().unwrap(), cas::StoreOptions::default());
+    }
+
+    #[test]
+    fn flags_land_in_the_options() {
+        let s = StoreSettings {
+            chunk_cache_bytes: Some(1 << 20),
+            log_quota_bytes: Some(64 << 20),
+            memory_budget_bytes: Some(256 << 20),
+            compaction_threads: Some(1),
+        };
+        let o = s.options().unwrap();
+        assert_eq!(o.chunk_cache_bytes, 1 << 20);
+        assert_eq!(o.log_quota_bytes, 64 << 20);
+        assert_eq!(o.memory_budget_bytes, 256 << 20);
+        assert_eq!(o.compaction_memory_bytes, 64 << 20, "a quarter of the budget");
+        assert_eq!(o.compaction_threads, 1);
+        assert_eq!(s.conflict(&o), None);
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        let small_log = StoreSettings { log_quota_bytes: Some(4 << 20), ..Default::default() };
+        let e = small_log.options().unwrap_err().to_string();
+        assert!(e.contains("--log-quota") && e.contains("16777216"), "{e}");
+        let small_mem = StoreSettings { memory_budget_bytes: Some(8 << 20), ..Default::default() };
+        let e = small_mem.options().unwrap_err().to_string();
+        assert!(e.contains("--memory-budget"), "{e}");
+        // The suggested minimum is accepted, and just below it is not.
+        let need = cas::StoreOptions::default().compaction_memory_min() * COMPACTION_SHARE_DIVISOR;
+        let ok =
+            StoreSettings { memory_budget_bytes: Some(need.div_ceil(1 << 20) << 20), ..Default::default() };
+        ok.options().unwrap();
+        let below = StoreSettings {
+            memory_budget_bytes: Some(need - COMPACTION_SHARE_DIVISOR),
+            ..Default::default()
+        };
+        assert!(below.options().is_err());
+    }
+
+    #[test]
+    fn a_running_daemon_refuses_only_differing_flags() {
+        let running = cas::StoreOptions::default();
+        assert_eq!(StoreSettings::default().conflict(&running), None);
+        let same = StoreSettings { chunk_cache_bytes: Some(running.chunk_cache_bytes), ..Default::default() };
+        assert_eq!(same.conflict(&running), None);
+        let other = StoreSettings { compaction_threads: Some(2), ..Default::default() };
+        let e = other.conflict(&running).unwrap();
+        assert!(e.contains("--compaction-threads 3, not 2"), "{e}");
+    }
+}
