@@ -54,6 +54,12 @@ pub enum Error {
     /// The store or image was shut down or failed earlier and refuses work.
     #[error("{0} is unavailable: {1}")]
     Unavailable(String, String),
+
+    /// A read under [`crate::storage::nowait_reads`] would have waited for
+    /// the device; nothing was returned. The caller retries where it may
+    /// block.
+    #[error("the read would block")]
+    WouldBlock,
 }
 
 impl Error {
@@ -73,6 +79,7 @@ impl Error {
             Error::AlreadyExists(_) => libc::EEXIST,
             Error::MemoryBudget(_) => libc::ENOMEM,
             Error::Unavailable(..) => libc::EIO,
+            Error::WouldBlock => libc::EAGAIN,
         };
         -code
     }

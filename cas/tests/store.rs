@@ -89,13 +89,19 @@ fn one_opener_at_a_time() {
     let _again = reopen(&mem, small_opts()).unwrap();
 }
 
-#[test]
-fn fs_store_locks_and_round_trips() {
-    // Under target/ rather than /tmp, like the benchmark.
+/// A store path on a real filesystem: under target/ rather than /tmp (often
+/// tmpfs), like the benchmarks. The directory lives as long as the guard.
+fn fs_store_dir() -> (tempfile::TempDir, std::path::PathBuf) {
     let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-tmp");
     std::fs::create_dir_all(&base).unwrap();
     let tmp = tempfile::tempdir_in(&base).unwrap();
     let dir = tmp.path().join("store");
+    (tmp, dir)
+}
+
+#[test]
+fn fs_store_locks_and_round_trips() {
+    let (_tmp, dir) = fs_store_dir();
     let fs: Arc<dyn Storage> = Arc::new(FsStorage::new());
     let store = Store::open_or_create(fs.clone(), &dir, small_opts()).unwrap();
     assert!(Store::open(fs.clone(), &dir, small_opts()).is_err(), "flock held");
@@ -145,4 +151,70 @@ fn options_are_validated() {
         let e = Store::create(Arc::new(MemStorage::new()), &store_dir(), opts.clone()).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{opts:?}: {e}");
     }
+}
+
+/// Drops every file of `dir` (recursively) from the page cache; the files
+/// must be clean (synced) for their pages to go.
+fn evict_page_cache(dir: &std::path::Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            evict_page_cache(&path);
+        } else if let Ok(f) = std::fs::File::open(&path) {
+            rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+        }
+    }
+}
+
+#[test]
+fn nowait_reads_come_from_memory_or_say_they_would_block() {
+    let (_tmp, dir) = fs_store_dir();
+    let fs: Arc<dyn Storage> = Arc::new(FsStorage::new());
+    // No chunk cache: every chunk read goes to a pack file.
+    let opts = StoreOptions { chunk_cache_bytes: 0, ..small_opts() };
+    let store = Store::open_or_create(fs, &dir, opts).unwrap();
+    store.create_image("f", 4 << 20).unwrap();
+    let image = store.open_image("f").unwrap();
+    let chunked: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8 + 1).collect();
+    image.write(0, &chunked, false).unwrap();
+    image.flush().unwrap();
+    store.compact_once(&image).unwrap();
+    let logged = vec![9u8; 4096];
+    image.write(1 << 20, &logged, true).unwrap();
+    // Hot in the page cache: served in place.
+    let mut buf = vec![0u8; chunked.len()];
+    assert!(image.read_nowait(0, &mut buf).unwrap());
+    assert_eq!(buf, chunked);
+    let mut small = vec![0u8; 4096];
+    assert!(image.read_nowait(1 << 20, &mut small).unwrap());
+    assert_eq!(small, logged);
+    // Holes never touch storage.
+    assert!(image.read_nowait(2 << 20, &mut small).unwrap());
+    assert_eq!(small, vec![0u8; 4096]);
+
+    let probe = std::fs::File::open(dir.join("STORE")).unwrap();
+    if cas::storage::is_memory_fs(&probe) {
+        return; // tmpfs: nothing waits for a device, every read is served in place
+    }
+    let reads = image.stats().reads;
+    // Evicted: the nowait read declines, counts nothing; a blocking read
+    // brings the data back and the next nowait read is served in place.
+    // Eviction is best effort, so it is retried a few times.
+    let declined = (0..5).any(|_| {
+        evict_page_cache(&dir);
+        !image.read_nowait(0, &mut buf).unwrap()
+    });
+    assert!(declined, "a read of evicted pack data was served without waiting");
+    assert_eq!(image.stats().reads, reads, "a declined read is not counted");
+    image.read(0, &mut buf).unwrap();
+    assert_eq!(buf, chunked);
+    assert!(image.read_nowait(0, &mut buf).unwrap());
+    assert_eq!(buf, chunked);
+    let declined = (0..5).any(|_| {
+        evict_page_cache(&dir);
+        !image.read_nowait(1 << 20, &mut small).unwrap()
+    });
+    assert!(declined, "a read of evicted log data was served without waiting");
+    image.read(1 << 20, &mut small).unwrap();
+    assert_eq!(small, logged);
 }

@@ -97,7 +97,7 @@ impl Backing {
         } else {
             probe_file_fallocate(&file, size).with_context(|| format!("probing {shown}"))?
         };
-        let in_memory = ft.is_file() && is_memory_fs(&file);
+        let in_memory = ft.is_file() && cas::storage::is_memory_fs(&file);
         Ok(Backing { file, path: path.to_path_buf(), size, direct, punch, zeroes, in_memory })
     }
 }
@@ -122,17 +122,6 @@ fn probe_file_fallocate(file: &File, size: u64) -> Result<(bool, ZeroMethod)> {
         ZeroMethod::Write
     };
     Ok((punch, zeroes))
-}
-
-/// True for filesystems whose files live in RAM (tmpfs, ramfs).
-fn is_memory_fs(file: &File) -> bool {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    const RAMFS_MAGIC: i64 = 0x8584_58f6;
-    rustix::fs::fstatfs(file).is_ok_and(|st| {
-        #[allow(clippy::unnecessary_cast)] // f_type is i64 on x86_64, narrower elsewhere
-        let kind = st.f_type as i64;
-        kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
-    })
 }
 
 fn block_discard_supported(rdev: u64) -> bool {

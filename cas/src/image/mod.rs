@@ -445,8 +445,46 @@ impl Image {
     /// manifest's chunk, else zeros.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
-        bump(&self.counters.reads, 1);
-        bump(&self.counters.read_bytes, buf.len() as u64);
+        let mut tally = ReadTally::default();
+        let result = self.read_sources(offset, buf, &mut tally);
+        self.count_read(buf.len(), &tally);
+        result
+    }
+
+    /// [`Image::read`] that never waits for a device: `Ok(false)` when some
+    /// source is not in memory (the page cache, the chunk cache), and then
+    /// nothing is counted and `buf` holds no result. A ublk queue thread
+    /// serves a read in place this way and hands it to a worker otherwise.
+    pub fn read_nowait(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
+        self.check_range(offset, buf.len() as u64)?;
+        let _nowait = crate::storage::nowait_reads();
+        let mut tally = ReadTally::default();
+        match self.read_sources(offset, buf, &mut tally) {
+            Err(Error::WouldBlock) => Ok(false),
+            result => {
+                self.count_read(buf.len(), &tally);
+                result.map(|()| true)
+            }
+        }
+    }
+
+    fn count_read(&self, len: usize, t: &ReadTally) {
+        let c = &self.counters;
+        bump(&c.reads, 1);
+        bump(&c.read_bytes, len as u64);
+        for (counter, bytes) in [
+            (&c.read_zero_bytes, t.zero),
+            (&c.read_log_bytes, t.log),
+            (&c.read_hole_bytes, t.hole),
+            (&c.read_chunk_bytes, t.chunk),
+        ] {
+            if bytes > 0 {
+                bump(counter, bytes);
+            }
+        }
+    }
+
+    fn read_sources(&self, offset: u64, buf: &mut [u8], tally: &mut ReadTally) -> Result<()> {
         let first = sectors(offset);
         let pieces = read_lock(&self.overlay).lookup(first, sectors(buf.len() as u64));
         for p in pieces {
@@ -455,13 +493,13 @@ impl Image {
             match p.src {
                 Some(Source::Zero) => {
                     out.fill(0);
-                    bump(&self.counters.read_zero_bytes, out.len() as u64);
+                    tally.zero += out.len() as u64;
                 }
                 Some(Source::Log { segment, position }) => {
                     segment.file.read_exact_at(out, position)?;
-                    bump(&self.counters.read_log_bytes, out.len() as u64);
+                    tally.log += out.len() as u64;
                 }
-                None => self.read_compacted(p.start * SECTOR_BYTES, out)?,
+                None => self.read_compacted(p.start * SECTOR_BYTES, out, tally)?,
             }
         }
         Ok(())
@@ -471,7 +509,7 @@ impl Image {
     /// manifest. Whole blocks are read in place; only partial ones go
     /// through a scratch block (no 4 KiB allocation per read: those went to
     /// the allocator's shared arenas, whose locks stalled reads).
-    fn read_compacted(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+    fn read_compacted(&self, offset: u64, out: &mut [u8], tally: &mut ReadTally) -> Result<()> {
         let manifest = read_lock(&self.manifest).clone();
         let mut chunk = Vec::new();
         let mut done = 0usize;
@@ -484,18 +522,18 @@ impl Image {
             match manifest.lookup(block)? {
                 None => {
                     dst.fill(0);
-                    bump(&self.counters.read_hole_bytes, n as u64);
+                    tally.hole += n as u64;
                 }
                 Some(hash) if n == BLOCK_BYTES as usize => {
                     // A whole block: straight into the caller's buffer.
                     manifest.read_chunk(&hash, dst)?;
-                    bump(&self.counters.read_chunk_bytes, n as u64);
+                    tally.chunk += n as u64;
                 }
                 Some(hash) => {
                     chunk.resize(BLOCK_BYTES as usize, 0);
                     manifest.read_chunk(&hash, &mut chunk)?;
                     dst.copy_from_slice(&chunk[in_block..in_block + n]);
-                    bump(&self.counters.read_chunk_bytes, n as u64);
+                    tally.chunk += n as u64;
                 }
             }
             done += n;
@@ -522,6 +560,15 @@ impl Image {
         }
         s
     }
+}
+
+/// Bytes of one read by source, counted once the read is done.
+#[derive(Default)]
+struct ReadTally {
+    zero: u64,
+    log: u64,
+    hole: u64,
+    chunk: u64,
 }
 
 impl std::fmt::Debug for Image {

@@ -20,6 +20,38 @@ impl FsStorage {
 struct FsFile {
     path: PathBuf,
     file: File,
+    /// tmpfs/ramfs: reads never wait for a device (and such filesystems
+    /// refuse RWF_NOWAIT), so nowait reads are plain reads.
+    in_memory: bool,
+}
+
+/// True for filesystems whose files live in RAM (tmpfs, ramfs).
+pub fn is_memory_fs(file: &File) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    rustix::fs::fstatfs(file).is_ok_and(|st| {
+        #[allow(clippy::unnecessary_cast)] // f_type is i64 on x86_64, narrower elsewhere
+        let kind = st.f_type as i64;
+        kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
+    })
+}
+
+impl FsFile {
+    /// One positional read; under `nowait_reads` with RWF_NOWAIT.
+    fn read_once(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        if self.in_memory || !super::reads_must_not_block() {
+            return self.file.read_at(buf, offset);
+        }
+        let flags = rustix::io::ReadWriteFlags::NOWAIT;
+        match rustix::io::preadv2(&self.file, &mut [std::io::IoSliceMut::new(buf)], offset, flags) {
+            Ok(n) => Ok(n),
+            // EAGAIN: not cached; EOPNOTSUPP: this filesystem cannot say.
+            Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::OPNOTSUPP => {
+                Err(std::io::ErrorKind::WouldBlock.into())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 impl StorageFile for FsFile {
@@ -30,10 +62,11 @@ impl StorageFile for FsFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         let mut done = 0;
         while done < buf.len() {
-            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+            match self.read_once(&mut buf[done..], offset + done as u64) {
                 Ok(0) => break,
                 Ok(n) => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Err(Error::WouldBlock),
                 Err(e) => return Err(Error::io(&self.path, e)),
             }
         }
@@ -71,7 +104,8 @@ impl Storage for FsStorage {
             }
         }
         let file = opts.open(path).map_err(|e| Error::io(path, e))?;
-        Ok(Arc::new(FsFile { path: path.to_path_buf(), file }))
+        let in_memory = is_memory_fs(&file);
+        Ok(Arc::new(FsFile { path: path.to_path_buf(), file, in_memory }))
     }
 
     fn remove_file(&self, path: &Path) -> Result<()> {

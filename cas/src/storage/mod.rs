@@ -21,12 +21,42 @@
 mod fs;
 mod mem;
 
-pub use fs::FsStorage;
+pub use fs::{is_memory_fs, FsStorage};
 pub use mem::{CrashMode, Fault, FaultOp, MemStorage};
 
 use crate::error::Result;
+use std::cell::Cell;
 use std::path::Path;
 use std::sync::Arc;
+
+thread_local! {
+    static NOWAIT_READS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// While the returned guard lives, reads on this thread that would wait for
+/// the device fail with [`Error::WouldBlock`](crate::Error::WouldBlock)
+/// instead (`preadv2(RWF_NOWAIT)`; memory-backed files always read). A
+/// ublk queue thread uses it to serve a read from memory in place and hand
+/// it to a worker otherwise. Writes and syncs are not affected.
+pub fn nowait_reads() -> NoWaitReads {
+    NoWaitReads { was: NOWAIT_READS.replace(true) }
+}
+
+/// The guard of [`nowait_reads`]; dropping it restores blocking reads.
+pub struct NoWaitReads {
+    was: bool,
+}
+
+impl Drop for NoWaitReads {
+    fn drop(&mut self) {
+        NOWAIT_READS.set(self.was);
+    }
+}
+
+/// Whether reads on this thread must not block (see [`nowait_reads`]).
+pub(crate) fn reads_must_not_block() -> bool {
+    NOWAIT_READS.get()
+}
 
 /// How `Storage::open` treats a missing or existing file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +112,8 @@ impl std::fmt::Debug for StorageLock {
 pub trait StorageFile: Send + Sync {
     fn path(&self) -> &Path;
     /// Reads up to `buf.len()` bytes at `offset`; fewer only at end of file.
+    /// Under [`nowait_reads`] a backend that would wait for a device fails
+    /// with `Error::WouldBlock` instead.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize>;
     fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()>;
     /// Makes every completed write to this file durable (fdatasync).
