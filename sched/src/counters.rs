@@ -25,6 +25,12 @@ pub struct ImageCounters {
     /// Longest admission wait of every other request (reads at the head of
     /// their image count here, as in the seed).
     pub ordinary_head_wait_ns_max: u64,
+    /// Reads admitted to be served in place on their queue thread (see
+    /// `Scheduler::submit_read_in_place`), net of those handed back.
+    pub reads_in_place: u64,
+    /// In-place reads handed back to the workers (`Scheduler::requeue`):
+    /// their data was not in memory.
+    pub reads_requeued: u64,
     /// Admission wait of all admitted requests, per gate.
     pub gate_wait_ns_total: GateWaits,
     /// Descriptors waiting now.

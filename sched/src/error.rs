@@ -27,6 +27,10 @@ pub enum Error {
     /// `complete` for a request that was submitted but never dispatched.
     #[error("request {request} on image {image} was never dispatched")]
     NotDispatched { image: ImageId, request: RequestId },
+    /// An in-place call (`submit_read_in_place`, `requeue`) for a request
+    /// that is not a READ.
+    #[error("request {request} on image {image} is not a read")]
+    NotARead { image: ImageId, request: RequestId },
     /// `remove_image` while requests are still being executed.
     #[error("image {image} still has {inflight} requests in flight")]
     ImageBusy { image: ImageId, inflight: usize },
@@ -49,7 +53,9 @@ impl Error {
             Error::ImageExists(_) => libc::EEXIST,
             Error::Full { .. } => libc::EBUSY,
             Error::DuplicateRequest { .. } => libc::EEXIST,
-            Error::UnknownRequest { .. } | Error::NotDispatched { .. } => libc::EINVAL,
+            Error::UnknownRequest { .. } | Error::NotDispatched { .. } | Error::NotARead { .. } => {
+                libc::EINVAL
+            }
             Error::ImageBusy { .. } => libc::EBUSY,
             Error::InvalidDescriptor { .. } | Error::InvalidConfig { .. } => libc::EINVAL,
             Error::ShuttingDown => libc::ESHUTDOWN,

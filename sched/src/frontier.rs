@@ -252,6 +252,35 @@ impl Frontier {
         Admitted { arrival_ns, waits }
     }
 
+    /// Puts an admitted read back to waiting, in its original place in the
+    /// arrival order: it was admitted to be served in place and could not
+    /// be. Its admission wait restarts from its arrival, so the gate waits
+    /// of its eventual dispatch still add up to `admitted - arrival`.
+    pub(crate) fn requeue(&mut self, request: RequestId) -> Result<(), Error> {
+        let image = self.image;
+        let &ticket = self.by_request.get(&request).ok_or(Error::UnknownRequest { image, request })?;
+        let entry = self.entries.get_mut(&ticket).expect("the request index points at a retained entry");
+        if entry.state != State::InFlight {
+            return Err(Error::NotDispatched { image, request });
+        }
+        if entry.desc.op != Op::Read {
+            return Err(Error::NotARead { image, request });
+        }
+        entry.state = State::Waiting;
+        entry.track = GateTrack::new(entry.arrival_ns, None);
+        self.inflight -= 1;
+        self.reads_inflight -= 1;
+        let c = &mut self.counters;
+        c.admitted_requests -= 1;
+        c.reads_in_place -= 1;
+        c.reads_requeued += 1;
+        Ok(())
+    }
+
+    pub(crate) fn count_in_place(&mut self) {
+        self.counters.reads_in_place += 1;
+    }
+
     /// Forgets a completed request; returns its op.
     pub(crate) fn complete(&mut self, request: RequestId) -> Result<Op, Error> {
         let image = self.image;

@@ -34,7 +34,7 @@ pub use config::{Config, DEFAULT_FRONTIER_QUOTA_BYTES, DESCRIPTOR_SLOT_BYTES};
 pub use counters::ImageCounters;
 pub use descriptor::{Descriptor, ImageId, Op, RequestId, Ticket, METADATA_OP_COST_BYTES};
 pub use error::Error;
-pub use scheduler::{Dispatch, Scheduler};
+pub use scheduler::{Dispatch, InPlace, Scheduler};
 pub use shared::{Next, SharedScheduler};
 pub use trace::Gate;
 pub use waits::GateWaits;

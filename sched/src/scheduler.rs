@@ -70,6 +70,15 @@ impl<R> Dispatch<R> {
     }
 }
 
+/// What [`Scheduler::submit_read_in_place`] did with a read.
+#[derive(Debug)]
+pub enum InPlace<R> {
+    /// Admitted: the caller serves it now.
+    Admitted(Dispatch<R>),
+    /// Retained and waiting, like a [`Scheduler::submit`]: a worker serves it.
+    Queued(Ticket),
+}
+
 /// See the module documentation.
 pub struct Scheduler<C: Clock> {
     clock: C,
@@ -136,6 +145,39 @@ impl<C: Clock> Scheduler<C> {
         let now_ns = self.clock.now_ns();
         let frontier = self.images.get_mut(&image).ok_or(Error::UnknownImage(image))?;
         frontier.submit(desc, now_ns)
+    }
+
+    /// Retains a READ and admits it at once if it is the request a scan of
+    /// its image picks now: no older uncompleted overlapping write-kind
+    /// request or FLUSH, a read credit free, and no older admissible
+    /// request of the image still waiting for a worker. The caller serves
+    /// it on its own thread, outside the worker pool, so DRR does not
+    /// charge it to the image's deficit (the deficits share the workers);
+    /// it holds a read credit and orders later requests like any admitted
+    /// read, and ends with [`Scheduler::complete`], or with
+    /// [`Scheduler::requeue`] if it cannot be served in place after all.
+    pub fn submit_read_in_place<R>(&mut self, image: ImageId, desc: Descriptor) -> Result<InPlace<R>, Error> {
+        if desc.op != Op::Read {
+            return Err(Error::NotARead { image, request: desc.request });
+        }
+        let now_ns = self.clock.now_ns();
+        let limits = self.scan_limits();
+        let frontier = self.images.get_mut(&image).ok_or(Error::UnknownImage(image))?;
+        let ticket = frontier.submit(desc, now_ns)?;
+        match frontier.scan(now_ns, limits) {
+            Some(pick) if pick.ticket == ticket => {
+                frontier.count_in_place();
+                Ok(InPlace::Admitted(self.admit(image, pick, None, now_ns)))
+            }
+            _ => Ok(InPlace::Queued(ticket)),
+        }
+    }
+
+    /// Hands a read admitted by [`Scheduler::submit_read_in_place`] back:
+    /// it waits again in its arrival place, for a worker's
+    /// [`Scheduler::next`].
+    pub fn requeue(&mut self, image: ImageId, request: RequestId) -> Result<(), Error> {
+        self.images.get_mut(&image).ok_or(Error::UnknownImage(image))?.requeue(request)
     }
 
     /// The next admitted request, or `None` when nothing is admissible now.

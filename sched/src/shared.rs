@@ -32,7 +32,7 @@ use crate::clock::Clock;
 use crate::counters::ImageCounters;
 use crate::descriptor::{Descriptor, ImageId, RequestId, Ticket};
 use crate::error::Error;
-use crate::scheduler::{Dispatch, Scheduler};
+use crate::scheduler::{Dispatch, InPlace, Scheduler};
 
 /// What a worker's [`SharedScheduler::next_blocking`] got.
 #[derive(Debug)]
@@ -104,6 +104,32 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
         let wake = state.idle_workers > 0;
         self.wake_worker_if(state, wake);
         Ok(ticket)
+    }
+
+    /// See [`Scheduler::submit_read_in_place`]. A queued read wakes an idle
+    /// worker, as `submit` does.
+    pub fn submit_read_in_place(
+        &self,
+        image: ImageId,
+        desc: Descriptor,
+    ) -> Result<InPlace<K::Reservation>, Error> {
+        let mut state = self.lock();
+        if state.shutdown {
+            return Err(Error::ShuttingDown);
+        }
+        let got = state.sched.submit_read_in_place(image, desc)?;
+        let wake = matches!(got, InPlace::Queued(_)) && state.idle_workers > 0;
+        self.wake_worker_if(state, wake);
+        Ok(got)
+    }
+
+    /// See [`Scheduler::requeue`]; wakes an idle worker for the read.
+    pub fn requeue(&self, image: ImageId, request: RequestId) -> Result<(), Error> {
+        let mut state = self.lock();
+        state.sched.requeue(image, request)?;
+        let wake = state.idle_workers > 0;
+        self.wake_worker_if(state, wake);
+        Ok(())
     }
 
     /// Like [`SharedScheduler::submit`], but waits up to `timeout` for room

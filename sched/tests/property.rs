@@ -1,6 +1,8 @@
 //! Property test: seeded random request streams over 1-3 images with random
 //! configs, logs that fill and drain (with and without wakes), random
-//! completions and clock steps. Every dispatch is checked against the
+//! completions and clock steps; some reads are submitted to be served in
+//! place (`submit_read_in_place`), and some of those handed back
+//! (`requeue`). Every dispatch, in place or not, is checked against the
 //! brute-force [`Contract`]; whenever `next` returns `None` no read or
 //! FLUSH may be admissible (reads are never hidden); once capacity returns
 //! every request is served.
@@ -13,7 +15,7 @@ mod common;
 use common::{scheduler, Contract, FakeLog, FakeReservation};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sched::{Config, Descriptor, Dispatch, Error, ImageId, Op, RequestId, DESCRIPTOR_SLOT_BYTES};
+use sched::{Config, Descriptor, Dispatch, Error, ImageId, InPlace, Op, RequestId, DESCRIPTOR_SLOT_BYTES};
 
 const BLOCK: u64 = 4096;
 
@@ -87,10 +89,44 @@ impl Run {
     fn submit(&mut self) {
         let image = self.images[self.rng.gen_range(0..self.images.len())];
         let d = self.random_descriptor();
+        if d.op == Op::Read && self.rng.gen_bool(0.5) {
+            return self.submit_in_place(image, d);
+        }
         match self.s.submit(image, d) {
             Ok(_) => self.contract.submitted(image, d),
             Err(Error::Full { .. }) => {}
             Err(e) => panic!("submit failed: {e}"),
+        }
+    }
+
+    /// A read a queue thread tries to serve itself: admitted at once only
+    /// where the contract allows it; then either served (in flight until a
+    /// completion step) or handed back to wait for `next`.
+    fn submit_in_place(&mut self, image: ImageId, d: Descriptor) {
+        match self.s.submit_read_in_place::<FakeReservation>(image, d) {
+            Ok(InPlace::Admitted(dispatch)) => {
+                self.contract.submitted(image, d);
+                self.contract.dispatched(&dispatch);
+                if self.rng.gen_bool(0.3) {
+                    self.contract.requeued(image, d.request);
+                    self.s.requeue(image, d.request).unwrap();
+                } else {
+                    self.inflight.push(dispatch);
+                }
+            }
+            Ok(InPlace::Queued(_)) => {
+                self.contract.submitted(image, d);
+                // Queued only when the contract holds it, or an older
+                // request of its image waits (the scan goes oldest first).
+                let admissible =
+                    self.contract.admissible_without_capacity().iter().any(|&(i, x)| i == image && x == d);
+                assert!(
+                    !admissible || self.contract.older_waiting(image, d.request),
+                    "a read the contract admits, with nothing older waiting, was queued: {d:?}"
+                );
+            }
+            Err(Error::Full { .. }) => {}
+            Err(e) => panic!("submit_read_in_place failed: {e}"),
         }
     }
 

@@ -184,6 +184,20 @@ impl Contract {
         self.writes_inflight -= usize::from(req.desc.op.is_write_kind());
     }
 
+    /// Whether an older request of `request`'s image is still waiting.
+    pub fn older_waiting(&self, image: ImageId, request: RequestId) -> bool {
+        let at = self.index[&(image, request)];
+        self.images[&image].range(..at).any(|(_, r)| r.stage == Stage::Waiting)
+    }
+
+    /// An in-place read went back to waiting in its arrival place.
+    pub fn requeued(&mut self, image: ImageId, request: RequestId) {
+        let at = self.index[&(image, request)];
+        let req = self.images.get_mut(&image).and_then(|r| r.get_mut(&at)).expect("known request");
+        assert_eq!((req.desc.op, req.stage), (Op::Read, Stage::InFlight), "{request} requeued");
+        req.stage = Stage::Waiting;
+    }
+
     /// Waiting reads and FLUSHes the contract would admit now. Neither needs
     /// log capacity, so a work-conserving scheduler must not return `None`
     /// while one exists (the scan window aside).
