@@ -84,14 +84,16 @@ impl TagBuffers {
         &self.bufs[usize::from(tag)]
     }
 
-    /// The first `len` bytes of `tag`'s buffer, for the worker serving it.
+    /// The first `len` bytes of `tag`'s buffer, for the party serving it.
     ///
     /// # Safety
     /// The caller must be the one party serving `tag`'s current request:
-    /// the queue thread hands a tag to exactly one worker and does not touch
-    /// its buffer until that worker posts the result, and the kernel reads
-    /// or writes the buffer only before the request is delivered and after
-    /// its result is committed.
+    /// either the queue thread serving a read in place (it stops using the
+    /// buffer before handing the read to a worker), or the one worker the
+    /// request went to, until it posts the result (the queue thread does not
+    /// touch the buffer meanwhile). The kernel reads or writes the buffer
+    /// only before the request is delivered and after its result is
+    /// committed.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn request_bytes(&self, tag: u16, len: usize) -> &mut [u8] {
         let buf = &self.bufs[usize::from(tag)];

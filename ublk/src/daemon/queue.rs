@@ -4,11 +4,13 @@
 //! (descriptor snapshot and trace), submits it to the scheduler and waits
 //! for a worker's result; one more task keeps an eventfd read in flight on
 //! the queue's ring and delivers the results workers post (see `bridge`).
-//! The queue thread never blocks on the engine.
+//! A read the scheduler admits at once is served in place when its data is
+//! in memory (`Image::read_nowait`); the queue thread never waits for a
+//! device or a capacity wait.
 
 use super::bridge::LocalSlots;
 use super::device::{DeviceCore, Job};
-use super::Sched;
+use super::{worker, Sched};
 use crate::params::SECTOR_SHIFT;
 use crate::ring;
 use io_uring::{opcode, types};
@@ -138,7 +140,24 @@ async fn handle(q: &UblkQueue<'_>, tag: u16, core: &DeviceCore, sched: &Sched, s
         offset_bytes: offset,
         len_bytes: len,
     };
-    if let Err(e) = sched.submit(core.sched_id, desc) {
+    // A read whose data is in memory is served here, in place: no hand-off
+    // to a worker and back (two thread wakes). Anything else, or a read
+    // that would wait for a device, goes to the workers.
+    let submitted = if op == sched::Op::Read {
+        match sched.submit_read_in_place(core.sched_id, desc) {
+            Ok(sched::InPlace::Admitted(d)) => {
+                if let Some(result) = worker::read_in_place(sched, core, qid, tag, d) {
+                    return result;
+                }
+                Ok(())
+            }
+            Ok(sched::InPlace::Queued(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    } else {
+        sched.submit(core.sched_id, desc).map(|_| ())
+    };
+    if let Err(e) = submitted {
         core.take_job(qid, tag);
         tracing::warn!(qid, tag, image = %core.name, "scheduler refused a request: {e}");
         return e.errno();

@@ -60,6 +60,48 @@ fn serve(sched: &Sched, registry: &Registry, d: Dispatch<cas::image::LogReservat
     core.queues[usize::from(qid)].completions.post(Done { tag, result, trace: job.trace });
 }
 
+/// Serves a read admitted in place (`submit_read_in_place`) on the calling
+/// queue thread, if its data is in memory: returns the result to commit,
+/// with the request traced and completed in the scheduler. Returns `None`
+/// after handing the read back to the workers (its data must come from a
+/// device); the caller then waits for a worker's result as usual.
+pub fn read_in_place(
+    sched: &Sched,
+    core: &DeviceCore,
+    qid: u16,
+    tag: u16,
+    d: Dispatch<cas::image::LogReservation>,
+) -> Option<i32> {
+    let begin = trace::now_ns();
+    let len = d.len_bytes as usize;
+    // SAFETY: the queue thread alone serves (qid, tag) here; on a hand-off
+    // below it stops using the buffer before the worker can get the read.
+    let buf = unsafe { core.queues[usize::from(qid)].bufs.request_bytes(tag, len) };
+    let result = match core.image.read_nowait(d.offset_bytes, buf) {
+        Ok(true) => len as i32,
+        Ok(false) => match sched.requeue(d.image, d.request) {
+            Ok(()) => return None,
+            Err(e) => {
+                tracing::error!(image = %core.name, "handing a read back to the workers failed: {e}");
+                -libc::EIO
+            }
+        },
+        Err(e) => {
+            tracing::warn!(image = %core.name, offset = d.offset_bytes, len, "read failed: {e}");
+            e.errno()
+        }
+    };
+    let end = trace::now_ns();
+    if let Err(e) = sched.complete(d.image, d.request) {
+        tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
+    }
+    let mut job = core.take_job(qid, tag).expect("a request served in place has its job");
+    d.record_into(&mut job.trace, begin);
+    job.trace.executed(end);
+    core.tracer.finish(&job.trace, trace::now_ns(), result.min(0));
+    Some(result)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn execute(
     core: &DeviceCore,

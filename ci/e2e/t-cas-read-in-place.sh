@@ -1,0 +1,44 @@
+# Reads are served in place on the queue thread when their data is in
+# memory, and handed to the workers when it must come from a device. With
+# the store on ext4 (a loop device, so reads really wait) and the page
+# cache dropped, a verify pass takes the hand-off path; a second pass over
+# the now cached data is served in place. Both verify, and the scheduler's
+# counters show both paths taken.
+source "$(dirname "$0")/lib.sh"
+modprobe loop
+truncate -s 1G "$SCRATCH/ext4.img"
+mkfs.ext4 -q -F "$SCRATCH/ext4.img"
+mkdir -p "$SCRATCH/mnt"
+mount -o loop "$SCRATCH/ext4.img" "$SCRATCH/mnt"
+store=$(SCRATCH=$SCRATCH/mnt new_store vm 256M)
+dev=$(add_image "$store" vm -d 64)
+cd "$SCRATCH"
+run_fio() {
+    local name=$1; shift
+    fio --name=rw --filename="$dev" --ioengine=io_uring --direct=1 --verify=crc32c --verify_fatal=1 \
+        --verify_state_save=0 --rw=randwrite --bs=4k --size=64M --randseed=11 --iodepth=8 \
+        --output="$SCRATCH/$name.txt" "$@" || { cat "$SCRATCH/$name.txt"; fail "fio $name failed"; }
+    grep -q "err= 0" "$SCRATCH/$name.txt" || { cat "$SCRATCH/$name.txt"; fail "fio $name reported an error"; }
+}
+in_place_counters() {
+    "$CASBLK" stats -n "$(dev_id "$dev")" --json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["images"][0]["counters"]["sched"]
+print(c["reads_in_place"], c["reads_requeued"])'
+}
+run_fio write --do_verify=0 --end_fsync=1
+wait_compacted "$store"
+sync
+echo 3 > /proc/sys/vm/drop_caches
+read -r in0 req0 <<<"$(in_place_counters)"
+run_fio cold --verify_only
+read -r in1 req1 <<<"$(in_place_counters)"
+note "cold verify: $((in1 - in0)) reads in place, $((req1 - req0)) handed to workers"
+[ $((req1 - req0)) -gt 0 ] || fail "no read was handed to a worker with the page cache dropped"
+run_fio warm --verify_only
+read -r in2 req2 <<<"$(in_place_counters)"
+note "warm verify: $((in2 - in1)) reads in place, $((req2 - req1)) handed to workers"
+[ $((in2 - in1)) -ge 16384 ] || fail "cached reads were not served in place ($((in2 - in1)) of 16384)"
+"$CASBLK" del -a
+wait_no_devices
+umount "$SCRATCH/mnt"
