@@ -4,35 +4,30 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A monotonic source of nanoseconds. Only differences are meaningful.
 pub trait Clock: Send {
     fn now_ns(&self) -> u64;
 }
 
-/// Real time: nanoseconds since the clock was created.
-#[derive(Clone, Debug)]
-pub struct MonotonicClock {
-    origin: Instant,
-}
+/// Real time: nanoseconds since the process-wide trace epoch.
+#[derive(Clone, Debug, Default)]
+pub struct MonotonicClock;
 
 impl MonotonicClock {
     pub fn new() -> Self {
-        MonotonicClock { origin: Instant::now() }
-    }
-}
-
-impl Default for MonotonicClock {
-    fn default() -> Self {
-        Self::new()
+        MonotonicClock
     }
 }
 
 impl Clock for MonotonicClock {
+    /// The trace clock ([`trace::now_ns`], the TSC: ~9 ns a read against
+    /// ~25 ns for `Instant::now`), so a dispatch's `admitted_ns` is on the
+    /// same time line as the request's trace and can stand for it.
+    #[inline]
     fn now_ns(&self) -> u64 {
-        // u64 nanoseconds last 584 years; saturate rather than wrap.
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        trace::now_ns()
     }
 }
 

@@ -24,6 +24,10 @@ pub(crate) struct LatencyHist {
     hist: Histogram<u64>,
     max_ns: u64,
     sum_ns: u128,
+    /// Zero-length values, counted apart and added to `hist` only when it
+    /// is read: phases that take no time (a read served in place has no
+    /// dispatch or completion wait) cost an increment, not a record.
+    zeros: u64,
 }
 
 impl LatencyHist {
@@ -31,11 +35,15 @@ impl LatencyHist {
         let mut hist = Histogram::new_with_bounds(1, INITIAL_HIGHEST_NS, SIGFIG)
             .expect("constant histogram bounds are valid");
         hist.auto(true);
-        LatencyHist { hist, max_ns: 0, sum_ns: 0 }
+        LatencyHist { hist, max_ns: 0, sum_ns: 0, zeros: 0 }
     }
 
     #[inline]
     pub fn record(&mut self, ns: u64) {
+        if ns == 0 {
+            self.zeros += 1;
+            return;
+        }
         // 0 is below the lowest discernible value (1) and lands in bucket 0.
         // Auto-resize only fails if the counts array would overflow usize.
         if self.hist.record(ns.min(HIGHEST_NS)).is_err() {
@@ -45,8 +53,19 @@ impl LatencyHist {
         self.sum_ns += u128::from(ns);
     }
 
+    #[cfg(test)]
     pub fn count(&self) -> u64 {
-        self.hist.len()
+        self.hist.len() + self.zeros
+    }
+
+    /// The histogram with the zeros in it.
+    fn with_zeros(&self) -> std::borrow::Cow<'_, Histogram<u64>> {
+        if self.zeros == 0 {
+            return std::borrow::Cow::Borrowed(&self.hist);
+        }
+        let mut h = self.hist.clone();
+        h.saturating_record_n(0, self.zeros);
+        std::borrow::Cow::Owned(h)
     }
 
     pub fn merge(&mut self, other: &LatencyHist) {
@@ -55,26 +74,33 @@ impl LatencyHist {
         self.hist.add(&other.hist).expect("histograms with equal precision add");
         self.max_ns = self.max_ns.max(other.max_ns);
         self.sum_ns += other.sum_ns;
+        self.zeros += other.zeros;
     }
 
     /// Value at quantile `q` (0..=1) in ns: the highest value equivalent to
     /// the bucket, never above the exact maximum.
+    #[cfg(test)]
     pub fn quantile_ns(&self, q: f64) -> u64 {
-        if self.count() == 0 {
+        self.quantile_in(&self.with_zeros(), q)
+    }
+
+    fn quantile_in(&self, hist: &Histogram<u64>, q: f64) -> u64 {
+        if hist.is_empty() {
             return 0;
         }
-        self.hist.value_at_quantile(q).min(self.max_ns)
+        hist.value_at_quantile(q).min(self.max_ns)
     }
 
     pub fn stats(&self) -> LatencyStats {
-        let count = self.count();
+        let hist = self.with_zeros();
+        let count = hist.len();
         let mean_us = if count == 0 { 0.0 } else { self.sum_ns as f64 / count as f64 / 1_000.0 };
         LatencyStats {
             count,
             latency_us_mean: mean_us,
-            latency_us_p50: ns_to_us(self.quantile_ns(0.50)),
-            latency_us_p99: ns_to_us(self.quantile_ns(0.99)),
-            latency_us_p999: ns_to_us(self.quantile_ns(0.999)),
+            latency_us_p50: ns_to_us(self.quantile_in(&hist, 0.50)),
+            latency_us_p99: ns_to_us(self.quantile_in(&hist, 0.99)),
+            latency_us_p999: ns_to_us(self.quantile_in(&hist, 0.999)),
             latency_us_max: ns_to_us(self.max_ns),
         }
     }
@@ -127,6 +153,30 @@ mod tests {
         assert_eq!(h.count(), 2);
         assert_eq!(h.stats().latency_us_max, ns_to_us(u64::MAX));
         assert!(h.quantile_ns(1.0) >= HIGHEST_NS);
+    }
+
+    #[test]
+    fn zeros_count_like_recorded_values() {
+        let (mut h, mut reference) =
+            (LatencyHist::new(), Histogram::<u64>::new_with_bounds(1, 1_000_000_000, SIGFIG).unwrap());
+        for i in 0..1_000u64 {
+            let v = if i % 4 == 0 { 0 } else { i * 1_000 };
+            h.record(v);
+            reference.record(v).unwrap();
+        }
+        assert_eq!(h.count(), 1_000);
+        for q in [0.1, 0.25, 0.26, 0.5, 0.99, 1.0] {
+            assert_eq!(h.quantile_ns(q), reference.value_at_quantile(q).min(999_000), "q {q}");
+        }
+        let mut only_zeros = LatencyHist::new();
+        only_zeros.record(0);
+        let s = only_zeros.stats();
+        assert_eq!((s.count, s.latency_us_p50, s.latency_us_max), (1, 0.0, 0.0));
+        let mut merged = LatencyHist::new();
+        merged.merge(&h);
+        merged.merge(&only_zeros);
+        assert_eq!(merged.count(), 1_001);
+        assert_eq!(merged.quantile_ns(0.25), h.quantile_ns(0.25));
     }
 
     #[test]

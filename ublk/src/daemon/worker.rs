@@ -72,7 +72,9 @@ pub fn read_in_place(
     tag: u16,
     d: Dispatch<cas::image::LogReservation>,
 ) -> Option<i32> {
-    let begin = trace::now_ns();
+    // The scheduler runs on the trace clock (sched::MonotonicClock): its
+    // admission time is this read's admission, dispatch and start.
+    let begin = d.admitted_ns;
     let len = d.len_bytes as usize;
     // SAFETY: the queue thread alone serves (qid, tag) here; on a hand-off
     // below it stops using the buffer before the worker can get the read.
@@ -98,7 +100,9 @@ pub fn read_in_place(
     let mut job = core.take_job(qid, tag).expect("a request served in place has its job");
     d.record_into(&mut job.trace, begin);
     job.trace.executed(end);
-    core.tracer.finish(&job.trace, trace::now_ns(), result.min(0));
+    // Completed as it executed: the commit follows at once on this thread
+    // (one clock read for both).
+    core.tracer.finish(&job.trace, end, result.min(0));
     Some(result)
 }
 

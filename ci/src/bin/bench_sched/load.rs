@@ -17,6 +17,12 @@
 //!  Tracer::finish(trace, now, result) <-- mailbox --'
 //! ```
 //!
+//! Reads go in place as in the daemon: `submit_read_in_place`, and when
+//! admitted at once the queue thread reads with `Image::read_nowait` and
+//! completes the request itself; a read that would wait for the device is
+//! requeued to the workers. `SCHED_BENCH_IN_PLACE=0` sends every read to
+//! the workers (the daemon before in-place reads), for comparisons.
+//!
 //! With [`Tracing::Off`] every trace step is skipped (no `RequestTrace`, no
 //! trace clock reads, no `Tracer`); everything else is the same.
 //!
@@ -33,8 +39,8 @@ use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sched::{
-    Config, Descriptor, ImageCounters, ImageId, MonotonicClock, Next, Op, RequestId, Scheduler,
-    SharedScheduler,
+    Config, Descriptor, Dispatch, ImageCounters, ImageId, InPlace, MonotonicClock, Next, Op, RequestId,
+    Scheduler, SharedScheduler,
 };
 use trace::{IoSource, RequestTrace, Tracer};
 
@@ -198,11 +204,12 @@ pub fn run_arm(
     let queues: Vec<_> = (0..streams.len())
         .map(|n| {
             let (shared, ss, cpu_ns) = (shared.clone(), by_image[&streams[n].image].clone(), cpu_ns.clone());
+            let image = engine.image(streams[n].image).clone();
             thread::Builder::new()
                 .name(format!("bench-queue-{n}"))
                 .spawn(move || {
                     let cpu = thread_cpu_ns();
-                    let result = queue_thread(&shared, &ss, deadline, n as u64);
+                    let result = queue_thread(&shared, &ss, &image, deadline, n as u64);
                     cpu_ns.fetch_add(thread_cpu_ns() - cpu, Ordering::Relaxed);
                     result
                 })
@@ -255,6 +262,7 @@ fn thread_cpu_ns() -> u64 {
 fn queue_thread(
     shared: &Shared,
     ss: &StreamShared,
+    image: &cas::Image,
     deadline: Instant,
     seed: u64,
 ) -> (Histogram<u64>, u64, u64) {
@@ -269,7 +277,8 @@ fn queue_thread(
         Op::Write => trace::Op::Write,
         other => panic!("the load generator sends no {other:?}"),
     };
-    let mut submit = |slot: usize, submitted_at: &mut Vec<Instant>| -> bool {
+    let in_place = std::env::var("SCHED_BENCH_IN_PLACE").map_or(true, |v| v != "0");
+    let mut submit = |slot: usize, submitted_at: &mut Vec<Instant>, ready: &mut Vec<Completion>| -> bool {
         generation += 1;
         let offset = rng.gen_range(0..s.span_bytes / s.block_bytes) * s.block_bytes;
         {
@@ -286,10 +295,24 @@ fn queue_thread(
         }
         let request = RequestId(generation << SLOT_BITS | slot as u64);
         let desc = Descriptor { request, op: s.op, offset_bytes: offset, len_bytes: s.block_bytes };
-        shared.submit(s.image, desc).is_ok()
+        if s.op != Op::Read || !in_place {
+            return shared.submit(s.image, desc).is_ok();
+        }
+        match shared.submit_read_in_place(s.image, desc) {
+            Ok(InPlace::Admitted(d)) => {
+                if let Some(c) = read_in_place(shared, ss, image, slot, d) {
+                    ready.push(c);
+                }
+                true
+            }
+            Ok(InPlace::Queued(_)) => true,
+            Err(_) => false,
+        }
     };
+    // Reads completed in place, not yet counted and resubmitted.
+    let mut ready = Vec::with_capacity(s.queue_depth);
     for slot in 0..s.queue_depth {
-        if submit(slot, &mut submitted_at) {
+        if submit(slot, &mut submitted_at, &mut ready) {
             outstanding += 1;
         } else {
             errors += 1;
@@ -297,7 +320,9 @@ fn queue_thread(
     }
     let mut batch = Vec::with_capacity(s.queue_depth);
     while outstanding > 0 {
-        if !ss.done.take_all(&mut batch, deadline.max(Instant::now()) + DRAIN_TIMEOUT) {
+        if !ready.is_empty() {
+            batch.append(&mut ready);
+        } else if !ss.done.take_all(&mut batch, deadline.max(Instant::now()) + DRAIN_TIMEOUT) {
             errors += outstanding as u64; // requests that never completed
             break;
         }
@@ -312,7 +337,7 @@ fn queue_thread(
                 hist.saturating_record(ns);
                 requests += 1;
                 errors += u64::from(!c.ok);
-                if submit(c.slot, &mut submitted_at) {
+                if submit(c.slot, &mut submitted_at, &mut ready) {
                     outstanding += 1;
                 } else {
                     errors += 1;
@@ -321,6 +346,50 @@ fn queue_thread(
         }
     }
     (hist, requests, errors)
+}
+
+/// A read admitted in place, served on the queue thread as the daemon's
+/// `worker::read_in_place` does: its completion, or `None` once it is
+/// handed back to the workers (its data was not in memory).
+fn read_in_place(
+    shared: &Shared,
+    ss: &StreamShared,
+    image: &cas::Image,
+    slot: usize,
+    d: Dispatch<cas::image::LogReservation>,
+) -> Option<Completion> {
+    let mut sl = ss.slots[slot].lock().expect("slot lock");
+    let Slot { buf, trace } = &mut *sl;
+    // The scheduler runs on the trace clock: its admission time is this
+    // read's admission, dispatch and start, as in the daemon.
+    let begin_ns = trace.is_some().then_some(d.admitted_ns);
+    let result = match image.read_nowait(d.offset_bytes, buf) {
+        Ok(false) => {
+            drop(sl);
+            shared.requeue(d.image, d.request).expect("requeue an admitted read");
+            return None;
+        }
+        Ok(true) => verify(buf, d.offset_bytes),
+        Err(e) => Err(e.to_string()),
+    };
+    // As the daemon: the trace is finished here, its completion at its
+    // execution's end (one clock read for both).
+    if let (Some(t), Some(begin_ns), Some(tracer)) = (trace.as_mut(), begin_ns, &ss.tracer) {
+        d.record_into(t, begin_ns);
+        let end_ns = trace::now_ns();
+        t.executed(end_ns);
+        tracer.finish(t, end_ns, if result.is_ok() { 0 } else { -5 });
+    }
+    *trace = None;
+    drop(sl);
+    ss.admission_wait_ns.lock().expect("histogram lock").saturating_record(d.admission_wait_ns());
+    if let Err(e) = &result {
+        eprintln!("bench_sched: in-place read on image {} failed: {e}", d.image);
+    }
+    if shared.complete(d.image, d.request).is_err() {
+        ss.errors.fetch_add(1, Ordering::Relaxed);
+    }
+    Some(Completion { slot, ok: result.is_ok(), trace: None })
 }
 
 fn worker(
