@@ -288,9 +288,9 @@ fn queue_thread(
             }
             submitted_at[slot] = Instant::now();
             if ss.tracer.is_some() {
-                let mut t = RequestTrace::new(trace_op, trace::now_ns());
+                // Built in the slot: no copy of the trace afterwards.
+                let t = sl.trace.insert(RequestTrace::new(trace_op, trace::now_ns()));
                 t.set_location(ss.qid, slot as u16, offset, s.block_bytes as u32);
-                sl.trace = Some(t);
             }
         }
         let request = RequestId(generation << SLOT_BITS | slot as u64);
