@@ -30,8 +30,9 @@ def median(xs):
     return statistics.median(xs)
 
 
-rr = {arm: runs("randread", arm) for arm in ("loop", "casblk")}
-wr = {arm: runs("write", arm) for arm in ("loop", "casblk")}
+ARMS = ("loop", "casblk", "cas")
+rr = {arm: runs("randread", arm) for arm in ARMS}
+wr = {arm: runs("write", arm) for arm in ARMS}
 iops = {a: median([r["read"]["iops"] for r in rr[a]]) for a in rr}
 p99 = {a: median([r["read"]["clat_ns"]["percentile"]["99.000000"] / 1000 for r in rr[a]]) for a in rr}
 mib = {a: median([r["write"]["bw_bytes"] / (1 << 20) for r in wr[a]]) for a in wr}
@@ -42,11 +43,17 @@ result = {
         "ratio": round(iops["casblk"] / iops["loop"], 3),
         "loop_p99_us": round(p99["loop"], 1),
         "casblk_p99_us": round(p99["casblk"], 1),
+        # Content-addressed mode on the same filesystem, for reference.
+        "cas_iops": round(iops["cas"], 1),
+        "cas_ratio": round(iops["cas"] / iops["loop"], 3),
+        "cas_p99_us": round(p99["cas"], 1),
     },
     "write": {
         "loop_mib_s": round(mib["loop"], 1),
         "casblk_mib_s": round(mib["casblk"], 1),
         "ratio": round(mib["casblk"] / mib["loop"], 3),
+        "cas_mib_s": round(mib["cas"], 1),
+        "cas_ratio": round(mib["cas"] / mib["loop"], 3),
     },
     "runs_per_arm": len(rr["loop"]),
     "per_run": {
@@ -62,4 +69,6 @@ r, w = result["randread"], result["write"]
 print(f"randread 4k QD8 : loop {r['loop_iops']:.0f} IOPS (p99 {r['loop_p99_us']:.0f} us)  "
       f"casblk {r['casblk_iops']:.0f} IOPS (p99 {r['casblk_p99_us']:.0f} us)  ratio {r['ratio']:.3f}  [target >= 0.8]")
 print(f"write 1M QD32   : loop {w['loop_mib_s']:.1f} MiB/s  casblk {w['casblk_mib_s']:.1f} MiB/s  ratio {w['ratio']:.3f}")
+print(f"cas mode (ref.) : randread {r['cas_iops']:.0f} IOPS (p99 {r['cas_p99_us']:.0f} us, {r['cas_ratio']:.3f} of loop)  "
+      f"write {w['cas_mib_s']:.1f} MiB/s ({w['cas_ratio']:.3f} of loop)")
 print(f"wrote {dst}")
