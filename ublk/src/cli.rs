@@ -112,27 +112,30 @@ pub struct AddArgs {
     pub foreground: bool,
 
     #[command(flatten)]
-    pub store_settings: StoreSettingsArgs,
+    pub store_settings: StoreSettings,
 }
 
 /// Settings of the store daemon (content-addressed mode). They take effect
 /// when this `add` starts the store's daemon; an `add` that reaches a
-/// running daemon is refused if it asks for a different value.
-#[derive(Args, Debug, Default)]
+/// running daemon is refused if it asks for a different value. The same
+/// struct travels to the daemon in the add request (`daemon::settings`
+/// turns it into store options). `None` keeps the default, or for a
+/// running daemon whatever it runs with.
+#[derive(Args, Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[command(next_help_heading = "Store daemon settings (--image; applied when the daemon starts)")]
-pub struct StoreSettingsArgs {
+pub struct StoreSettings {
     /// Clean chunk cache on the read path, shared by all images [default: 16M].
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, conflicts_with = "backing")]
-    pub chunk_cache: Option<u64>,
+    #[arg(long = "chunk-cache", value_name = "SIZE", value_parser = parse_size, conflicts_with = "backing")]
+    pub chunk_cache_bytes: Option<u64>,
 
     /// Write-ahead log quota per image; writes wait when it is full [default: 256M].
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, conflicts_with = "backing")]
-    pub log_quota: Option<u64>,
+    #[arg(long = "log-quota", value_name = "SIZE", value_parser = parse_size, conflicts_with = "backing")]
+    pub log_quota_bytes: Option<u64>,
 
     /// Memory for the chunk index plus compaction buffers; beyond it new
     /// chunks are refused rather than the daemon running out of memory [default: 1G].
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, conflicts_with = "backing")]
-    pub memory_budget: Option<u64>,
+    #[arg(long = "memory-budget", value_name = "SIZE", value_parser = parse_size, conflicts_with = "backing")]
+    pub memory_budget_bytes: Option<u64>,
 
     /// Threads per compaction pass (1, 2 or 3) [default: 3].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=3), conflicts_with = "backing")]

@@ -77,7 +77,7 @@ pub fn add_image(store: &Path, args: AddArgs) -> Result<()> {
         depth: args.depth,
         io_buf_bytes: args.io_buf_bytes,
         poll_us: args.poll_us,
-        settings: daemon::StoreSettings::from(&args.store_settings),
+        settings: args.store_settings.clone(),
     };
     // Bad values fail here, before a daemon is reached or started.
     req.settings.options()?;

@@ -1,34 +1,12 @@
 //! Store daemon settings from `casblk add`: the few `cas::StoreOptions` a
 //! user tunes, given as flags, applied when the daemon starts.
 
-use crate::cli::StoreSettingsArgs;
+pub use crate::cli::StoreSettings;
 use anyhow::{bail, Result};
-use serde::{Deserialize, Serialize};
 
 /// Compaction's share of the memory budget when `--memory-budget` is given:
 /// a quarter, up to the default's 128 MiB.
 const COMPACTION_SHARE_DIVISOR: u64 = 4;
-
-/// What the user asked for; `None` keeps the default (or, for a running
-/// daemon, whatever it runs with).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoreSettings {
-    pub chunk_cache_bytes: Option<u64>,
-    pub log_quota_bytes: Option<u64>,
-    pub memory_budget_bytes: Option<u64>,
-    pub compaction_threads: Option<u64>,
-}
-
-impl From<&StoreSettingsArgs> for StoreSettings {
-    fn from(a: &StoreSettingsArgs) -> StoreSettings {
-        StoreSettings {
-            chunk_cache_bytes: a.chunk_cache,
-            log_quota_bytes: a.log_quota,
-            memory_budget_bytes: a.memory_budget,
-            compaction_threads: a.compaction_threads,
-        }
-    }
-}
 
 impl StoreSettings {
     /// The store options these settings give, or an error naming the flag.
