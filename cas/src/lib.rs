@@ -5,6 +5,7 @@
 //! [`storage::MemStorage`] to crash the store and inject faults.
 #![deny(unsafe_code)]
 
+pub mod background;
 pub mod chunk;
 pub mod compact;
 pub mod error;
@@ -16,6 +17,7 @@ pub mod storage;
 pub mod store;
 pub mod wal;
 
+pub use background::BackgroundCpu;
 pub use compact::{CompactReport, CompactStats};
 pub use error::{Error, Result};
 pub use gc::GcReport;

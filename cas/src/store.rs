@@ -34,6 +34,7 @@ mod names;
 pub use files::{ImageHeader, IMAGE_VERSION, STORE_VERSION};
 pub use names::{validate_image_name, IMAGE_NAME_BYTES_MAX};
 
+use crate::background::BackgroundCpu;
 use crate::chunk::{ChunkStats, ChunkStore, ChunkStoreOptions};
 use crate::compact::service::{OpenImages, Service};
 use crate::compact::{Budget, CompactConfig, CompactReport, Compactor, ImageCompaction, PassControl};
@@ -85,6 +86,12 @@ pub struct StoreOptions {
     pub compaction_interval_ms: u64,
     /// Largest chunk pack file.
     pub pack_bytes: u64,
+    /// Scheduling class of the compactor and the log writeback threads
+    /// (cas::background): by default they never preempt the request path
+    /// on wakeup. Not among the numeric settings counters (a name, not a
+    /// number: /proc/<pid>/task/<tid>/stat shows the policy).
+    #[serde(skip)]
+    pub background_cpu: BackgroundCpu,
 }
 
 impl Default for StoreOptions {
@@ -101,6 +108,7 @@ impl Default for StoreOptions {
             compaction_trigger_percent: 50,
             compaction_interval_ms: 1000,
             pack_bytes: 64 << 20,
+            background_cpu: BackgroundCpu::default(),
         }
     }
 }
@@ -267,7 +275,9 @@ impl Store {
             cfg: opts.compact_config(),
         });
         let open: OpenImages = Arc::default();
-        let service = opts.background_compaction.then(|| Service::start(compactor.clone(), open.clone()));
+        let service = opts
+            .background_compaction
+            .then(|| Service::start(compactor.clone(), open.clone(), opts.background_cpu));
         Ok(Arc::new(Store {
             service,
             storage,
@@ -428,6 +438,7 @@ impl Store {
             segment_bytes: self.opts.log_segment_bytes,
             quota_bytes: self.opts.log_quota_bytes,
             replay_after_seq,
+            background_cpu: self.opts.background_cpu,
         })
     }
 

@@ -79,6 +79,16 @@ daemon_pid() {
     "$CASBLK" list --json | python3 -c "import json,sys; print([d['daemon_pid'] for d in json.load(sys.stdin) if d['bdev']=='$1'][0])"
 }
 
+# The scheduling policies (0 normal, 3 batch, 5 idle: /proc stat field 41)
+# of daemon PID's threads named NAME, sorted and unique, space-separated.
+thread_policies() {
+    local pid=$1 name=$2 t
+    for t in /proc/"$pid"/task/*; do
+        [ "$(cat "$t/comm" 2>/dev/null)" = "$name" ] || continue
+        sed 's/.*) //' "$t/stat" | awk '{print $39}'
+    done | sort -u | xargs
+}
+
 # Waits (bounded) until no ublk device is left.
 wait_no_devices() {
     for _ in $(seq 100); do [ -z "$(ls /sys/class/ublk-char 2>/dev/null)" ] && return 0; sleep 0.1; done

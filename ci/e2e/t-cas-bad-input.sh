@@ -15,6 +15,7 @@ expect_error "stats with no daemon" "$CASBLK" --store "$store" stats
 expect_error "log quota below two segments" "$CASBLK" --store "$store" add --image vm --log-quota 1M
 expect_error "memory budget too small" "$CASBLK" --store "$store" add --image vm --memory-budget 16M
 expect_error "compaction threads out of range" "$CASBLK" --store "$store" add --image vm --compaction-threads 4
+expect_error "unknown background CPU class" "$CASBLK" --store "$store" add --image vm --background-cpu fast
 expect_error "chunk cache not a size" "$CASBLK" --store "$store" add --image vm --chunk-cache big
 expect_error "store settings in raw mode" "$CASBLK" add --backing "$(new_backing 16M)" --chunk-cache 1M
 dev=$(add_image "$store" vm)

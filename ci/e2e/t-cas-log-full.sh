@@ -1,14 +1,17 @@
 # A full log makes writes wait, never fail: 320 MiB of writes into an image
 # whose log quota is 32 MiB (`add --log-quota`) complete with no error
 # while compaction reclaims the log underneath, and the data verifies
-# afterwards. The daemon's settings flags reach the store, and a later add
-# asking the running daemon for different ones is refused.
+# afterwards. The daemon's settings flags reach the store (the background
+# threads' CPU class among them), and a later add asking the running
+# daemon for different ones is refused.
 source "$(dirname "$0")/lib.sh"
 store=$(new_store vm 1G)
 "$CASBLK" --store "$store" image create other --size 64M >/dev/null
-dev=$(add_image "$store" vm -d 64 --log-quota 32M --chunk-cache 1M)
+dev=$(add_image "$store" vm -d 64 --log-quota 32M --chunk-cache 1M --background-cpu normal)
 expect_error "a running daemon asked for another log quota" \
     "$CASBLK" --store "$store" add --image other --log-quota 64M
+expect_error "a running daemon asked for another background CPU class" \
+    "$CASBLK" --store "$store" add --image other --background-cpu idle
 other=$(add_image "$store" other --log-quota 32M) || fail "the same settings as the daemon's were refused"
 cd "$SCRATCH"
 fio --name=fill --filename="$dev" --rw=write --bs=1M --size=320M --iodepth=32 --ioengine=io_uring \
@@ -31,6 +34,11 @@ print(f"writes {write['count']} errors 0; segments reclaimed {cas['segments_recl
       f"log-capacity waits {write['gates']['log_capacity']['requests']} requests, "
       f"max {write['gates']['log_capacity']['wait_ms_max']:.0f} ms")
 PY
+pid=$(daemon_pid "$dev")
+for name in cas-compactor wal-wb-vm; do
+    got=$(thread_policies "$pid" "$name")
+    [ "$got" = 0 ] || fail "--background-cpu normal: $name runs under policy '$got', not 0"
+done
 note "320 MiB through a 32 MiB log: waits, no errors, data verified; settings applied and checked"
 "$CASBLK" del -a
 wait_no_devices

@@ -39,6 +39,15 @@ run_fio warm --verify_only
 read -r in2 req2 <<<"$(in_place_counters)"
 note "warm verify: $((in2 - in1)) reads in place, $((req2 - req1)) handed to workers"
 [ $((in2 - in1)) -ge 16384 ] || fail "cached reads were not served in place ($((in2 - in1)) of 16384)"
+# By default the background threads are SCHED_BATCH (3), the request path
+# normal (0): a sync's wakeup does not preempt a read in place.
+pid=$(daemon_pid "$dev")
+for name in cas-compactor wal-wb-vm; do
+    got=$(thread_policies "$pid" "$name")
+    [ "$got" = 3 ] || fail "$name runs under policy '$got', not SCHED_BATCH (3)"
+done
+[ "$(thread_policies "$pid" casblk-worker-0)" = 0 ] || fail "a request worker is not SCHED_OTHER"
+note "background threads SCHED_BATCH, request workers SCHED_OTHER"
 "$CASBLK" del -a
 wait_no_devices
 umount "$SCRATCH/mnt"

@@ -140,6 +140,12 @@ pub struct StoreSettings {
     /// Threads per compaction pass (1, 2 or 3) [default: 3].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=3), conflicts_with = "backing")]
     pub compaction_threads: Option<u64>,
+
+    /// Scheduling class of compaction and log writeback: batch keeps them
+    /// from preempting request threads on wakeup, idle runs them only on
+    /// spare CPU, normal as the request path [default: batch].
+    #[arg(long, value_name = "CLASS", value_parser = ["normal", "batch", "idle"], conflicts_with = "backing")]
+    pub background_cpu: Option<String>,
 }
 
 #[derive(Args, Debug)]

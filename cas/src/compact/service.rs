@@ -25,6 +25,7 @@
 //! A failing pass (I/O error, memory budget) is retried after a back-off.
 
 use super::{lock, Compactor, PassControl};
+use crate::background::BackgroundCpu;
 use crate::error::Error;
 use crate::image::{CapacityListener, Image};
 use std::collections::HashMap;
@@ -63,13 +64,16 @@ pub struct Service {
 }
 
 impl Service {
-    pub fn start(compactor: Arc<Compactor>, images: OpenImages) -> Service {
+    pub fn start(compactor: Arc<Compactor>, images: OpenImages, cpu: BackgroundCpu) -> Service {
         let shared =
             Arc::new(Shared { woken: Mutex::new(false), cond: Condvar::new(), stop: AtomicBool::new(false) });
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("cas-compactor".into())
-            .spawn(move || run(&compactor, &images, &sh))
+            .spawn(move || {
+                cpu.apply_to_current_thread();
+                run(&compactor, &images, &sh)
+            })
             .expect("spawn the compactor thread");
         Service { shared, thread: Some(thread) }
     }

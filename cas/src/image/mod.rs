@@ -36,6 +36,7 @@ pub use backing::{ChunkHash, EmptyManifest, ManifestView, BLOCK_BYTES};
 pub use capacity::{CapacityListener, LogReservation, CAPACITY_RETRY_MS};
 pub use stats::ImageStats;
 
+use crate::background::BackgroundCpu;
 use crate::compact::ImageCompaction;
 use crate::error::{Error, Result};
 use crate::storage::Storage;
@@ -62,6 +63,8 @@ pub struct ImageConfig {
     pub quota_bytes: u64,
     /// Records with seq at or below this are covered by the manifest.
     pub replay_after_seq: u64,
+    /// The log writeback thread's scheduling class.
+    pub background_cpu: BackgroundCpu,
 }
 
 /// One open image. See the module docs.
@@ -161,7 +164,7 @@ impl Image {
         let log = Arc::new(log);
         let durability = Arc::new(Durability::new(format!("image {}", cfg.name), durable));
         Ok(Image {
-            writeback: Writeback::start(&cfg.name, log.clone(), durability.clone()),
+            writeback: Writeback::start(&cfg.name, log.clone(), durability.clone(), cfg.background_cpu),
             durability,
             name: cfg.name,
             size_bytes: cfg.size_bytes,

@@ -15,6 +15,7 @@
 //! the image drops.
 
 use super::durability::Durability;
+use crate::background::BackgroundCpu;
 use crate::wal::{Log, Segment};
 use crossbeam::channel::{bounded, Sender};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +35,7 @@ pub struct Writeback {
 }
 
 impl Writeback {
-    pub fn start(name: &str, log: Arc<Log>, durability: Arc<Durability>) -> Writeback {
+    pub fn start(name: &str, log: Arc<Log>, durability: Arc<Durability>, cpu: BackgroundCpu) -> Writeback {
         let (tx, rx) = bounded::<(Arc<Segment>, u64)>(QUEUE_DEPTH);
         let syncs = Arc::new(AtomicU64::new(0));
         let count = syncs.clone();
@@ -42,6 +43,7 @@ impl Writeback {
         let thread = std::thread::Builder::new()
             .name(format!("wal-wb-{name}").chars().take(15).collect())
             .spawn(move || {
+                cpu.apply_to_current_thread();
                 for (segment, last_seq) in rx {
                     if !durability.wait_complete(last_seq) {
                         return; // the image failed; nothing more to do

@@ -27,6 +27,10 @@ impl StoreSettings {
         if let Some(v) = self.compaction_threads {
             o.compaction_threads = v;
         }
+        if let Some(name) = &self.background_cpu {
+            o.background_cpu = cas::BackgroundCpu::parse(name)
+                .ok_or_else(|| anyhow::anyhow!("--background-cpu {name}: not normal, batch or idle"))?;
+        }
         if let Some(budget) = self.memory_budget_bytes {
             o.memory_budget_bytes = budget;
             o.compaction_memory_bytes = o.compaction_memory_bytes.min(budget / COMPACTION_SHARE_DIVISOR);
@@ -48,13 +52,16 @@ impl StoreSettings {
     /// Why a daemon running with `running` cannot take these settings:
     /// the first one given that differs. `None` when they agree.
     pub fn conflict(&self, running: &cas::StoreOptions) -> Option<String> {
-        let given = [
+        let sizes = [
             ("--chunk-cache", self.chunk_cache_bytes, running.chunk_cache_bytes),
             ("--log-quota", self.log_quota_bytes, running.log_quota_bytes),
             ("--memory-budget", self.memory_budget_bytes, running.memory_budget_bytes),
             ("--compaction-threads", self.compaction_threads, running.compaction_threads),
-        ];
-        given.into_iter().find_map(|(flag, want, has)| match want {
+        ]
+        .map(|(flag, want, has)| (flag, want.map(|w| w.to_string()), has.to_string()));
+        let class =
+            ("--background-cpu", self.background_cpu.clone(), running.background_cpu.name().to_string());
+        sizes.into_iter().chain([class]).find_map(|(flag, want, has)| match want {
             Some(w) if w != has => Some(format!(
                 "the store's daemon already runs with {flag} {has}, not {w}: store settings apply when \
                  the daemon starts (delete the store's devices first, or leave the flag out)"
@@ -80,6 +87,7 @@ mod tests {
             log_quota_bytes: Some(64 << 20),
             memory_budget_bytes: Some(256 << 20),
             compaction_threads: Some(1),
+            background_cpu: Some("idle".into()),
         };
         let o = s.options().unwrap();
         assert_eq!(o.chunk_cache_bytes, 1 << 20);
@@ -87,6 +95,7 @@ mod tests {
         assert_eq!(o.memory_budget_bytes, 256 << 20);
         assert_eq!(o.compaction_memory_bytes, 64 << 20, "a quarter of the budget");
         assert_eq!(o.compaction_threads, 1);
+        assert_eq!(o.background_cpu, cas::BackgroundCpu::Idle);
         assert_eq!(s.conflict(&o), None);
     }
 
@@ -119,5 +128,10 @@ mod tests {
         let other = StoreSettings { compaction_threads: Some(2), ..Default::default() };
         let e = other.conflict(&running).unwrap();
         assert!(e.contains("--compaction-threads 3, not 2"), "{e}");
+        let class = StoreSettings { background_cpu: Some("normal".into()), ..Default::default() };
+        let e = class.conflict(&running).unwrap();
+        assert!(e.contains("--background-cpu batch, not normal"), "{e}");
+        let same = StoreSettings { background_cpu: Some("batch".into()), ..Default::default() };
+        assert_eq!(same.conflict(&running), None);
     }
 }
