@@ -71,6 +71,10 @@ pub struct Stream {
     pub queue_depth: usize,
     /// Offsets are random multiples of `block_bytes` below this.
     pub span_bytes: u64,
+    /// Reads only: 0 reads from the engine; otherwise a read in place is
+    /// this many rounds of register arithmetic instead (floor.rs): the
+    /// same request path, no memory traffic, no system calls.
+    pub spin_rounds: u64,
 }
 
 /// What one stream measured.
@@ -363,7 +367,15 @@ fn read_in_place(
     // The scheduler runs on the trace clock: its admission time is this
     // read's admission, dispatch and start, as in the daemon.
     let begin_ns = trace.is_some().then_some(d.admitted_ns);
-    let result = match image.read_nowait(d.offset_bytes, buf) {
+    let read = match ss.stream.spin_rounds {
+        0 => image.read_nowait(d.offset_bytes, buf),
+        rounds => {
+            crate::floor::spin(rounds);
+            buf[..8].copy_from_slice(&block_pattern(d.offset_bytes));
+            Ok(true)
+        }
+    };
+    let result = match read {
         Ok(false) => {
             drop(sl);
             shared.requeue(d.image, d.request).expect("requeue an admitted read");

@@ -7,7 +7,9 @@
 //!   "write_only": { write_mib_s },
 //!   "mixed":      { read_p50_us, read_p99_us, read_max_us, reads_per_s,
 //!                   write_mib_s, read_admission_wait_ms_max, errors },
-//!   "trace_overhead_pct": f64 }
+//!   "trace_overhead_pct": f64,
+//!   "floor":      { read_ns, spin_rounds, read_only: {..}, mixed: {..},
+//!                   write_mib_s, read_p99_ratio } }
 //! ```
 //!
 //! Each arm gets a fresh store (engine.rs) with image A seeded and
@@ -22,18 +24,24 @@
 //!              (overhead.rs), on the read_only arm's store
 //!  write_only  B: 1 MiB random writes, QD32, into a log small enough to fill
 //!  mixed       both streams at once
+//!  floor_*     read_only and mixed again with reads that spin as long as
+//!              an engine read takes instead of reading (floor.rs): the
+//!              interference floor of this machine, reported as "floor"
 //! ```
 //!
 //! The overhead arm runs `SCHED_BENCH_OVERHEAD_PAIRS` (default 4 per
 //! second of `SCHED_BENCH_SECS`) on/off pairs of `SCHED_BENCH_OVERHEAD_SECS`
 //! (default 0.3) segments. `SCHED_BENCH_ONLY=read_only|write_only|mixed|
-//! overhead` runs one arm (for a profiler) and writes no JSON.
+//! overhead|floor` runs one arm (for a profiler) and writes no JSON.
+//! `SCHED_BENCH_BACKGROUND_CPU=normal|batch|idle` sets the store's
+//! background threads' class (default: the store's, batch), for A/B runs.
 //!
 //! Targets: mixed read p99 <= 1.5 x read-only p99; mixed read admission
 //! wait <= 50 ms; mixed write MiB/s >= 0.9 x write-only; zero errors;
 //! trace overhead <= 3%.
 
 mod engine;
+mod floor;
 mod load;
 mod mailbox;
 mod overhead;
@@ -41,7 +49,7 @@ mod report;
 
 use std::time::Instant;
 
-use cas::StoreOptions;
+use cas::{BackgroundCpu, StoreOptions};
 use engine::{Engine, EngineDelta};
 use load::{block_pattern, run_arm, ArmResult, Stream, Tracing};
 use report::{describe, errors, read_figures, write_mib_s};
@@ -59,10 +67,22 @@ const LOG_QUOTA_BYTES: u64 = 64 * MIB;
 /// The daemon's worker pool (ublk/src/daemon/control.rs).
 const WORKERS: usize = 4;
 
-const READS: Stream =
-    Stream { image: IMAGE_A, op: Op::Read, block_bytes: 4096, queue_depth: 8, span_bytes: A_BYTES };
-const WRITES: Stream =
-    Stream { image: IMAGE_B, op: Op::Write, block_bytes: MIB, queue_depth: 32, span_bytes: B_BYTES };
+const READS: Stream = Stream {
+    image: IMAGE_A,
+    op: Op::Read,
+    block_bytes: 4096,
+    queue_depth: 8,
+    span_bytes: A_BYTES,
+    spin_rounds: 0,
+};
+const WRITES: Stream = Stream {
+    image: IMAGE_B,
+    op: Op::Write,
+    block_bytes: MIB,
+    queue_depth: 32,
+    span_bytes: B_BYTES,
+    spin_rounds: 0,
+};
 
 fn env_f64(name: &str, default: f64) -> f64 {
     std::env::var(name).map_or(default, |s| s.parse().unwrap_or_else(|_| panic!("{name}={s}: not a number")))
@@ -117,6 +137,61 @@ fn arm(engine: &Engine, setup: &Setup, name: &str, streams: &[Stream]) -> ArmRes
     result
 }
 
+/// The floor arms (floor.rs): a reader spinning as long as an engine read
+/// takes, alone and beside the writers, each on a fresh store.
+struct Floor {
+    cal: floor::Calibration,
+    read_only: ArmResult,
+    mixed: ArmResult,
+}
+
+fn floor_arms(setup: &Setup) -> Floor {
+    let engine = fresh_engine(setup, "floor_read_only");
+    let cal = floor::calibrate(engine.image(IMAGE_A), A_BYTES);
+    println!(
+        "floor: an engine read in place takes {:.0} ns here; the floor arms spin {} rounds instead",
+        cal.read_ns, cal.spin_rounds
+    );
+    let reads = Stream { spin_rounds: cal.spin_rounds, ..READS };
+    let read_only = arm(&engine, setup, "floor_read_only", &[reads]);
+    drop(engine);
+    let engine = fresh_engine(setup, "floor_mixed");
+    let mixed = arm(&engine, setup, "floor_mixed", &[reads, WRITES]);
+    Floor { cal, read_only, mixed }
+}
+
+impl Floor {
+    fn p99_us(arm: &ArmResult) -> f64 {
+        report::us(arm.stream(Op::Read).latency_ns.value_at_quantile(0.99))
+    }
+
+    fn ratio(&self) -> f64 {
+        Self::p99_us(&self.mixed) / Self::p99_us(&self.read_only)
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "read_ns": self.cal.read_ns.round(),
+            "spin_rounds": self.cal.spin_rounds,
+            "read_only": read_figures(&self.read_only),
+            "mixed": read_figures(&self.mixed),
+            "write_mib_s": write_mib_s(&self.mixed),
+            "read_p99_ratio": (self.ratio() * 100.0).round() / 100.0,
+        })
+    }
+
+    fn print(&self) {
+        println!(
+            "floor: reads spinning {:.0} ns in place (no I/O): read-only p99 {} us, beside the writers {} us = \
+             {:.2}x; the part of the mixed/read-only ratio this machine's interference alone accounts for",
+            self.cal.read_ns,
+            Self::p99_us(&self.read_only),
+            Self::p99_us(&self.mixed),
+            self.ratio()
+        );
+    }
+}
+
 /// `SCHED_BENCH_ONLY=ARM`: one arm for a profiler; no JSON (the contract
 /// needs every arm).
 fn run_only(setup: &Setup, only: &str) {
@@ -131,7 +206,12 @@ fn run_only(setup: &Setup, only: &str) {
             oh.print(setup.segment_secs);
             return;
         }
-        other => panic!("SCHED_BENCH_ONLY={other}: not read_only, write_only, mixed or overhead"),
+        "floor" => {
+            drop(engine);
+            floor_arms(setup).print();
+            return;
+        }
+        other => panic!("SCHED_BENCH_ONLY={other}: not read_only, write_only, mixed, overhead or floor"),
     };
     let result = arm(&engine, setup, only, streams);
     if streams.contains(&READS) {
@@ -147,7 +227,18 @@ fn main() {
     let secs = env_f64("SCHED_BENCH_SECS", 10.0);
     let setup = Setup {
         config: Config::default(), // as the daemon
-        opts: StoreOptions { log_quota_bytes: LOG_QUOTA_BYTES, ..StoreOptions::default() },
+        opts: StoreOptions {
+            log_quota_bytes: LOG_QUOTA_BYTES,
+            background_cpu: std::env::var("SCHED_BENCH_BACKGROUND_CPU").map_or(
+                BackgroundCpu::default(),
+                |v| {
+                    BackgroundCpu::parse(&v).unwrap_or_else(|| {
+                        panic!("SCHED_BENCH_BACKGROUND_CPU={v}: not normal, batch or idle")
+                    })
+                },
+            ),
+            ..StoreOptions::default()
+        },
         secs,
         pairs: env_f64("SCHED_BENCH_OVERHEAD_PAIRS", (4.0 * secs).ceil()) as usize,
         segment_secs: env_f64("SCHED_BENCH_OVERHEAD_SECS", 0.3),
@@ -155,13 +246,14 @@ fn main() {
     let (config, opts) = (&setup.config, &setup.opts);
     println!(
         "bench_sched: cas store on {} under target/bench, log quota {} MiB/image in {} MiB segments, chunk \
-         cache {} MiB, background compaction ({} threads); {WORKERS} workers, sched {} write slots, {} read \
+         cache {} MiB, background compaction ({} threads, {} class); {WORKERS} workers, sched {} write slots, {} read \
          credits, quantum {} KiB; {secs} s per arm, tracing on",
         casblk_ci::filesystem_of(&casblk_ci::results_dir()),
         opts.log_quota_bytes / MIB,
         opts.log_segment_bytes / MIB,
         opts.chunk_cache_bytes / MIB,
         opts.compaction_threads,
+        opts.background_cpu.name(),
         config.write_slots,
         config.read_credits,
         config.quantum_bytes >> 10
@@ -181,6 +273,7 @@ fn main() {
     let engine = fresh_engine(&setup, "mixed");
     let mixed = arm(&engine, &setup, "mixed", &[READS, WRITES]);
     drop(engine);
+    let floor = floor_arms(&setup);
 
     let mut mixed_json = read_figures(&mixed);
     mixed_json["write_mib_s"] = json!(write_mib_s(&mixed));
@@ -192,6 +285,7 @@ fn main() {
         "write_only": { "write_mib_s": write_mib_s(&write_only) },
         "mixed": mixed_json,
         "trace_overhead_pct": (oh.pct * 100.0).round() / 100.0,
+        "floor": floor.json(),
     });
 
     let (ro, wo, mx) = (&out["read_only"], &out["write_only"], &out["mixed"]);
@@ -212,6 +306,7 @@ fn main() {
     }
     println!("{:<11} {:>58}", "write_only", f(&wo["write_mib_s"]));
     oh.print(setup.segment_secs);
+    floor.print();
 
     let (ro_p99, mx_p99) = (f(&ro["read_p99_us"]), f(&mx["read_p99_us"]));
     let (wo_mib, mx_mib) = (f(&wo["write_mib_s"]), f(&mx["write_mib_s"]));
