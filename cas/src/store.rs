@@ -89,7 +89,7 @@ pub struct StoreOptions {
     /// Scheduling class of the compactor and the log writeback threads
     /// (cas::background): by default they never preempt the request path
     /// on wakeup. Not among the numeric settings counters (a name, not a
-    /// number: /proc/<pid>/task/<tid>/stat shows the policy).
+    /// number: `/proc/<pid>/task/<tid>/stat` shows the policy).
     #[serde(skip)]
     pub background_cpu: BackgroundCpu,
 }
