@@ -30,6 +30,9 @@ pub enum BackgroundCpu {
 }
 
 impl BackgroundCpu {
+    /// Every class, in the order flags and messages list them.
+    pub const ALL: [BackgroundCpu; 3] = [BackgroundCpu::Normal, BackgroundCpu::Batch, BackgroundCpu::Idle];
+
     /// The policy's name, as `parse` takes it.
     pub fn name(self) -> &'static str {
         match self {
@@ -39,8 +42,12 @@ impl BackgroundCpu {
         }
     }
 
-    pub fn parse(s: &str) -> Option<BackgroundCpu> {
-        [BackgroundCpu::Normal, BackgroundCpu::Batch, BackgroundCpu::Idle].into_iter().find(|p| p.name() == s)
+    /// The class named `s`, or a message listing the names.
+    pub fn parse(s: &str) -> Result<BackgroundCpu, String> {
+        Self::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Self::ALL.iter().map(|c| c.name()).collect();
+            format!("'{s}' is not a background CPU class ({})", names.join(", "))
+        })
     }
 
     fn linux_policy(self) -> libc::c_int {
@@ -70,7 +77,5 @@ impl BackgroundCpu {
 pub fn current_thread_policy() -> Option<BackgroundCpu> {
     // SAFETY: no arguments; reads the calling thread's policy.
     let p = unsafe { libc::sched_getscheduler(0) };
-    [BackgroundCpu::Normal, BackgroundCpu::Batch, BackgroundCpu::Idle]
-        .into_iter()
-        .find(|c| c.linux_policy() == p)
+    BackgroundCpu::ALL.into_iter().find(|c| c.linux_policy() == p)
 }

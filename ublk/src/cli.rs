@@ -144,7 +144,7 @@ pub struct StoreSettings {
     /// Scheduling class of compaction and log writeback: batch keeps them
     /// from preempting request threads on wakeup, idle runs them only on
     /// spare CPU, normal as the request path [default: batch].
-    #[arg(long, value_name = "CLASS", value_parser = ["normal", "batch", "idle"], conflicts_with = "backing")]
+    #[arg(long, value_name = "CLASS", value_parser = clap::builder::PossibleValuesParser::new(cas::BackgroundCpu::ALL.map(cas::BackgroundCpu::name)), conflicts_with = "backing")]
     pub background_cpu: Option<String>,
 }
 

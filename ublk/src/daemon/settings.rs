@@ -28,8 +28,8 @@ impl StoreSettings {
             o.compaction_threads = v;
         }
         if let Some(name) = &self.background_cpu {
-            o.background_cpu = cas::BackgroundCpu::parse(name)
-                .ok_or_else(|| anyhow::anyhow!("--background-cpu {name}: not normal, batch or idle"))?;
+            o.background_cpu =
+                cas::BackgroundCpu::parse(name).map_err(|e| anyhow::anyhow!("--background-cpu: {e}"))?;
         }
         if let Some(budget) = self.memory_budget_bytes {
             o.memory_budget_bytes = budget;
@@ -104,6 +104,10 @@ mod tests {
         let small_log = StoreSettings { log_quota_bytes: Some(4 << 20), ..Default::default() };
         let e = small_log.options().unwrap_err().to_string();
         assert!(e.contains("--log-quota") && e.contains("16777216"), "{e}");
+        // Over the wire the class name is not clap-checked.
+        let class = StoreSettings { background_cpu: Some("fast".into()), ..Default::default() };
+        let e = class.options().unwrap_err().to_string();
+        assert!(e.contains("--background-cpu") && e.contains("(normal, batch, idle)"), "{e}");
         let small_mem = StoreSettings { memory_budget_bytes: Some(8 << 20), ..Default::default() };
         let e = small_mem.options().unwrap_err().to_string();
         assert!(e.contains("--memory-budget"), "{e}");

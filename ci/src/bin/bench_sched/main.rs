@@ -229,14 +229,10 @@ fn main() {
         config: Config::default(), // as the daemon
         opts: StoreOptions {
             log_quota_bytes: LOG_QUOTA_BYTES,
-            background_cpu: std::env::var("SCHED_BENCH_BACKGROUND_CPU").map_or(
-                BackgroundCpu::default(),
-                |v| {
-                    BackgroundCpu::parse(&v).unwrap_or_else(|| {
-                        panic!("SCHED_BENCH_BACKGROUND_CPU={v}: not normal, batch or idle")
-                    })
-                },
-            ),
+            background_cpu: std::env::var("SCHED_BENCH_BACKGROUND_CPU")
+                .map_or(BackgroundCpu::default(), |v| {
+                    BackgroundCpu::parse(&v).unwrap_or_else(|e| panic!("SCHED_BENCH_BACKGROUND_CPU: {e}"))
+                }),
             ..StoreOptions::default()
         },
         secs,
