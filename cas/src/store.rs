@@ -32,7 +32,7 @@ mod files;
 mod names;
 
 pub use files::{ImageHeader, IMAGE_VERSION, STORE_VERSION};
-pub use names::{validate_image_name, IMAGE_NAME_BYTES_MAX};
+pub use names::{check_image_dir_name, validate_image_name, IMAGE_NAME_BYTES_MAX, IMAGE_NAME_CHARS};
 
 use crate::background::BackgroundCpu;
 use crate::chunk::{ChunkStats, ChunkStore, ChunkStoreOptions};
@@ -353,14 +353,16 @@ impl Store {
         Ok(m)
     }
 
-    /// The directory of image `name` (validated).
+    /// The directory of image `name` (checked to be one entry of `images/`;
+    /// names of older stores are accepted, see [`check_image_dir_name`]).
     pub fn image_dir(&self, name: &str) -> Result<PathBuf> {
-        validate_image_name(name)?;
+        check_image_dir_name(name)?;
         Ok(self.dir.join("images").join(name))
     }
 
     /// Creates an empty image of `size_bytes` (a multiple of 4096, > 0).
     pub fn create_image(&self, name: &str, size_bytes: u64) -> Result<()> {
+        validate_image_name(name)?;
         let dir = self.image_dir(name)?;
         if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES) || size_bytes > IMAGE_BYTES_MAX {
             return Err(Error::InvalidArgument(format!(
@@ -480,7 +482,7 @@ impl Store {
         let open = lock(&self.open);
         let mut out = Vec::new();
         for name in self.storage.list_dir(&self.dir.join("images"))? {
-            if validate_image_name(&name).is_err() {
+            if check_image_dir_name(&name).is_err() {
                 continue;
             }
             let path = self.dir.join("images").join(&name).join(IMAGE_FILE);

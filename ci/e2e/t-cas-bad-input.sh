@@ -6,6 +6,14 @@ expect_error "attach a missing image" "$CASBLK" --store "$store" add --image nop
 expect_error "attach from a missing store" "$CASBLK" --store "$SCRATCH/none" add --image vm
 expect_error "image name with a slash" "$CASBLK" --store "$store" image create a/b --size 1M
 expect_error "image name .." "$CASBLK" --store "$store" image create .. --size 1M
+expect_error "image name with a space" "$CASBLK" --store "$store" image create "a b" --size 1M
+expect_error "image name with a glob" "$CASBLK" --store "$store" image create "a*" --size 1M
+expect_error "image name with a backslash" "$CASBLK" --store "$store" image create 'a\b' --size 1M
+expect_error "image name not ASCII" "$CASBLK" --store "$store" image create "ünï" --size 1M
+expect_error "image name like an option" "$CASBLK" --store "$store" image create --size 1M -- -x
+expect_error "image name of 129 bytes" "$CASBLK" --store "$store" image create "$(printf 'x%.0s' $(seq 129))" --size 1M
+"$CASBLK" --store "$store" image create "tenant:vm_1.a-b" --size 1M >/dev/null || fail "a portable name was refused"
+"$CASBLK" --store "$store" image rm "tenant:vm_1.a-b" || fail "a portable name could not be removed"
 expect_error "image size zero" "$CASBLK" --store "$store" image create z --size 0
 expect_error "image size not a size" "$CASBLK" --store "$store" image create z --size lots
 expect_error "image size not 4 KiB aligned" "$CASBLK" --store "$store" image create z --size 1000
