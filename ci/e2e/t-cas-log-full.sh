@@ -27,6 +27,10 @@ cas, write = img["counters"]["cas"], img["ops"]["write"]
 settings, chunks = snap["counters"]["settings"], snap["counters"]["chunks"]
 assert write["errors"] == 0, write
 assert cas["segments_reclaimed"] > 0, "nothing was reclaimed"
+waited = sum(img["ops"][op]["gates"].get("log_capacity", {}).get("requests", 0)
+             for op in ("write", "write_zeroes", "discard"))
+assert waited > 0, "no write waited at the log_capacity gate: the log never filled"
+assert cas["capacity_waits"] == waited, f"cas.capacity_waits {cas['capacity_waits']} != log_capacity gate {waited}"
 assert cas["log_quota_bytes"] == 32 << 20, cas["log_quota_bytes"]
 assert settings["log_quota_bytes"] == 32 << 20 and settings["chunk_cache_bytes"] == 1 << 20, settings
 assert chunks["cache_entries"] <= 256, f"a 1 MiB chunk cache holds {chunks['cache_entries']} chunks"

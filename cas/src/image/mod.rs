@@ -233,8 +233,17 @@ impl Image {
     }
 
     /// Reserves `log_bytes` of log capacity if they fit now; never blocks.
+    /// A caller that retries until it fits counts the wait once, with
+    /// [`Image::note_capacity_wait`].
     pub fn try_reserve(&self, log_bytes: u64) -> Option<LogReservation> {
         self.capacity.try_reserve(log_bytes)
+    }
+
+    /// Counts one write that waited for log capacity before it got its
+    /// reservation (`ImageStats::capacity_waits`): the daemon's scheduler
+    /// holds such writes itself, and reports each one once at dispatch.
+    pub fn note_capacity_wait(&self) {
+        bump(&self.counters.capacity_waits, 1);
     }
 
     /// Called whenever log space is released after a reservation was refused.

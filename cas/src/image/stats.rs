@@ -67,7 +67,9 @@ pub struct ImageStats {
     pub read_zero_bytes: u64,
     pub read_hole_bytes: u64,
     pub read_chunk_bytes: u64,
-    /// Blocking writes that had to wait for log capacity.
+    /// Writes that had to wait for log capacity, each counted once however
+    /// long it waited: blocking writes, and the daemon's scheduled writes
+    /// that waited at its `log_capacity` gate (so the two counts agree).
     pub capacity_waits: u64,
     pub segments_reclaimed: u64,
     /// Covered segments whose deletion waited for a later reclamation

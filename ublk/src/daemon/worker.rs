@@ -45,6 +45,10 @@ fn serve(sched: &Sched, registry: &Registry, d: Dispatch<cas::image::LogReservat
     // One clock read marks admission, dispatch and the start of the I/O.
     let begin = trace::now_ns();
     d.record_into(&mut job.trace, begin);
+    if d.waits.log_capacity_ns > 0 {
+        // The engine's count of capacity waits is this gate's count.
+        core.image.note_capacity_wait();
+    }
     let result = execute(&core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, job.fua);
     let end = trace::now_ns();
     if d.op != Op::Read {
