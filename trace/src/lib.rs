@@ -10,7 +10,8 @@
 //!   (`docs/stats-schema.md`), with named counter sources from other crates
 //!   attached as [`Counters`].
 //! * [`stats`] — the root-only unix socket server and client, and
-//!   [`render_table`] for the CLI.
+//!   [`render_table`] for the CLI, in the human units of [`human_bytes`]
+//!   and friends.
 //!
 //! `trace` depends on none of `sched`, `cas` or `ublk`; they record into it.
 #![deny(unsafe_code)]
@@ -27,6 +28,7 @@ mod schema;
 mod slowest;
 pub mod stats;
 mod tracer;
+mod units;
 
 pub use clock::now_ns;
 pub use counters::{counters_from, counters_from_value, CounterValue, Counters};
@@ -40,3 +42,4 @@ pub use schema::{
     PhasesStats, SlowRequest, Snapshot, SCHEMA_VERSION,
 };
 pub use tracer::{Tracer, TracerConfig, MAX_SHARDS, SLOWEST_READS};
+pub use units::{human_bytes, human_count, human_ms, human_ns, human_rate, human_us};

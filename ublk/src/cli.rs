@@ -42,6 +42,7 @@ pub enum Command {
 pub enum ImageCommand {
     /// Create an image (creates the store if it does not exist yet).
     Create {
+        /// 1-128 letters, digits, '.', '_', '-' or ':'; not starting with '.' or '-'.
         name: String,
         /// Size in bytes, or with a binary suffix: 512M, 10G, 1T.
         #[arg(long, value_parser = parse_size)]
@@ -49,11 +50,15 @@ pub enum ImageCommand {
     },
     /// List the store's images.
     List {
+        /// Print JSON (sizes in bytes) instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Remove an image and its data (refused while it is attached).
-    Rm { name: String },
+    Rm {
+        /// The image to remove.
+        name: String,
+    },
 }
 
 #[derive(Args, Debug)]

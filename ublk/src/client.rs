@@ -157,12 +157,21 @@ fn print_images(rows: &Value, as_json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(rows)?);
         return Ok(());
     }
-    println!("{:<32} {:>16}  DEVICE", "NAME", "SIZE");
-    for row in rows.as_array().ok_or_else(|| anyhow!("malformed image list"))? {
-        let name = row.get("name").and_then(Value::as_str).unwrap_or("?");
-        let size = row.get("size_bytes").and_then(Value::as_u64).unwrap_or(0);
-        let device = row.get("device").and_then(Value::as_str).unwrap_or("-");
-        println!("{name:<32} {size:>16}  {device}");
+    let rows = rows.as_array().ok_or_else(|| anyhow!("malformed image list"))?;
+    let cells: Vec<[String; 3]> = rows
+        .iter()
+        .map(|row| {
+            let name = row.get("name").and_then(Value::as_str).unwrap_or("?");
+            let size = row.get("size_bytes").and_then(Value::as_u64).unwrap_or(0);
+            let device = row.get("device").and_then(Value::as_str).unwrap_or("-");
+            [name.to_owned(), trace::human_bytes(size), device.to_owned()]
+        })
+        .collect();
+    let name_w = cells.iter().map(|c| c[0].chars().count()).chain([4]).max().unwrap_or(4);
+    let size_w = cells.iter().map(|c| c[1].chars().count()).chain([4]).max().unwrap_or(4);
+    println!("{:<name_w$}  {:>size_w$}  DEVICE", "NAME", "SIZE");
+    for [name, size, device] in &cells {
+        println!("{name:<name_w$}  {size:>size_w$}  {device}");
     }
     Ok(())
 }
@@ -182,13 +191,16 @@ pub fn gc(store: &Path, as_json: bool) -> Result<()> {
     }
     let num = |k: &str| report.get(k).and_then(Value::as_u64).unwrap_or(0);
     println!(
-        "gc: {} manifests, {} chunks scanned, {} dead, {} packs rewritten, {} packs deleted, {} bytes reclaimed",
+        "gc: {} manifests, {} chunks scanned, {} dead, {} packs rewritten, {} packs deleted, {} reclaimed",
         num("manifests"),
         num("chunks_scanned"),
         num("chunks_dead"),
         num("packs_rewritten"),
         num("packs_deleted"),
-        report.get("bytes_reclaimed").and_then(Value::as_i64).unwrap_or(0)
+        match report.get("bytes_reclaimed").and_then(Value::as_i64).unwrap_or(0) {
+            n if n < 0 => format!("-{}", trace::human_bytes(n.unsigned_abs())),
+            n => trace::human_bytes(n.unsigned_abs()),
+        }
     );
     Ok(())
 }
