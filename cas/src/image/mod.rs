@@ -434,12 +434,7 @@ impl Image {
     }
 
     fn make_durable(&self, target: u64) -> Result<()> {
-        let work = self.durability.make_durable(target, &|upto| {
-            let targets = self.log.sync_targets();
-            let syncs = self.log.sync(&targets)?;
-            self.log.note_synced(&targets, upto);
-            Ok(syncs)
-        })?;
+        let work = self.durability.make_durable(target, &|upto| self.log.group_sync(upto))?;
         bump(&self.counters.sync_rounds, work.rounds);
         bump(&self.counters.syncs, work.files);
         Ok(())

@@ -6,9 +6,13 @@
 //! sync the current segment (and the directory) instead of every segment
 //! written since the last FLUSH. It changes no durability rule: a segment
 //! counts as synced only by a sync that started after all its records
-//! completed, exactly as in group commit. A failed sync fails the image
-//! (the kernel reports a writeback error to a file once; it must not be
-//! lost). Dropping the image stops the thread after at most one sync.
+//! completed, exactly as in group commit. A failed sync fails the image.
+//! The kernel reports a writeback error to a file once, so a group commit
+//! syncing the same segment just after this thread's failed sync would
+//! get 0 for data that was dropped; the segment's handle remembers the
+//! failure (`SyncGuard`) and that group commit fails too, before any FLUSH
+//! is acknowledged. Dropping the image stops the thread after at most one
+//! sync.
 //!
 //! Bounds: at most [`QUEUE_DEPTH`] closed segments wait; beyond that a
 //! segment is simply left for the next group commit. The thread ends when
@@ -48,10 +52,9 @@ impl Writeback {
                     if !durability.wait_complete(last_seq) {
                         return; // the image failed; nothing more to do
                     }
-                    match segment.file.sync_data() {
+                    match log.sync_closed(&segment) {
                         Ok(()) => {
                             count.fetch_add(1, Ordering::Relaxed);
-                            log.note_segment_synced(&segment);
                         }
                         Err(e) => {
                             durability.fail(format!("early writeback of a closed log segment failed: {e}"));

@@ -1,6 +1,6 @@
 //! The real backend: files on a local filesystem.
 
-use super::{OpenMode, Storage, StorageFile, StorageLock};
+use super::{OpenMode, Storage, StorageFile, StorageLock, SyncGuard};
 use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -105,7 +105,7 @@ impl Storage for FsStorage {
         }
         let file = opts.open(path).map_err(|e| Error::io(path, e))?;
         let in_memory = is_memory_fs(&file);
-        Ok(Arc::new(FsFile { path: path.to_path_buf(), file, in_memory }))
+        Ok(Arc::new(SyncGuard::new(FsFile { path: path.to_path_buf(), file, in_memory })))
     }
 
     fn remove_file(&self, path: &Path) -> Result<()> {

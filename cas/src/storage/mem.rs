@@ -16,8 +16,17 @@
 //! Handles opened before a crash fail afterwards: the process that held
 //! them is gone. Faults ([`Fault`]) make chosen operations fail with EIO
 //! or ENOSPC, once or from then on.
+//!
+//! A sync fault is a *writeback error*, as Linux has them: the file's
+//! unsynced writes are dropped from what a crash keeps (reads still see
+//! them, like pages marked clean but never written), and the error is
+//! reported once to each open handle: a second sync of the same handle
+//! after the failed one returns Ok and makes nothing of the lost writes
+//! durable. `Storage::open` wraps every handle in the [`SyncGuard`] that
+//! turns this into "every later sync fails"; [`MemStorage::without_sync_guard`]
+//! leaves it off, to show what the guard prevents.
 
-use super::{OpenMode, Storage, StorageFile, StorageLock};
+use super::{OpenMode, Storage, StorageFile, StorageLock, SyncGuard};
 use crate::error::{Error, Result};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -85,6 +94,10 @@ struct FileData {
     live: Vec<u8>,
     durable: Vec<u8>,
     pending: Vec<FileOp>,
+    /// Writeback errors so far (Linux's errseq of the file's mapping), and
+    /// the errno of the last one.
+    wb_errors: u64,
+    wb_errno: i32,
 }
 
 struct State {
@@ -99,6 +112,8 @@ struct State {
     syncs: u64,
     /// Paths locked by `lock_exclusive`; a crash releases them all.
     locks: HashSet<PathBuf>,
+    /// `open` wraps handles in a [`SyncGuard`] (the default).
+    guard_syncs: bool,
 }
 
 /// In-memory storage with crash and fault injection. Clones share state.
@@ -184,8 +199,16 @@ impl MemStorage {
                 faults: Vec::new(),
                 syncs: 0,
                 locks: HashSet::new(),
+                guard_syncs: true,
             })),
         }
+    }
+
+    /// Handles opened from now on lack the [`SyncGuard`]: a writeback error
+    /// is reported once per handle, as the kernel does, and a later sync of
+    /// the same handle succeeds. Only for tests that show what the guard is for.
+    pub fn without_sync_guard(&self) {
+        lock(&self.state).guard_syncs = false;
     }
 
     /// Adds a fault; it applies to operations from now on.
@@ -296,6 +319,14 @@ impl MemStorage {
     }
 
     fn check_fault(st: &mut State, op: FaultOp, path: &Path) -> Result<()> {
+        match Self::fault_errno(st, op, path) {
+            None => Ok(()),
+            Some(errno) => Err(os_err(path, errno)),
+        }
+    }
+
+    /// The errno of the fault that hits this operation, if one does.
+    fn fault_errno(st: &mut State, op: FaultOp, path: &Path) -> Option<i32> {
         let shown = path.to_string_lossy();
         let mut hit = None;
         for (i, (f, seen)) in st.faults.iter_mut().enumerate() {
@@ -309,15 +340,11 @@ impl MemStorage {
             hit = Some((i, f.errno, f.sticky));
             break;
         }
-        match hit {
-            None => Ok(()),
-            Some((i, errno, sticky)) => {
-                if !sticky {
-                    st.faults.remove(i);
-                }
-                Err(os_err(path, errno))
-            }
+        let (i, errno, sticky) = hit?;
+        if !sticky {
+            st.faults.remove(i);
         }
+        Some(errno)
     }
 
     fn ns_op(st: &mut State, op: NsOp, dirs: Vec<PathBuf>) {
@@ -331,11 +358,22 @@ struct MemFile {
     generation: u64,
     data: Arc<Mutex<FileData>>,
     state: Arc<Mutex<State>>,
+    /// The file's writeback errors this handle has been told of (sampled
+    /// at open, like the errseq of a Linux `struct file`).
+    wb_errors_seen: Mutex<u64>,
 }
 
 impl MemFile {
     /// Checks the handle is from the current incarnation and applies faults.
     fn enter(&self, op: FaultOp) -> Result<()> {
+        match self.enter_with(op)? {
+            None => Ok(()),
+            Some(errno) => Err(os_err(&self.path, errno)),
+        }
+    }
+
+    /// Like `enter`, but hands back the errno of a fault instead of failing.
+    fn enter_with(&self, op: FaultOp) -> Result<Option<i32>> {
         let mut st = lock(&self.state);
         if st.generation != self.generation {
             return Err(Error::io(
@@ -343,11 +381,11 @@ impl MemFile {
                 std::io::Error::other("stale handle: the storage crashed after it was opened"),
             ));
         }
-        MemStorage::check_fault(&mut st, op, &self.path)?;
-        if op == FaultOp::Sync {
+        let fault = MemStorage::fault_errno(&mut st, op, &self.path);
+        if op == FaultOp::Sync && fault.is_none() {
             st.syncs += 1;
         }
-        Ok(())
+        Ok(fault)
     }
 }
 
@@ -377,10 +415,26 @@ impl StorageFile for MemFile {
     }
 
     fn sync_data(&self) -> Result<()> {
-        self.enter(FaultOp::Sync)?;
+        let fault = self.enter_with(FaultOp::Sync)?;
         let mut d = lock(&self.data);
-        d.durable = d.live.clone();
-        d.pending.clear();
+        if let Some(errno) = fault {
+            // Writeback failed: the pages are marked clean, never written.
+            d.pending.clear();
+            d.wb_errors += 1;
+            d.wb_errno = errno;
+        }
+        let mut seen = lock(&self.wb_errors_seen);
+        if *seen != d.wb_errors {
+            *seen = d.wb_errors;
+            return Err(os_err(&self.path, d.wb_errno));
+        }
+        let FileData { durable, pending, .. } = &mut *d;
+        for op in pending.drain(..) {
+            match op {
+                FileOp::Write(off, bytes) => apply_write(durable, off, &bytes),
+                FileOp::SetLen(len) => durable.resize(len as usize, 0),
+            }
+        }
         Ok(())
     }
 
@@ -419,12 +473,20 @@ impl Storage for MemStorage {
                 ino
             }
         };
-        Ok(Arc::new(MemFile {
+        let data = st.files[&ino].clone();
+        let wb_errors_seen = Mutex::new(lock(&data).wb_errors);
+        let file = MemFile {
             path: path.to_path_buf(),
             generation: st.generation,
-            data: st.files[&ino].clone(),
+            data,
             state: self.state.clone(),
-        }))
+            wb_errors_seen,
+        };
+        if st.guard_syncs {
+            Ok(Arc::new(SyncGuard::new(file)))
+        } else {
+            Ok(Arc::new(file))
+        }
     }
 
     fn remove_file(&self, path: &Path) -> Result<()> {
@@ -657,6 +719,54 @@ mod tests {
         assert!(f.sync_data().is_err());
         assert!(f.sync_data().is_err());
         s.clear_faults();
+        assert!(f.sync_data().is_err(), "a handle whose sync failed never syncs again");
+        s.open(&dir.join("f"), OpenMode::Existing).unwrap().sync_data().unwrap();
+    }
+
+    /// The kernel's side, with the guard off: the writes a failed writeback
+    /// dropped stay readable, the error is told once per handle, and the
+    /// next sync of that handle "succeeds" without making them durable.
+    #[test]
+    fn a_writeback_error_is_told_once_per_handle_and_loses_the_writes() {
+        let (s, dir) = setup();
+        s.without_sync_guard();
+        let p = dir.join("f");
+        let f = s.open(&p, OpenMode::CreateNew).unwrap();
+        let other = s.open(&p, OpenMode::Existing).unwrap();
+        s.sync_dir(&dir).unwrap();
+        f.write_all_at(b"kept", 0).unwrap();
         f.sync_data().unwrap();
+        f.write_all_at(b"lost", 4).unwrap();
+        s.inject(Fault { op: FaultOp::Sync, path_contains: None, skip: 0, errno: libc::EIO, sticky: false });
+        assert_eq!(f.sync_data().unwrap_err().errno(), -libc::EIO);
+        let mut buf = [0u8; 8];
+        f.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"keptlost", "reads still see the dropped writes");
+        f.sync_data().expect("the error was told once: this sync returns 0");
+        assert!(other.sync_data().is_err(), "each open handle is told once");
+        f.write_all_at(b"late", 8).unwrap();
+        f.sync_data().unwrap();
+        s.crash(CrashMode::LoseUnsynced);
+        let f = s.open(&p, OpenMode::Existing).unwrap();
+        let mut buf = [0u8; 12];
+        f.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"kept\0\0\0\0late", "the dropped writes never became durable");
+    }
+
+    /// The guard's side: both syncs after the failure fail, on every thread.
+    #[test]
+    fn a_guarded_handle_fails_every_sync_after_the_first_failure() {
+        let (s, dir) = setup();
+        let f = s.open(&dir.join("f"), OpenMode::CreateNew).unwrap();
+        f.write_all_at(b"lost", 0).unwrap();
+        s.inject(Fault { op: FaultOp::Sync, path_contains: None, skip: 0, errno: libc::EIO, sticky: false });
+        let results: Vec<bool> = std::thread::scope(|scope| {
+            let syncs: Vec<_> = (0..4).map(|_| scope.spawn(|| f.sync_data().is_ok())).collect();
+            syncs.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        assert_eq!(results, [false; 4], "one fault, four syncs of the handle: all fail");
+        let e = f.sync_data().unwrap_err();
+        assert_eq!(e.errno(), -libc::EIO);
+        assert!(e.to_string().contains("earlier sync"), "{e}");
     }
 }

@@ -17,12 +17,19 @@
 //!   read in flight keeps its segment alive (see `image`).
 //! - `lock_exclusive` gives one holder at a time; the lock dies with the
 //!   process (flock), or with a simulated crash in `MemStorage`.
+//! - Syncs of one handle share one outcome ([`SyncGuard`]): they run one at
+//!   a time, and after one fails every later one fails. The kernel reports
+//!   a writeback error once per open file, so without this a second
+//!   thread's sync could "succeed" over data the first one's error lost.
+//!   `MemStorage` models that kernel behaviour underneath the guard.
 
 mod fs;
 mod mem;
+mod sync_guard;
 
 pub use fs::{is_memory_fs, FsStorage};
 pub use mem::{CrashMode, Fault, FaultOp, MemStorage};
+pub use sync_guard::SyncGuard;
 
 use crate::error::Result;
 use std::cell::Cell;
@@ -116,7 +123,8 @@ pub trait StorageFile: Send + Sync {
     /// with `Error::WouldBlock` instead.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize>;
     fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()>;
-    /// Makes every completed write to this file durable (fdatasync).
+    /// Makes every completed write to this file durable (fdatasync). Once
+    /// it failed on a handle, it fails on that handle for good.
     fn sync_data(&self) -> Result<()>;
     fn len(&self) -> Result<u64>;
     fn set_len(&self, len: u64) -> Result<()>;

@@ -94,8 +94,8 @@ pub struct ReclaimOutcome {
     pub error: Option<crate::error::Error>,
 }
 
-/// What one group-commit round must sync (from [`Log::sync_targets`]).
-pub struct SyncTargets {
+/// What one group-commit round must sync (from `Log::sync_targets`).
+struct SyncTargets {
     pub segments: Vec<Arc<Segment>>,
     /// `Some(n)`: sync the directory too, covering the first `n` creations.
     pub dir: Option<u64>,
@@ -304,7 +304,7 @@ impl Log {
     /// What a sync must cover to make every completed record durable:
     /// closed segments not yet known synced, the current one, and the
     /// directory if segments were created since its last sync.
-    pub fn sync_targets(&self) -> SyncTargets {
+    fn sync_targets(&self) -> SyncTargets {
         let st = lock(&self.state);
         let n = st.segments.len();
         let segments = st
@@ -318,20 +318,29 @@ impl Log {
         SyncTargets { segments, dir }
     }
 
-    /// Syncs what `sync_targets` named; returns the number of syncs issued.
-    pub fn sync(&self, targets: &SyncTargets) -> Result<u64> {
+    /// One group-commit round: syncs every file that holds a record
+    /// completed before the call (every record through `upto` had
+    /// completed when it began) and returns the number of syncs issued.
+    ///
+    /// A closed segment may be synced by early writeback at the same time;
+    /// both go through the segment's one handle, whose syncs share one
+    /// outcome ([`SyncGuard`](crate::storage::SyncGuard)): if either sync
+    /// failed, this round fails too, and with it every FLUSH waiting on it.
+    pub fn group_sync(&self, upto: u64) -> Result<u64> {
+        let targets = self.sync_targets();
         for seg in &targets.segments {
             seg.file.sync_data()?;
         }
         if targets.dir.is_some() {
             self.storage.sync_dir(&self.dir)?;
         }
+        self.note_synced(&targets, upto);
         Ok(targets.segments.len() as u64 + u64::from(targets.dir.is_some()))
     }
 
     /// Records that a sync of `synced` (from `sync_targets`) finished after
     /// every record through `through_seq` had completed.
-    pub fn note_synced(&self, synced: &SyncTargets, through_seq: u64) {
+    fn note_synced(&self, synced: &SyncTargets, through_seq: u64) {
         let mut st = lock(&self.state);
         for s in st.segments.iter_mut() {
             if s.last_seq.is_some_and(|last| last <= through_seq)
@@ -345,14 +354,18 @@ impl Log {
         }
     }
 
-    /// Marks a closed segment synced; the caller synced it after every
-    /// record in it had completed.
-    pub fn note_segment_synced(&self, segment: &Arc<Segment>) {
+    /// Syncs a closed segment ahead of group commit (early writeback); the
+    /// caller waited until every record in it had completed. On success the
+    /// segment counts as synced; a failure stays with the segment's handle,
+    /// so a group commit that syncs it later fails as well.
+    pub fn sync_closed(&self, segment: &Arc<Segment>) -> Result<()> {
+        segment.file.sync_data()?;
         let mut st = lock(&self.state);
         if let Some(s) = st.segments.iter_mut().find(|s| Arc::ptr_eq(&s.segment, segment)) {
             assert!(s.last_seq.is_some(), "only closed segments are synced early");
             s.synced = true;
         }
+        Ok(())
     }
 
     /// Deletes the closed segments whose every record has seq <=

@@ -18,7 +18,7 @@ pub mod record;
 pub mod recovery;
 pub mod segment;
 
-pub use log::{Log, ReclaimOutcome, SegmentInfo, Slot, SyncTargets};
+pub use log::{Log, ReclaimOutcome, SegmentInfo, Slot};
 pub use record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, SECTOR_BYTES};
 pub use recovery::RecoveryReport;
 pub use segment::{Segment, SegmentHeader, SEGMENT_HEADER_BYTES};
