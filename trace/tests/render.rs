@@ -14,11 +14,7 @@ fn op_row(table: &str, image: &str, op: &str) -> Vec<String> {
         .unwrap_or_else(|| panic!("no section for {image}:\n{table}"));
     let line = section
         .lines()
-        .find(|l| {
-            l.split_whitespace().next() == Some(op)
-                && l.starts_with("  ")
-                && !l.starts_with("   ")
-        })
+        .find(|l| l.split_whitespace().next() == Some(op) && l.starts_with("  ") && !l.starts_with("   "))
         .unwrap_or_else(|| panic!("no {op} row in {image}:\n{section}"));
     line.trim().split("  ").map(str::trim).filter(|c| !c.is_empty()).map(str::to_owned).collect()
 }
@@ -69,6 +65,18 @@ fn view_has_a_section_per_image_with_rows_details_and_counter_groups() {
         "{table}"
     );
     assert!(!table.contains('='), "no key=value runs");
+    assert!(!table.contains("NOT WORKING"), "every image works");
+}
+
+#[test]
+fn a_failed_image_says_so_under_its_name() {
+    let mut snapshot = common::populated_snapshot();
+    snapshot.images[1].failure = "failed: a log sync failed: EIO".into();
+    let table = render_table(&snapshot);
+    let section = table.split("\n\n").find(|s| s.starts_with("vm2 ")).unwrap();
+    assert_eq!(section.lines().nth(1), Some("  NOT WORKING: failed: a log sync failed: EIO"), "{section}");
+    let vm1 = table.split("\n\n").find(|s| s.starts_with("vm1 ")).unwrap();
+    assert!(!vm1.contains("NOT WORKING"));
 }
 
 #[test]
