@@ -79,6 +79,9 @@ fn render(snapshot: &Snapshot, previous: Option<&Snapshot>) -> String {
             image.name,
             human_ms((snapshot.clock_ms - image.since_ms).max(0.0))
         );
+        if !image.failure.is_empty() {
+            let _ = writeln!(out, "  NOT WORKING: {}", image.failure);
+        }
         let mut rows: Vec<Vec<String>> = vec![HEADER.map(str::to_owned).to_vec()];
         for op in Op::ALL {
             let now = image.ops.get(op);

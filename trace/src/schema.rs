@@ -45,6 +45,11 @@ pub struct Snapshot {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ImageStats {
     pub name: String,
+    /// Empty while the image works; otherwise why it does not (it failed:
+    /// writes and flushes get EIO, reads go on; or its log is closed to
+    /// waiting). Set by the daemon.
+    #[serde(default)]
+    pub failure: String,
     /// When this image's statistics start, in ms since the trace epoch.
     pub since_ms: f64,
     pub ops: OpsStats,

@@ -120,6 +120,8 @@ pub struct ImageCompaction {
     pub(crate) last_pass: Mutex<Option<Instant>>,
     /// After an error, the service leaves the image alone until then.
     pub(crate) retry_after: Mutex<Option<Instant>>,
+    /// Passes that failed in a row (memory-budget refusals aside).
+    pub(crate) failures_in_a_row: Mutex<u32>,
 }
 
 impl ImageCompaction {
@@ -134,6 +136,7 @@ impl ImageCompaction {
             stats: Mutex::new(CompactStats::default()),
             last_pass: Mutex::new(None),
             retry_after: Mutex::new(None),
+            failures_in_a_row: Mutex::new(0),
         }
     }
 

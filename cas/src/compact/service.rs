@@ -23,6 +23,15 @@
 //! covers and the reclamation wakes the writers (and the scheduler through
 //! the capacity listener); pinned segments are retried on the next round.
 //! A failing pass (I/O error, memory budget) is retried after a back-off.
+//!
+//! Why a store that cannot be written does not hang its writers: after
+//! [`FAILURES_BEFORE_CLOSING`] passes of an image failed in a row (a
+//! poisoned chunk store or manifest fails every one), the service closes the
+//! image's log to waiting (`Image::close_log`): writes that no longer fit
+//! fail with EIO naming the cause, instead of waiting for space that cannot
+//! come back. Writes that fit, flushes and reads go on; the next pass that
+//! succeeds reopens the log. Memory-budget refusals only back off: budget
+//! comes back as other passes finish.
 
 use super::{lock, Compactor, PassControl};
 use crate::background::BackgroundCpu;
@@ -39,6 +48,9 @@ pub const TICK_MS: u64 = 100;
 /// Back-off after a failed pass, and after one refused by the memory budget.
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);
 const BUDGET_BACKOFF: Duration = Duration::from_millis(100);
+/// Failed passes in a row after which a full log fails its writers instead
+/// of holding them: with [`ERROR_BACKOFF`], about 5 s of retrying.
+pub const FAILURES_BEFORE_CLOSING: u32 = 5;
 
 /// The open images of a store, by name.
 pub type OpenImages = Arc<Mutex<HashMap<String, Weak<Image>>>>;
@@ -121,15 +133,15 @@ fn run(compactor: &Compactor, images: &OpenImages, sh: &Shared) {
             }
             let Some(image) = weak.upgrade() else { continue };
             match step(compactor, &image) {
-                Ok(more) => again |= more,
-                Err(e) => {
-                    let backoff =
-                        if matches!(e, Error::MemoryBudget(_)) { BUDGET_BACKOFF } else { ERROR_BACKOFF };
-                    tracing::warn!(image = image.name(), error = %e, "compaction pass failed; retrying later");
+                Ok(Some(more)) => {
+                    again |= more;
                     if let Some(state) = image.compaction() {
-                        *lock(&state.retry_after) = Some(Instant::now() + backoff);
+                        *lock(&state.failures_in_a_row) = 0;
                     }
+                    image.reopen_log();
                 }
+                Ok(None) => {}
+                Err(e) => failed(&image, &e),
             }
         }
         if again {
@@ -138,12 +150,35 @@ fn run(compactor: &Compactor, images: &OpenImages, sh: &Shared) {
     }
 }
 
-/// Looks at one image and compacts it if needed; true if it should be
-/// looked at again at once.
-fn step(compactor: &Compactor, image: &Image) -> crate::Result<bool> {
-    let Some(state) = image.compaction() else { return Ok(false) };
+/// A pass of `image` failed: back off, and after
+/// [`FAILURES_BEFORE_CLOSING`] in a row close its log to waiting.
+fn failed(image: &Image, e: &Error) {
+    let Some(state) = image.compaction() else { return };
+    let budget = matches!(e, Error::MemoryBudget(_));
+    let backoff = if budget { BUDGET_BACKOFF } else { ERROR_BACKOFF };
+    *lock(&state.retry_after) = Some(Instant::now() + backoff);
+    if budget {
+        tracing::warn!(image = image.name(), error = %e, "compaction pass refused by the memory budget; retrying");
+        return;
+    }
+    let n = {
+        let mut n = lock(&state.failures_in_a_row);
+        *n += 1;
+        *n
+    };
+    tracing::warn!(image = image.name(), error = %e, failures_in_a_row = n, "compaction pass failed; retrying later");
+    if n >= FAILURES_BEFORE_CLOSING {
+        image
+            .close_log(&format!("compaction failed {n} times in a row, so the log cannot be reclaimed: {e}"));
+    }
+}
+
+/// Looks at one image and compacts it if needed: `None` if no pass ran,
+/// else whether it should be looked at again at once.
+fn step(compactor: &Compactor, image: &Image) -> crate::Result<Option<bool>> {
+    let Some(state) = image.compaction() else { return Ok(None) };
     if lock(&state.retry_after).is_some_and(|t| Instant::now() < t) {
-        return Ok(false);
+        return Ok(None);
     }
     // Re-arm before looking, so a signal raised from now on is not lost.
     image.rearm_pressure();
@@ -156,7 +191,7 @@ fn step(compactor: &Compactor, image: &Image) -> crate::Result<bool> {
     let waiting = image.durable_seq() > covered;
     let due = waiting && lock(&state.last_pass).is_none_or(|t| t.elapsed() >= cfg.interval);
     if !(pressure || due || image.retired_segments() > 0) {
-        return Ok(false);
+        return Ok(None);
     }
     let ctl =
         PassControl { force_durable: pressure, max_batches: cfg.service_batches, ..PassControl::default() };
@@ -177,5 +212,5 @@ fn step(compactor: &Compactor, image: &Image) -> crate::Result<bool> {
     }
     let progress = report.covered_after > report.covered_before || rolled;
     let unfinished = image.durable_seq() > report.covered_after;
-    Ok(progress && (pressure || unfinished))
+    Ok(Some(progress && (pressure || unfinished)))
 }

@@ -42,6 +42,8 @@ struct CapState {
     reserved_bytes: u64,
     /// Someone was refused since the last release.
     refused: bool,
+    /// Why space can no longer come back (see [`Capacity::close`]).
+    closed: Option<Arc<str>>,
 }
 
 /// The quota accounting of one image's log.
@@ -63,9 +65,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Log bytes granted to one write (or a batch) by the quota. Dropping it
 /// returns whatever was not used.
+///
+/// A *refusal* grants nothing: it is what a write gets instead of waiting
+/// when the log's space can no longer come back (the image failed, or its
+/// compaction keeps failing); the write that carries it fails with that
+/// reason, so a waiter turns into an error within one retry period.
 pub struct LogReservation {
     bytes: u64,
     cap: Arc<Capacity>,
+    refusal: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for LogReservation {
@@ -78,6 +86,11 @@ impl LogReservation {
     /// Bytes still reserved.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Why the write must fail instead of waiting, for a refusal.
+    pub fn refusal(&self) -> Option<&str> {
+        self.refusal.as_deref()
     }
 
     pub(crate) fn belongs_to(&self, cap: &Arc<Capacity>) -> bool {
@@ -120,7 +133,7 @@ impl Capacity {
     pub fn new(quota_bytes: u64, consumed_bytes: u64) -> Arc<Capacity> {
         Arc::new(Capacity {
             quota_bytes,
-            state: Mutex::new(CapState { consumed_bytes, reserved_bytes: 0, refused: false }),
+            state: Mutex::new(CapState { consumed_bytes, reserved_bytes: 0, refused: false, closed: None }),
             cond: Condvar::new(),
             listener: Mutex::new(None),
             pressure: Mutex::new(None),
@@ -176,18 +189,52 @@ impl Capacity {
         lock(&self.state).reserved_bytes
     }
 
-    /// Grants `bytes` if they fit under the quota now; never blocks.
+    /// Grants `bytes` if they fit under the quota now; never blocks. When
+    /// they do not fit and the log is closed, hands out a refusal instead.
     pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<LogReservation> {
         {
             let mut st = lock(&self.state);
             if st.consumed_bytes + st.reserved_bytes + bytes <= self.quota_bytes {
                 st.reserved_bytes += bytes;
-                return Some(LogReservation { bytes, cap: self.clone() });
+                return Some(LogReservation { bytes, cap: self.clone(), refusal: None });
+            }
+            if let Some(why) = &st.closed {
+                return Some(self.refusal(why.clone()));
             }
             st.refused = true;
         }
         self.signal_pressure();
         None
+    }
+
+    /// A reservation of nothing that makes its write fail with `why`.
+    pub fn refusal(self: &Arc<Self>, why: Arc<str>) -> LogReservation {
+        LogReservation { bytes: 0, cap: self.clone(), refusal: Some(why) }
+    }
+
+    /// Declares that space will not come back (reclamation keeps failing):
+    /// from now on a reservation that does not fit gets a refusal instead
+    /// of waiting, and the writers waiting now are woken to get theirs.
+    /// Reservations that fit are still granted.
+    pub fn close(&self, why: &str) {
+        {
+            let mut st = lock(&self.state);
+            if st.closed.is_some() {
+                return;
+            }
+            st.closed = Some(why.into());
+        }
+        self.notify();
+    }
+
+    /// Undoes [`Capacity::close`] (reclamation works again).
+    pub fn reopen(&self) {
+        lock(&self.state).closed = None;
+    }
+
+    /// Why the log is closed, if it is.
+    pub fn closed(&self) -> Option<String> {
+        lock(&self.state).closed.as_deref().map(str::to_owned)
     }
 
     /// Waits until `bytes` fit. Retries every [`CAPACITY_RETRY_MS`] even

@@ -95,6 +95,11 @@ impl Durability {
         }
     }
 
+    /// Why the image failed, if it did.
+    pub fn failed_because(&self) -> Option<String> {
+        lock(&self.state).failed.clone()
+    }
+
     pub fn durable_seq(&self) -> u64 {
         lock(&self.state).durable
     }

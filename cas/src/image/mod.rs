@@ -234,9 +234,43 @@ impl Image {
 
     /// Reserves `log_bytes` of log capacity if they fit now; never blocks.
     /// A caller that retries until it fits counts the wait once, with
-    /// [`Image::note_capacity_wait`].
+    /// [`Image::note_capacity_wait`]. A failed image, whose log will never
+    /// be reclaimed, and a closed log ([`Image::close_log`]) that is full
+    /// hand out a refusal instead of `None`: the write then fails at once
+    /// rather than waiting forever.
     pub fn try_reserve(&self, log_bytes: u64) -> Option<LogReservation> {
+        if let Some(why) = self.durability.failed_because() {
+            return Some(self.capacity.refusal(why.into()));
+        }
         self.capacity.try_reserve(log_bytes)
+    }
+
+    /// Closes the log to waiting: reclamation keeps failing (the chunk store
+    /// or the manifest cannot be written), so a write that does not fit in
+    /// the log fails with `why` instead of waiting; writes that fit, flushes
+    /// and reads go on. The compaction service calls this after a bounded
+    /// run of failed passes, and [`Image::reopen_log`] after one succeeds.
+    pub fn close_log(&self, why: &str) {
+        if self.capacity.closed().is_none() {
+            tracing::error!(image = %self.name, "{why}; writes that do not fit in the log now fail");
+        }
+        self.capacity.close(why);
+    }
+
+    pub fn reopen_log(&self) {
+        if self.capacity.closed().is_some() {
+            tracing::info!(image = %self.name, "compaction works again; writes wait for log space again");
+            self.capacity.reopen();
+        }
+    }
+
+    /// Why the image cannot take writes as it should: it failed (reads go
+    /// on, writes and flushes fail), or its log is closed to waiting.
+    pub fn failure(&self) -> Option<String> {
+        self.durability
+            .failed_because()
+            .map(|why| format!("failed: {why}"))
+            .or_else(|| self.capacity.closed().map(|why| format!("log closed: {why}")))
     }
 
     /// Counts one write that waited for log capacity before it got its
@@ -311,6 +345,10 @@ impl Image {
     }
 
     fn check_reservation(&self, r: &LogReservation, kind: RecordKind, len: u64) -> Result<()> {
+        self.durability.check()?;
+        if let Some(why) = r.refusal() {
+            return Err(Error::Unavailable(self.name.clone(), why.to_string()));
+        }
         if !r.belongs_to(&self.capacity) {
             return Err(Error::InvalidArgument(format!(
                 "log reservation of another image used on {}",
@@ -324,7 +362,7 @@ impl Image {
                 r.bytes()
             )));
         }
-        self.durability.check()
+        Ok(())
     }
 
     /// Writes with capacity reserved beforehand (see `log_bytes_needed`).

@@ -352,6 +352,7 @@ impl Daemon {
         let mut images = Vec::new();
         for core in self.registry.all() {
             let mut stats = core.tracer.snapshot();
+            stats.failure = core.image.failure().unwrap_or_default();
             match trace::counters_from("cas", &core.image.stats()) {
                 Ok(c) => stats.attach("cas", c),
                 Err(e) => tracing::warn!("cas counters: {e}"),
