@@ -29,9 +29,11 @@
 //! every image's manifest.
 
 mod files;
+mod memory;
 mod names;
 
 pub use files::{ImageHeader, IMAGE_VERSION, STORE_VERSION};
+pub use memory::MemoryLoan;
 pub use names::{check_image_dir_name, validate_image_name, IMAGE_NAME_BYTES_MAX, IMAGE_NAME_CHARS};
 
 use crate::background::BackgroundCpu;
@@ -351,6 +353,18 @@ impl Store {
         map.retain(|_, w| w.strong_count() > 0);
         map.insert(name.to_string(), Arc::downgrade(&m));
         Ok(m)
+    }
+
+    /// Lends `bytes` of the store's memory budget for `what` (a device's
+    /// request buffers), or refuses naming every figure; see `store/memory.rs`.
+    pub fn lend_memory(&self, bytes: u64, what: &str) -> Result<MemoryLoan> {
+        memory::lend(
+            &self.chunks,
+            bytes,
+            what,
+            self.opts.memory_budget_bytes,
+            self.opts.compaction_memory_bytes,
+        )
     }
 
     /// The directory of image `name` (checked to be one entry of `images/`;

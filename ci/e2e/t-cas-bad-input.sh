@@ -25,6 +25,12 @@ expect_error "memory budget too small" "$CASBLK" --store "$store" add --image vm
 expect_error "compaction threads out of range" "$CASBLK" --store "$store" add --image vm --compaction-threads 4
 expect_error "unknown background CPU class" "$CASBLK" --store "$store" add --image vm --background-cpu fast
 expect_error "chunk cache not a size" "$CASBLK" --store "$store" add --image vm --chunk-cache big
+# 2 x 128 x 1 MiB = 256 MiB of tag buffers; a 160 MiB budget leaves 32 MiB beside compaction.
+expect_error "tag buffers beyond the memory budget" "$CASBLK" --store "$store" add --image vm -q 2 -d 128 \
+    --io-buf-bytes 1048576 --memory-budget 160M
+out=$("$CASBLK" --store "$store" add --image vm -q 2 -d 128 --io-buf-bytes 1048576 --memory-budget 160M 2>&1 || true)
+case "$out" in *"268435456 bytes"*"memory budget of 167772160 bytes"*) ;; *) fail "the buffer refusal does not name the figures: $out" ;; esac
+wait_no_devices
 expect_error "store settings in raw mode" "$CASBLK" add --backing "$(new_backing 16M)" --chunk-cache 1M
 dev=$(add_image "$store" vm)
 expect_error "attach an attached image" "$CASBLK" --store "$store" add --image vm

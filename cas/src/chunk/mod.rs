@@ -232,6 +232,9 @@ pub struct ChunkStore {
     pub(crate) store_id: u64,
     pub(crate) slots_per_pack: u32,
     pub(crate) budget_bytes: u64,
+    /// Part of `budget_bytes` lent to others (devices' request buffers, see
+    /// [`ChunkStore::lend_memory`]); the index may use only the rest.
+    pub(crate) lent_bytes: std::sync::atomic::AtomicU64,
     pub(crate) checkpoint_min_bytes: u64,
     pub(crate) index: Index,
     pub(crate) files: RwLock<PackFiles>,
@@ -358,6 +361,36 @@ impl ChunkStore {
     /// Estimated heap bytes of the index (what the budget limits).
     pub fn index_memory_bytes(&self) -> u64 {
         Self::memory_bytes(&lock(&self.writer), 0)
+    }
+
+    /// What the index may use now: its budget less what is lent.
+    pub(crate) fn index_budget_bytes(&self) -> u64 {
+        self.budget_bytes.saturating_sub(self.lent_bytes.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Lends `bytes` of the index's budget to another user of the store's
+    /// memory (a device's request buffers), if the index's use today leaves
+    /// them free; the index then grows only into what is left. Returns
+    /// (index bytes in use, bytes lent before) on refusal, for the message.
+    pub fn lend_memory(&self, bytes: u64) -> std::result::Result<(), (u64, u64)> {
+        use std::sync::atomic::Ordering;
+        // The writer lock: no index growth between the check and the loan.
+        let w = lock(&self.writer);
+        let used = Self::memory_bytes(&w, 0);
+        let lent = self.lent_bytes.load(Ordering::Acquire);
+        if used + lent + bytes > self.budget_bytes {
+            return Err((used, lent));
+        }
+        self.lent_bytes.store(lent + bytes, Ordering::Release);
+        Ok(())
+    }
+
+    /// Returns what [`ChunkStore::lend_memory`] lent.
+    pub fn return_memory(&self, bytes: u64) {
+        let _w = lock(&self.writer);
+        let lent = self.lent_bytes.load(std::sync::atomic::Ordering::Acquire);
+        assert!(bytes <= lent, "returning {bytes} bytes of memory, {lent} were lent");
+        self.lent_bytes.store(lent - bytes, std::sync::atomic::Ordering::Release);
     }
 
     /// The index's estimated heap bytes with `more_pending` more journal ops.

@@ -160,6 +160,7 @@ impl ChunkStore {
             store_id,
             slots_per_pack,
             budget_bytes: opts.index_memory_budget_bytes,
+            lent_bytes: std::sync::atomic::AtomicU64::new(0),
             checkpoint_min_bytes: opts.index_checkpoint_min_bytes,
             index: Index::from_maps(maps),
             files: RwLock::new(files),

@@ -138,10 +138,10 @@ impl ChunkStore {
                 grow.push((s, grown));
             }
         }
-        if total > self.budget_bytes {
+        let budget = self.index_budget_bytes();
+        if total > budget {
             return Err(Error::MemoryBudget(format!(
-                "the chunk index would grow to {total} bytes for {} more chunks, over its budget of {} bytes",
-                more, self.budget_bytes
+                "the chunk index would grow to {total} bytes for {more} more chunks, over its budget of {budget} bytes"
             )));
         }
         for (s, capacity) in grow {
@@ -308,7 +308,7 @@ impl ChunkStore {
             // The writer lock keeps the index still while it is copied.
             let mut w = lock(&self.writer);
             let snapshot_bytes = self.len() * std::mem::size_of::<JournalOp>() as u64;
-            if w.table_bytes_total + snapshot_bytes > self.budget_bytes {
+            if w.table_bytes_total + snapshot_bytes > self.index_budget_bytes() {
                 tracing::warn!(
                     snapshot_bytes,
                     "chunk index checkpoint skipped: it would exceed the memory budget"

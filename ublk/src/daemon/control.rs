@@ -1,7 +1,7 @@
 //! The daemon's lifecycle and its control socket: attaching and detaching
 //! devices, image management, and stats.
 
-use super::device::DeviceCore;
+use super::device::{self, DeviceCore};
 use super::{queue, worker, EngineCapacity, Registry, Sched};
 use crate::launch::Ready;
 use crate::params::device_params;
@@ -179,6 +179,14 @@ impl Daemon {
         }
         let image =
             self.store.open_image(&args.image).with_context(|| format!("opening image {}", args.image))?;
+        let buffer_bytes = device::tag_buffer_bytes(args.queues, args.depth, args.io_buf_bytes);
+        let buffers = self.store.lend_memory(
+            buffer_bytes,
+            &format!(
+                "the tag buffers of image {} ({} queues x depth {} x --io-buf-bytes {})",
+                args.image, args.queues, args.depth, args.io_buf_bytes
+            ),
+        )?;
         let sched_id = sched::ImageId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let core = Arc::new(DeviceCore::new(
             sched_id,
@@ -187,6 +195,7 @@ impl Daemon {
             args.queues,
             args.depth,
             args.io_buf_bytes,
+            buffers,
         )?);
         self.sched.add_image(sched_id).map_err(|e| anyhow!("scheduler: {e}"))?;
         self.sched.with_capacity(|k| k.images.insert(sched_id, image.clone()));

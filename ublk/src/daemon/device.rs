@@ -28,6 +28,14 @@ pub struct DeviceCore {
     pub io_buf_bytes: u32,
     pub queues: Vec<QueueShared>,
     jobs: Vec<Mutex<Option<Job>>>,
+    /// The tag buffers' bytes, lent from the store's memory budget for as
+    /// long as the buffers live.
+    _buffers: cas::store::MemoryLoan,
+}
+
+/// Bytes of a device's tag buffers: one request's largest size per tag.
+pub fn tag_buffer_bytes(nr_queues: u16, depth: u16, io_buf_bytes: u32) -> u64 {
+    u64::from(nr_queues) * u64::from(depth) * u64::from(io_buf_bytes)
 }
 
 impl DeviceCore {
@@ -38,7 +46,13 @@ impl DeviceCore {
         nr_queues: u16,
         depth: u16,
         io_buf_bytes: u32,
+        buffers: cas::store::MemoryLoan,
     ) -> Result<DeviceCore> {
+        assert_eq!(
+            buffers.bytes(),
+            tag_buffer_bytes(nr_queues, depth, io_buf_bytes),
+            "the loan covers the buffers"
+        );
         let mut queues = Vec::with_capacity(usize::from(nr_queues));
         for _ in 0..nr_queues {
             queues.push(QueueShared {
@@ -56,6 +70,7 @@ impl DeviceCore {
             io_buf_bytes,
             queues,
             jobs: (0..slots).map(|_| Mutex::new(None)).collect(),
+            _buffers: buffers,
         })
     }
 
