@@ -74,6 +74,11 @@ new_store() { local s=$SCRATCH/store-$RANDOM; "$CASBLK" --store "$s" image creat
 # Attach image NAME of STORE (extra casblk args follow); prints the device.
 add_image() { local s=$1 n=$2; shift 2; "$CASBLK" --store "$s" add --image "$n" "$@"; }
 
+# The driver's state of device ID: live, quiesced, dead, ...
+device_state() {
+    "$CASBLK" list --json | python3 -c "import json,sys; print([d['state'] for d in json.load(sys.stdin) if d['id']==$1][0])"
+}
+
 # The pid of the daemon serving device PATH.
 daemon_pid() {
     "$CASBLK" list --json | python3 -c "import json,sys; print([d['daemon_pid'] for d in json.load(sys.stdin) if d['bdev']=='$1'][0])"

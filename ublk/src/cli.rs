@@ -21,6 +21,9 @@ pub enum Command {
     Add(AddArgs),
     /// Stop and delete devices.
     Del(DelArgs),
+    /// Serve again devices whose daemon died (kill -9, a crash): the same
+    /// /dev/ublkbN, with its mounts and open handles; IO in flight is reissued.
+    Recover(RecoverArgs),
     /// List ublk devices.
     List(ListArgs),
     /// Print the features the running ublk driver advertises.
@@ -151,6 +154,22 @@ pub struct StoreSettings {
     /// spare CPU, normal as the request path [default: batch].
     #[arg(long, value_name = "CLASS", value_parser = clap::builder::PossibleValuesParser::new(cas::BackgroundCpu::ALL.map(cas::BackgroundCpu::name)), conflicts_with = "backing")]
     pub background_cpu: Option<String>,
+}
+
+#[derive(Args, Debug)]
+#[group(required = true, multiple = false, id = "which")]
+pub struct RecoverArgs {
+    /// Device id to recover.
+    #[arg(short = 'n', long = "number", group = "which")]
+    pub id: Option<u32>,
+
+    /// Recover every quiesced device that casblk added.
+    #[arg(short = 'a', long = "all", group = "which")]
+    pub all: bool,
+
+    /// Serve in the foreground instead of daemonizing (one device only).
+    #[arg(long, requires = "id")]
+    pub foreground: bool,
 }
 
 #[derive(Args, Debug)]

@@ -78,24 +78,52 @@ pub fn add_image(store: &Path, args: AddArgs) -> Result<()> {
         io_buf_bytes: args.io_buf_bytes,
         poll_us: args.poll_us,
         settings: args.store_settings.clone(),
+        recover: false,
     };
     // Bad values fail here, before a daemon is reached or started.
     req.settings.options()?;
-    if let Some(socket) = running_daemon(&dir) {
-        return attach_via(&socket, &req);
+    serve_via_daemon(&dir, &req, args.foreground)
+}
+
+/// Serves CAS device `state.id` again after its daemon died: through the
+/// store's running daemon, or a new one (which opens the store, replaying
+/// every image's log, before it takes the device over).
+pub fn recover_image(state: &crate::state::DeviceState, foreground: bool) -> Result<()> {
+    let crate::state::Target::Cas { store, image, settings } = &state.target else {
+        bail!("ublk device {} is not a store device", state.id);
+    };
+    let dir = store_dir(store, false)?;
+    let req = AddImageArgs {
+        image: image.clone(),
+        id: state.id as i32,
+        queues: state.queues,
+        depth: state.depth,
+        io_buf_bytes: state.io_buf_bytes,
+        poll_us: state.poll_us,
+        settings: settings.clone(),
+        recover: true,
+    };
+    serve_via_daemon(&dir, &req, foreground)
+}
+
+/// Has the daemon of store `dir` serve `req`: the running one, or one
+/// started now. Prints the device once it is usable.
+fn serve_via_daemon(dir: &Path, req: &AddImageArgs, foreground: bool) -> Result<()> {
+    if let Some(socket) = running_daemon(dir) {
+        return attach_via(&socket, req);
     }
     crate::control::require_driver()?;
-    crate::control::require_free_id(req.id)?;
-    let (d, r) = (dir.clone(), req.clone());
-    match launch::launch(args.foreground, Path::new(DAEMON_LOG), move |ready| {
-        daemon::serve_store(d, r, ready)
-    }) {
+    if !req.recover {
+        crate::control::require_free_id(req.id)?;
+    }
+    let (d, r) = (dir.to_path_buf(), req.clone());
+    match launch::launch(foreground, Path::new(DAEMON_LOG), move |ready| daemon::serve_store(d, r, ready)) {
         Err(e) if format!("{e:#}").contains("locked by another") => {
             // Another `add` started this store's daemon first: use it.
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
-                if let Some(socket) = running_daemon(&dir) {
-                    return attach_via(&socket, &req);
+                if let Some(socket) = running_daemon(dir) {
+                    return attach_via(&socket, req);
                 }
                 if Instant::now() > deadline {
                     return Err(e);

@@ -1,7 +1,7 @@
 //! Device control outside the io path: probing the driver, `features`,
 //! `list` and `del`.
 
-use crate::cli::{DelArgs, ListArgs};
+use crate::cli::{DelArgs, ListArgs, RecoverArgs};
 use anyhow::{bail, Context, Result};
 use libublk::ctrl::UblkCtrl;
 use serde::Serialize;
@@ -51,6 +51,65 @@ pub fn require_free_id(id: i32) -> Result<()> {
         bail!("ublk device {id} already exists");
     }
     Ok(())
+}
+
+/// The control flags that make a new device survive its daemon: user
+/// recovery with reissue, when the driver has both (Linux 6.1+ and 6.2+).
+/// Without them a daemon crash fails the device's IO, as before; that is
+/// said once, and the device is added anyway.
+pub fn recovery_flags() -> u64 {
+    let want = u64::from(libublk::sys::UBLK_F_USER_RECOVERY | libublk::sys::UBLK_F_USER_RECOVERY_REISSUE);
+    match driver_features() {
+        Ok(mask) if mask & want == want => want,
+        Ok(_) | Err(_) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    "this ublk driver has no user recovery with reissue: if the daemon dies, its devices' IO fails"
+                )
+            });
+            0
+        }
+    }
+}
+
+/// Takes over device `id`, whose daemon died, for a new daemon
+/// (START_USER_RECOVERY). The device must be QUIESCED: added with user
+/// recovery, and its daemon gone.
+pub fn begin_recovery(id: i32) -> Result<()> {
+    let mut ctrl = UblkCtrl::new_simple(id).with_context(|| format!("ublk device {id}"))?;
+    let mut info = ctrl.dev_info();
+    if info.flags & u64::from(libublk::sys::UBLK_F_USER_RECOVERY) == 0 {
+        bail!("ublk device {id} was added without user recovery: it cannot be recovered");
+    }
+    // Just after its daemon died the driver may not have quiesced it yet.
+    let deadline = Instant::now() + QUIESCE_WAIT;
+    while u32::from(info.state) == libublk::sys::UBLK_S_DEV_LIVE
+        && !process_exists(info.ublksrv_pid)
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+        ctrl = UblkCtrl::new_simple(id).with_context(|| format!("ublk device {id}"))?;
+        info = ctrl.dev_info();
+    }
+    match u32::from(info.state) {
+        libublk::sys::UBLK_S_DEV_QUIESCED => {}
+        libublk::sys::UBLK_S_DEV_LIVE => {
+            bail!("ublk device {id} is live: its daemon (pid {}) still serves it", info.ublksrv_pid)
+        }
+        _ => bail!("ublk device {id} is {}, not quiesced: nothing to recover", state_name(info.state)),
+    }
+    ctrl.start_user_recover()
+        .map_err(|e| anyhow::anyhow!("START_USER_RECOVERY of device {id} failed: {e}"))?;
+    Ok(())
+}
+
+/// How long `recover` waits for the driver to quiesce a device whose
+/// daemon is gone.
+const QUIESCE_WAIT: Duration = Duration::from_secs(10);
+
+fn process_exists(pid: i32) -> bool {
+    pid > 0 && Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// The driver's feature mask (kernel 6.5+ answers GET_FEATURES).
@@ -169,7 +228,7 @@ fn delete(id: u32) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(())
+    crate::state::DeviceState::remove(id)
 }
 
 pub fn del(args: &DelArgs) -> Result<()> {
@@ -190,6 +249,48 @@ pub fn del(args: &DelArgs) -> Result<()> {
     match args.id {
         Some(id) => delete(id),
         None => bail!("del needs -n ID or -a"),
+    }
+}
+
+/// `casblk recover -n ID | -a`: serves again each device whose daemon
+/// died, from its state file, keeping its /dev/ublkbN.
+pub fn recover(args: &RecoverArgs) -> Result<()> {
+    require_driver()?;
+    let ids = if args.all {
+        crate::state::DeviceState::ids()
+            .into_iter()
+            .filter(|&id| {
+                open_device(id)
+                    .is_ok_and(|c| u32::from(c.dev_info().state) == libublk::sys::UBLK_S_DEV_QUIESCED)
+            })
+            .collect()
+    } else {
+        vec![args.id.ok_or_else(|| anyhow::anyhow!("recover needs -n ID or -a"))?]
+    };
+    let mut failed = Vec::new();
+    for id in ids {
+        let started = std::time::Instant::now();
+        match recover_one(id, args.foreground) {
+            Ok(()) => tracing::info!(dev = id, ms = started.elapsed().as_millis() as u64, "recovered"),
+            Err(e) if args.all => {
+                eprintln!("casblk: {e:#}");
+                failed.push(id);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if !failed.is_empty() {
+        bail!("could not recover devices {failed:?}");
+    }
+    Ok(())
+}
+
+/// Prints the device's path once it is served again.
+fn recover_one(id: u32, foreground: bool) -> Result<()> {
+    let state = crate::state::DeviceState::load(id)?;
+    match &state.target {
+        crate::state::Target::Raw { backing } => crate::raw::recover(&state, backing, foreground),
+        crate::state::Target::Cas { .. } => crate::client::recover_image(&state, foreground),
     }
 }
 

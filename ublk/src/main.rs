@@ -12,6 +12,7 @@ mod launch;
 mod params;
 mod raw;
 mod ring;
+mod state;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -82,6 +83,7 @@ fn run(cli: cli::Cli) -> anyhow::Result<()> {
         cli::Command::Stats(args) => client::stats(&cli.store, &args),
         cli::Command::Gc { json } => client::gc(&cli.store, json),
         cli::Command::Del(args) => control::del(&args),
+        cli::Command::Recover(args) => control::recover(&args),
         cli::Command::List(args) => control::list(&args),
         cli::Command::Features => control::features(),
     }

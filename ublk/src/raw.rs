@@ -66,7 +66,28 @@ pub fn add(args: AddArgs, backing: &Path) -> Result<()> {
     let backing = Backing::open(backing)?;
     control::require_driver()?;
     control::require_free_id(args.id)?;
-    launch::launch(args.foreground, Path::new(DAEMON_LOG), move |ready| serve(&args, backing, ready))
+    launch::launch(args.foreground, Path::new(DAEMON_LOG), move |ready| {
+        serve(&args, backing, ready, Start::Add)
+    })
+}
+
+/// Serves raw device `state.id` again after its daemon died.
+pub fn recover(state: &crate::state::DeviceState, backing: &Path, foreground: bool) -> Result<()> {
+    let args = AddArgs {
+        id: state.id as i32,
+        image: None,
+        backing: Some(backing.to_path_buf()),
+        queues: state.queues,
+        depth: state.depth,
+        io_buf_bytes: state.io_buf_bytes,
+        poll_us: state.poll_us,
+        foreground,
+        store_settings: Default::default(),
+    };
+    let backing = Backing::open(backing)?;
+    launch::launch(foreground, Path::new(DAEMON_LOG), move |ready| {
+        serve(&args, backing, ready, Start::Recover)
+    })
 }
 
 /// Maps a control-path error to a message that names the device.
@@ -129,22 +150,71 @@ pub fn report_ready(ctrl: &UblkCtrl, ready: &Ready) {
     }
 }
 
-/// Adds a new ublk device (not yet started) for `target`.
-pub fn new_device(target: &str, id: i32, queues: u16, depth: u16, io_buf_bytes: u32) -> Result<UblkCtrl> {
-    UblkCtrlBuilder::default()
+/// How a device comes to be served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// A new device, with user recovery where the driver has it.
+    Add,
+    /// An existing device whose daemon died (QUIESCED): serve it again.
+    Recover,
+}
+
+/// A ublk device (not yet started) for `target`: added new, or taken over
+/// for recovery (START_USER_RECOVERY; the start that follows is then
+/// END_USER_RECOVERY, and the kernel reissues what was in flight).
+pub fn new_device(
+    target: &str,
+    id: i32,
+    queues: u16,
+    depth: u16,
+    io_buf_bytes: u32,
+    start: Start,
+) -> Result<UblkCtrl> {
+    let builder = UblkCtrlBuilder::default()
         .name(target)
         .id(id)
         .nr_queues(queues)
         .depth(depth)
-        .io_buf_bytes(io_buf_bytes)
-        .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
-        .build()
-        .map_err(|e| ctrl_error(id, e))
+        .io_buf_bytes(io_buf_bytes);
+    match start {
+        Start::Add => builder
+            .ctrl_flags(control::recovery_flags())
+            .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
+            .build()
+            .map_err(|e| ctrl_error(id, e)),
+        Start::Recover => {
+            control::begin_recovery(id)?;
+            builder.dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV).build().map_err(|e| ctrl_error(id, e))
+        }
+    }
 }
 
-fn serve(args: &AddArgs, backing: Backing, ready: Ready) -> Result<()> {
-    let ctrl = new_device("casblk-raw", args.id, args.queues, args.depth, args.io_buf_bytes)?;
+/// Records `ctrl`'s device in its state file, so `casblk recover` can
+/// serve it again if this daemon dies (see `state`).
+pub fn save_state(ctrl: &UblkCtrl, args: (u16, u16, u32, u64), target: crate::state::Target) -> Result<()> {
+    let info = ctrl.dev_info();
+    let (queues, depth, io_buf_bytes, poll_us) = args;
+    crate::state::DeviceState {
+        id: info.dev_id,
+        queues,
+        depth,
+        io_buf_bytes,
+        poll_us,
+        recovery: info.flags & u64::from(libublk::sys::UBLK_F_USER_RECOVERY) != 0,
+        target,
+    }
+    .save()
+}
+
+fn serve(args: &AddArgs, backing: Backing, ready: Ready, start: Start) -> Result<()> {
+    let ctrl = new_device("casblk-raw", args.id, args.queues, args.depth, args.io_buf_bytes, start)?;
     let dev_id = ctrl.dev_info().dev_id;
+    let backing_path = backing.path.canonicalize().unwrap_or_else(|_| backing.path.clone());
+    save_state(
+        &ctrl,
+        (args.queues, args.depth, args.io_buf_bytes, args.poll_us),
+        crate::state::Target::Raw { backing: backing_path },
+    )?;
     stop_on_signals(dev_id)?;
 
     let inline = match backing.in_memory {
@@ -180,8 +250,10 @@ fn serve(args: &AddArgs, backing: Backing, ready: Ready) -> Result<()> {
     let q_target = target.clone();
     let queue_fn = move |qid: u16, dev: &UblkDev| queue_thread(qid, dev, &q_target);
 
-    ctrl.run_target(tgt_init, queue_fn, move |c: &UblkCtrl| report_ready(c, &ready))
-        .map_err(|e| ctrl_error(dev_id as i32, e))?;
+    let served = ctrl.run_target(tgt_init, queue_fn, move |c: &UblkCtrl| report_ready(c, &ready));
+    // The device stopped (deleted, or failed to start): nothing to recover.
+    crate::state::DeviceState::remove(dev_id)?;
+    served.map_err(|e| ctrl_error(dev_id as i32, e))?;
     // Keep the backing file open until every queue thread has exited.
     drop(backing);
     Ok(())

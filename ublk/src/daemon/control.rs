@@ -37,6 +37,9 @@ pub struct AddImageArgs {
     /// checked against the running daemon's otherwise.
     #[serde(default)]
     pub settings: super::StoreSettings,
+    /// Take over device `id`, whose daemon died, instead of adding one.
+    #[serde(default)]
+    pub recover: bool,
 }
 
 /// The control socket of the daemon serving `store_dir` (which must be
@@ -63,6 +66,9 @@ struct Daemon {
     store: Arc<cas::Store>,
     /// What the store was opened with (`add`'s settings flags).
     options: cas::StoreOptions,
+    /// The flags that gave `options`, recorded in each device's state so a
+    /// daemon started to recover it opens the store the same way.
+    settings: super::StoreSettings,
     store_dir: PathBuf,
     socket: PathBuf,
     sched: Arc<Sched>,
@@ -89,6 +95,7 @@ pub fn serve_store(store_dir: PathBuf, first: AddImageArgs, ready: Ready) -> Res
     let daemon = Arc::new(Daemon {
         store,
         options,
+        settings: first.settings.clone(),
         store_dir,
         socket: socket.clone(),
         sched: sched.clone(),
@@ -161,10 +168,14 @@ impl Daemon {
     /// Attaches an image as a new ublk device; returns its path once usable.
     fn attach(self: &Arc<Self>, args: &AddImageArgs) -> Result<String> {
         raw::validate_queue_args(args.queues, args.depth, args.io_buf_bytes)?;
-        if let Some(why) = args.settings.conflict(&self.options) {
-            bail!(why);
+        // A recovered device joins whatever daemon serves its store now:
+        // the settings are the store's, not the device's.
+        if !args.recover {
+            if let Some(why) = args.settings.conflict(&self.options) {
+                bail!(why);
+            }
+            crate::control::require_free_id(args.id)?;
         }
-        crate::control::require_free_id(args.id)?;
         let frontier = sched::Config::default().frontier_limit();
         if usize::from(args.queues) * usize::from(args.depth) > frontier {
             bail!("queues x depth must be at most {frontier} (the scheduler's descriptor quota)");
@@ -248,8 +259,18 @@ impl Daemon {
         args: &AddImageArgs,
         ready: mpsc::Sender<Result<(u32, String)>>,
     ) -> Result<()> {
-        let ctrl = raw::new_device("casblk", args.id, args.queues, args.depth, args.io_buf_bytes)?;
+        let start = if args.recover { raw::Start::Recover } else { raw::Start::Add };
+        let ctrl = raw::new_device("casblk", args.id, args.queues, args.depth, args.io_buf_bytes, start)?;
         let dev_id = ctrl.dev_info().dev_id;
+        raw::save_state(
+            &ctrl,
+            (args.queues, args.depth, args.io_buf_bytes, args.poll_us),
+            crate::state::Target::Cas {
+                store: self.store_dir.clone(),
+                image: core.name.clone(),
+                settings: self.settings.clone(),
+            },
+        )?;
         let size = core.image.size_bytes();
         let io_buf_bytes = args.io_buf_bytes;
         let target_json = json!({ "cas": {
@@ -278,7 +299,10 @@ impl Daemon {
                 }
             }
         };
-        ctrl.run_target(tgt_init, queue_fn, on_started).map_err(|e| raw::ctrl_error(dev_id as i32, e))?;
+        let served = ctrl.run_target(tgt_init, queue_fn, on_started);
+        // The device stopped (deleted, or failed to start): nothing to recover.
+        crate::state::DeviceState::remove(dev_id)?;
+        served.map_err(|e| raw::ctrl_error(dev_id as i32, e))?;
         Ok(())
     }
 
