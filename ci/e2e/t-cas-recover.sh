@@ -30,6 +30,19 @@ for round in 1 2; do
     grep -q "err= 0" "$SCRATCH/fio$round.txt" || { cat "$SCRATCH/fio$round.txt"; fail "fio reported an error"; }
     note "round $round: kill -9 of daemon $old under fio, recovered by $new, fio err=0 and verified"
 done
+# Live upgrade: the daemon hands the device over to this binary under fio.
+fio --name=up --filename="$dev" --rw=randwrite --bs=4k --size=64M --iodepth=16 --ioengine=io_uring \
+    --direct=1 --fsync=64 --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 \
+    --output="$SCRATCH/fio-up.txt" &
+fio_pid=$!
+sleep 4
+old=$(daemon_pid "$dev")
+got=$("$CASBLK" upgrade -a) || fail "upgrade failed"
+[ "$got" = "$dev" ] || fail "upgrade printed '$got', not $dev"
+! pid_alive "$old" || fail "the old daemon $old still runs after the upgrade"
+wait "$fio_pid" || { cat "$SCRATCH/fio-up.txt"; fail "fio failed across the upgrade"; }
+grep -q "err= 0" "$SCRATCH/fio-up.txt" || { cat "$SCRATCH/fio-up.txt"; fail "fio reported an error"; }
+note "live upgrade under fio: daemon $old handed over to $(daemon_pid "$dev"), fio err=0 and verified"
 # No IO at all: the device waits quiesced, then serves again.
 old=$(daemon_pid "$dev")
 kill -KILL "$old"

@@ -24,6 +24,14 @@ pub enum Command {
     /// Serve again devices whose daemon died (kill -9, a crash): the same
     /// /dev/ublkbN, with its mounts and open handles; IO in flight is reissued.
     Recover(RecoverArgs),
+    /// Swap the daemons serving devices for this binary (after installing a
+    /// new casblk): each hands its devices over and exits, this binary
+    /// recovers them; their users pause, they do not fail.
+    Upgrade(UpgradeArgs),
+    /// Run the store's daemon in the foreground, for a service manager:
+    /// recover the store's quiesced devices, notify readiness, serve until
+    /// SIGTERM (which stops every device).
+    Daemon(DaemonArgs),
     /// List ublk devices.
     List(ListArgs),
     /// Print the features the running ublk driver advertises.
@@ -130,7 +138,7 @@ pub struct AddArgs {
 /// turns it into store options). `None` keeps the default, or for a
 /// running daemon whatever it runs with.
 #[derive(Args, Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[command(next_help_heading = "Store daemon settings (--image; applied when the daemon starts)")]
+#[command(next_help_heading = "Store daemon settings (--image or daemon; applied when the daemon starts)")]
 pub struct StoreSettings {
     /// Clean chunk cache on the read path, shared by all images [default: 16M].
     #[arg(long = "chunk-cache", value_name = "SIZE", value_parser = parse_size, conflicts_with = "backing")]
@@ -170,6 +178,25 @@ pub struct RecoverArgs {
     /// Serve in the foreground instead of daemonizing (one device only).
     #[arg(long, requires = "id")]
     pub foreground: bool,
+}
+
+#[derive(Args, Debug)]
+#[group(required = true, multiple = false)]
+pub struct UpgradeArgs {
+    /// Only the daemon serving device ID (a store daemon hands over all of
+    /// its devices).
+    #[arg(short = 'n', long = "number")]
+    pub id: Option<u32>,
+
+    /// Every daemon that serves a device casblk added.
+    #[arg(short = 'a', long = "all")]
+    pub all: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DaemonArgs {
+    #[command(flatten)]
+    pub store_settings: StoreSettings,
 }
 
 #[derive(Args, Debug)]

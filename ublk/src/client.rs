@@ -117,7 +117,9 @@ fn serve_via_daemon(dir: &Path, req: &AddImageArgs, foreground: bool) -> Result<
         crate::control::require_free_id(req.id)?;
     }
     let (d, r) = (dir.to_path_buf(), req.clone());
-    match launch::launch(foreground, Path::new(DAEMON_LOG), move |ready| daemon::serve_store(d, r, ready)) {
+    match launch::launch(foreground, Path::new(DAEMON_LOG), move |ready| {
+        daemon::serve_store(d, daemon::Serve::First(r), ready)
+    }) {
         Err(e) if format!("{e:#}").contains("locked by another") => {
             // Another `add` started this store's daemon first: use it.
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -133,6 +135,31 @@ fn serve_via_daemon(dir: &Path, req: &AddImageArgs, foreground: bool) -> Result<
         }
         other => other,
     }
+}
+
+/// `casblk daemon`: the store daemon in the foreground, for a service
+/// manager (see `daemon::Serve::Service`).
+pub fn service(store: &Path, settings: crate::daemon::StoreSettings) -> Result<()> {
+    settings.options()?;
+    let dir = store_dir(store, false)?;
+    if running_daemon(&dir).is_some() {
+        bail!("a casblk daemon already serves store {}", dir.display());
+    }
+    crate::control::require_driver()?;
+    launch::launch(true, Path::new(DAEMON_LOG), move |ready| {
+        daemon::serve_store(dir, daemon::Serve::Service(settings), ready)
+    })
+}
+
+/// Asks the daemon of store `store` to hand its devices over and exit
+/// (`casblk upgrade`); returns whether it runs under a service manager,
+/// which then restarts it.
+pub fn handoff(store: &Path) -> Result<bool> {
+    let dir = store_dir(store, false)?;
+    let socket =
+        running_daemon(&dir).ok_or_else(|| anyhow!("no casblk daemon is serving store {}", dir.display()))?;
+    let reply = control(&socket, "handoff", json!({}), QUERY_TIMEOUT)?;
+    Ok(reply.get("service").and_then(Value::as_bool).unwrap_or(false))
 }
 
 fn attach_via(socket: &Path, req: &AddImageArgs) -> Result<()> {

@@ -1,7 +1,7 @@
 //! Device control outside the io path: probing the driver, `features`,
 //! `list` and `del`.
 
-use crate::cli::{DelArgs, ListArgs, RecoverArgs};
+use crate::cli::{DelArgs, ListArgs, RecoverArgs, UpgradeArgs};
 use anyhow::{bail, Context, Result};
 use libublk::ctrl::UblkCtrl;
 use serde::Serialize;
@@ -108,8 +108,23 @@ pub fn begin_recovery(id: i32) -> Result<()> {
 /// daemon is gone.
 const QUIESCE_WAIT: Duration = Duration::from_secs(10);
 
+/// Whether device `id` waits, quiesced, for a daemon.
+pub fn is_quiesced(id: u32) -> bool {
+    open_device(id).is_ok_and(|c| u32::from(c.dev_info().state) == libublk::sys::UBLK_S_DEV_QUIESCED)
+}
+
+/// Whether process `pid` still runs: a zombie (exited, not yet reaped by
+/// its parent, which for a daemon may be an init that never reaps) has
+/// closed its files and counts as gone.
 fn process_exists(pid: i32) -> bool {
-    pid > 0 && Path::new(&format!("/proc/{pid}")).exists()
+    if pid <= 0 {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesized command name.
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
 }
 
 /// The driver's feature mask (kernel 6.5+ answers GET_FEATURES).
@@ -281,6 +296,87 @@ pub fn recover(args: &RecoverArgs) -> Result<()> {
     }
     if !failed.is_empty() {
         bail!("could not recover devices {failed:?}");
+    }
+    Ok(())
+}
+
+/// `casblk upgrade -n ID | -a`: each daemon serving the chosen devices
+/// hands them over and exits (a store daemon flushes its images first; a
+/// raw daemon, which buffers nothing, is killed), then this binary recovers
+/// them. A service daemon is restarted by its service manager instead,
+/// and recovers its devices itself; this waits for them.
+pub fn upgrade(args: &UpgradeArgs) -> Result<()> {
+    require_driver()?;
+    let ids: Vec<u32> = match args.id {
+        Some(id) => vec![id],
+        None => crate::state::DeviceState::ids(),
+    };
+    let mut by_daemon: std::collections::BTreeMap<i32, Vec<crate::state::DeviceState>> = Default::default();
+    for id in ids {
+        let state = crate::state::DeviceState::load(id)?;
+        let pid = open_device(id)?.dev_info().ublksrv_pid;
+        if !state.recovery {
+            bail!("ublk device {id} was added without user recovery: it cannot be handed over");
+        }
+        by_daemon.entry(pid).or_default().push(state);
+    }
+    for (pid, states) in by_daemon {
+        let started = Instant::now();
+        let (service, states) = match &states[0].target {
+            crate::state::Target::Cas { store, .. } => {
+                let service = crate::client::handoff(store)?;
+                // The store's daemon hands over every device it serves.
+                let all: Vec<_> = crate::state::DeviceState::ids()
+                    .into_iter()
+                    .filter_map(|id| crate::state::DeviceState::load(id).ok())
+                    .filter(|s| matches!(&s.target, crate::state::Target::Cas { store: other, .. } if other == store))
+                    .collect();
+                (service, all)
+            }
+            crate::state::Target::Raw { .. } => {
+                // SAFETY: kill(2) with a pid and a signal number has no
+                // memory effects in this process.
+                if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+                    bail!(
+                        "stopping the daemon (pid {pid}) of device {}: {}",
+                        states[0].id,
+                        std::io::Error::last_os_error()
+                    );
+                }
+                (false, states)
+            }
+        };
+        let deadline = Instant::now() + QUIESCE_WAIT;
+        while process_exists(pid) {
+            if Instant::now() > deadline {
+                bail!(
+                    "the daemon (pid {pid}) did not exit within {} s of the handoff",
+                    QUIESCE_WAIT.as_secs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for state in &states {
+            if service {
+                wait_live(state.id)?;
+                println!("/dev/ublkb{}", state.id);
+            } else {
+                recover_one(state.id, false)?;
+            }
+        }
+        tracing::info!(pid, ms = started.elapsed().as_millis() as u64, "daemon upgraded");
+    }
+    Ok(())
+}
+
+/// Waits (bounded) until device `id` is live again.
+fn wait_live(id: u32) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !open_device(id).is_ok_and(|c| u32::from(c.dev_info().state) == libublk::sys::UBLK_S_DEV_LIVE) {
+        if Instant::now() > deadline {
+            bail!("ublk device {id} was not served again within 60 s of the handoff");
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
 }

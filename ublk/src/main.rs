@@ -33,10 +33,12 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    // Logs go through `tracing`, filtered by RUST_LOG (default: warnings).
+    // Logs go through `tracing`, filtered by RUST_LOG (default: warnings;
+    // a service daemon says what happens, attaches and recoveries, at info).
+    let default_filter = if matches!(cli.command, cli::Command::Daemon(_)) { "info" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -84,6 +86,8 @@ fn run(cli: cli::Cli) -> anyhow::Result<()> {
         cli::Command::Gc { json } => client::gc(&cli.store, json),
         cli::Command::Del(args) => control::del(&args),
         cli::Command::Recover(args) => control::recover(&args),
+        cli::Command::Upgrade(args) => control::upgrade(&args),
+        cli::Command::Daemon(args) => client::service(&cli.store, args.store_settings),
         cli::Command::List(args) => control::list(&args),
         cli::Command::Features => control::features(),
     }

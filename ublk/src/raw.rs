@@ -189,6 +189,17 @@ pub fn new_device(
     }
 }
 
+/// After a device's queues stopped: a device this daemon took over for
+/// recovery is not deleted by its control handle (only one it added is), so
+/// delete it here, as a device stopped by SIGTERM or `del` must go.
+pub fn delete_if_recovered(id: u32, start: Start) {
+    if start == Start::Recover {
+        if let Ok(ctrl) = UblkCtrl::new_simple(id as i32) {
+            let _ = ctrl.del_dev();
+        }
+    }
+}
+
 /// Records `ctrl`'s device in its state file, so `casblk recover` can
 /// serve it again if this daemon dies (see `state`).
 pub fn save_state(ctrl: &UblkCtrl, args: (u16, u16, u32, u64), target: crate::state::Target) -> Result<()> {
@@ -252,6 +263,8 @@ fn serve(args: &AddArgs, backing: Backing, ready: Ready, start: Start) -> Result
 
     let served = ctrl.run_target(tgt_init, queue_fn, move |c: &UblkCtrl| report_ready(c, &ready));
     // The device stopped (deleted, or failed to start): nothing to recover.
+    drop(ctrl);
+    delete_if_recovered(dev_id, start);
     crate::state::DeviceState::remove(dev_id)?;
     served.map_err(|e| ctrl_error(dev_id as i32, e))?;
     // Keep the backing file open until every queue thread has exited.

@@ -2,6 +2,7 @@
 //! devices, image management, and stats.
 
 use super::device::{self, DeviceCore};
+use super::links;
 use super::{queue, worker, EngineCapacity, Registry, Sched};
 use crate::launch::Ready;
 use crate::params::device_params;
@@ -46,8 +47,7 @@ pub struct AddImageArgs {
 /// canonical): one per store, named by a hash of the path so any path
 /// length fits a socket address.
 pub fn socket_path(store_dir: &Path) -> PathBuf {
-    let hash = blake3::hash(store_dir.as_os_str().as_encoded_bytes());
-    PathBuf::from(RUN_DIR).join(format!("store-{}.sock", &hash.to_hex()[..16]))
+    PathBuf::from(RUN_DIR).join(format!("store-{}.sock", links::store_id(store_dir)))
 }
 
 struct Attached {
@@ -76,15 +76,40 @@ struct Daemon {
     table: Mutex<Table>,
     changed: Condvar,
     next_id: AtomicU32,
+    /// A stop signal came: every device is being stopped.
+    stop_requested: std::sync::atomic::AtomicBool,
+    /// Run by `casblk daemon` for a service manager.
+    service: bool,
 }
 
-/// Runs the daemon of `store_dir`: attaches `first`, reports readiness,
-/// serves the control socket, and returns once no device is left.
-pub fn serve_store(store_dir: PathBuf, first: AddImageArgs, ready: Ready) -> Result<()> {
+/// Exit status of a service daemon after a handoff (EX_TEMPFAIL): a
+/// failure to the service manager, which then restarts it.
+const HANDOFF_EXIT_SERVICE: i32 = 75;
+
+/// What a store daemon is started for.
+pub enum Serve {
+    /// `casblk add` or `recover`: serve this device, and exit once no device
+    /// is left.
+    First(AddImageArgs),
+    /// `casblk daemon`: recover every quiesced device of the store (from
+    /// `/run/casblk`), tell the service manager it is ready, and serve until
+    /// SIGTERM, with or without devices.
+    Service(super::StoreSettings),
+}
+
+/// Runs the store daemon of `store_dir`: opens the store, serves the
+/// control socket and the devices, as `what` says.
+pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> {
+    let settings = match &what {
+        Serve::First(first) => first.settings.clone(),
+        Serve::Service(settings) => settings.clone(),
+    };
     let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
-    let options = first.settings.options()?;
+    let options = settings.options()?;
+    let opened = std::time::Instant::now();
     let store = cas::Store::open(storage, &store_dir, options.clone())
         .with_context(|| format!("opening store {}", store_dir.display()))?;
+    tracing::info!(store = %store_dir.display(), ms = opened.elapsed().as_millis() as u64, "store opened");
     let scheduler = sched::Scheduler::new(sched::Config::default(), sched::MonotonicClock::new())
         .map_err(|e| anyhow!("scheduler: {e}"))?;
     let sched = Arc::new(sched::SharedScheduler::new(scheduler, EngineCapacity::default()));
@@ -95,7 +120,7 @@ pub fn serve_store(store_dir: PathBuf, first: AddImageArgs, ready: Ready) -> Res
     let daemon = Arc::new(Daemon {
         store,
         options,
-        settings: first.settings.clone(),
+        settings,
         store_dir,
         socket: socket.clone(),
         sched: sched.clone(),
@@ -103,6 +128,8 @@ pub fn serve_store(store_dir: PathBuf, first: AddImageArgs, ready: Ready) -> Res
         table: Mutex::new(Table::default()),
         changed: Condvar::new(),
         next_id: AtomicU32::new(1),
+        stop_requested: std::sync::atomic::AtomicBool::new(false),
+        service: matches!(what, Serve::Service(_)),
     });
     let provider = {
         let d = daemon.clone();
@@ -110,21 +137,40 @@ pub fn serve_store(store_dir: PathBuf, first: AddImageArgs, ready: Ready) -> Res
     };
     let server = trace::stats::Server::spawn(&socket, provider).context("starting the control socket")?;
     stop_all_on_signals(daemon.clone())?;
-    let started = daemon.attach(&first);
-    match &started {
-        Ok(path) => ready.ok(path),
-        Err(e) => ready.fail(e),
-    }
-    if started.is_ok() {
-        daemon.wait_until_idle();
-    }
+    let result = match what {
+        Serve::First(first) => {
+            let started = daemon.attach(&first);
+            match &started {
+                Ok(path) => ready.ok(path),
+                Err(e) => ready.fail(e),
+            }
+            if started.is_ok() {
+                daemon.wait_until_idle();
+            }
+            started.map(|_| ())
+        }
+        Serve::Service(_) => {
+            let (recovered, failed) = daemon.recover_quiesced();
+            let line = format!(
+                "serving store {} ({recovered} devices recovered, {failed} could not be)",
+                daemon.store_dir.display()
+            );
+            tracing::info!("{line}");
+            println!("{line}");
+            if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+                tracing::warn!("telling the service manager we are ready failed: {e}");
+            }
+            daemon.wait_until_stopped();
+            Ok(())
+        }
+    };
     drop(server);
     sched.shutdown();
     for w in workers {
         let _ = w.join();
     }
     tracing::info!(store = %daemon.store_dir.display(), "daemon exiting");
-    started.map(|_| ())
+    result
 }
 
 fn stop_all_on_signals(daemon: Arc<Daemon>) -> Result<()> {
@@ -136,6 +182,8 @@ fn stop_all_on_signals(daemon: Arc<Daemon>) -> Result<()> {
         .spawn(move || {
             for sig in signals.forever() {
                 tracing::info!(sig, "stopping every device on signal");
+                daemon.stop_requested.store(true, Ordering::Release);
+                daemon.changed.notify_all();
                 for id in daemon.device_ids() {
                     if let Ok(ctrl) = UblkCtrl::new_simple(id as i32) {
                         let _ = ctrl.kill_dev();
@@ -154,6 +202,55 @@ impl Daemon {
 
     fn device_ids(&self) -> Vec<u32> {
         self.lock().attached.values().filter_map(|a| a.dev_id).collect()
+    }
+
+    /// Blocks until a stop signal came and no device is left (service mode:
+    /// having no device is no reason to exit), then refuses attachments.
+    fn wait_until_stopped(&self) {
+        let mut table = self.lock();
+        while !(self.stop_requested.load(Ordering::Acquire) && table.attached.is_empty()) {
+            table =
+                self.changed.wait_timeout(table, Duration::from_secs(1)).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        table.shutting_down = true;
+    }
+
+    /// Serves again every quiesced device of this store that has a state
+    /// file; returns how many were recovered and how many failed.
+    fn recover_quiesced(self: &Arc<Self>) -> (usize, usize) {
+        let (mut recovered, mut failed) = (0, 0);
+        for id in crate::state::DeviceState::ids() {
+            let Ok(state) = crate::state::DeviceState::load(id) else { continue };
+            let crate::state::Target::Cas { store, image, .. } = &state.target else { continue };
+            if store.canonicalize().ok().as_deref() != Some(self.store_dir.as_path()) {
+                continue;
+            }
+            if !crate::control::is_quiesced(id) {
+                continue;
+            }
+            let args = AddImageArgs {
+                image: image.clone(),
+                id: id as i32,
+                queues: state.queues,
+                depth: state.depth,
+                io_buf_bytes: state.io_buf_bytes,
+                poll_us: state.poll_us,
+                settings: self.settings.clone(),
+                recover: true,
+            };
+            let started = std::time::Instant::now();
+            match self.attach(&args) {
+                Ok(path) => {
+                    recovered += 1;
+                    tracing::info!(image = %image, dev = %path, ms = started.elapsed().as_millis() as u64, "recovered");
+                }
+                Err(e) => {
+                    failed += 1;
+                    tracing::error!(image = %image, dev = id, "recovery failed: {e:#}");
+                }
+            }
+        }
+        (recovered, failed)
     }
 
     /// Blocks until no device is attached, then refuses new attachments.
@@ -234,6 +331,7 @@ impl Daemon {
             a.dev_id = Some(dev_id);
             a.path = Some(path.clone());
         }
+        links::make(&self.store_dir, &args.image, &path);
         tracing::info!(image = %args.image, dev = %path, "attached");
         Ok(path)
     }
@@ -301,6 +399,9 @@ impl Daemon {
         };
         let served = ctrl.run_target(tgt_init, queue_fn, on_started);
         // The device stopped (deleted, or failed to start): nothing to recover.
+        drop(ctrl);
+        raw::delete_if_recovered(dev_id, start);
+        links::remove(&self.store_dir, &core.name, &format!("/dev/ublkb{dev_id}"));
         crate::state::DeviceState::remove(dev_id)?;
         served.map_err(|e| raw::ctrl_error(dev_id as i32, e))?;
         Ok(())
@@ -363,8 +464,33 @@ impl Daemon {
             }
             "image_list" => Ok(self.image_list()?),
             "gc" => Ok(serde_json::to_value(self.store.gc()?)?),
+            "handoff" => self.handoff(),
             other => bail!("unknown control action {other:?}"),
         }
+    }
+
+    /// Live upgrade, the old daemon's half: make every image durable (less
+    /// log to replay), then exit without stopping the devices, so the driver
+    /// quiesces them and holds their IO for the new binary's `recover`. The
+    /// reply goes out first. Under a service manager (`casblk daemon`) the
+    /// exit status is 75, a failure, so `Restart=on-failure` starts the new
+    /// binary, which recovers the devices itself.
+    fn handoff(self: &Arc<Self>) -> Result<Value> {
+        let devices = self.device_ids();
+        for core in self.registry.all() {
+            if let Err(e) = core.image.flush() {
+                bail!("handoff refused: flushing image {} failed: {e}", core.name);
+            }
+        }
+        let service = self.service;
+        tracing::info!(?devices, service, "handing the devices over to a new daemon; exiting");
+        std::thread::spawn(move || {
+            // Let the control socket send the reply, then leave without
+            // running destructors: those would delete the devices.
+            std::thread::sleep(Duration::from_millis(200));
+            std::process::exit(if service { HANDOFF_EXIT_SERVICE } else { 0 });
+        });
+        Ok(json!({ "devices": devices, "service": service, "pid": std::process::id() }))
     }
 
     fn image_list(&self) -> Result<Value> {

@@ -19,11 +19,12 @@
 mod bridge;
 mod control;
 mod device;
+mod links;
 mod queue;
 mod settings;
 mod worker;
 
-pub use control::{serve_store, socket_path, AddImageArgs};
+pub use control::{serve_store, socket_path, AddImageArgs, Serve};
 pub use settings::StoreSettings;
 
 use device::DeviceCore;

@@ -1,0 +1,67 @@
+# The supervised daemon: `casblk daemon` serves a store in the foreground;
+# when it dies (kill -9: a crash), starting it again, as its service
+# manager would, recovers the store's devices. A mounted ext4 with a loop
+# writing and fsyncing files sees no IO error, is not remounted read-only,
+# and every fsynced file reads back; QEMU's block layer (qemu-io, cache=none,
+# io_uring) on a second image sees no error either. The stable name
+# /dev/casblk/<image> follows the device throughout.
+source "$(dirname "$0")/lib.sh"
+store=$(new_store fs 256M)
+"$CASBLK" --store "$store" image create q --size 64M >/dev/null
+start_daemon() { # start_daemon LOG: a service daemon; waits until it is ready
+    "$CASBLK" --store "$store" daemon >"$1" 2>&1 &
+    for _ in $(seq 300); do grep -q "^serving store" "$1" && return 0; sleep 0.2; done
+    cat "$1"; fail "casblk daemon did not report ready"
+}
+start_daemon "$SCRATCH/daemon1.log"
+pid=$(pgrep -f -n "casblk --store $store daemon")
+dev=$(add_image "$store" fs)
+qdev=$(add_image "$store" q)
+[ "$(daemon_pid "$dev")" = "$pid" ] || fail "add did not go to the service daemon"
+[ "$(readlink /dev/casblk/fs)" = "$dev" ] || fail "/dev/casblk/fs does not point at $dev"
+mkfs.ext4 -q "$dev"
+mkdir -p "$SCRATCH/mnt" && mount "$dev" "$SCRATCH/mnt"
+dmesg -c >/dev/null 2>&1 || true
+# The writer: a file at a time, fsynced, its checksum logged only after.
+( i=0; while [ ! -e "$SCRATCH/stop" ]; do
+      i=$((i + 1)); f=$SCRATCH/mnt/f$i
+      head -c $((64 << 10)) /dev/urandom >"$f.src"
+      dd if="$f.src" of="$f" bs=64k conv=fsync status=none || exit 1
+      echo "$(sha256sum <"$f.src" | cut -d' ' -f1) f$i" >>"$SCRATCH/synced"
+      rm -f "$f.src"
+  done ) &
+writer=$!
+qemu-io -f raw -t none -i io_uring -c 'write -P 0x5a 0 32M' -c 'read -P 0x5a 0 32M' -c 'write -P 0xa5 32M 32M' \
+    -c 'read -P 0xa5 32M 32M' -c 'read -P 0x5a 0 32M' "$qdev" >"$SCRATCH/qemu-io.txt" 2>&1 &
+qio=$!
+sleep 4
+kill -KILL "$pid"
+for _ in $(seq 100); do pid_alive "$pid" || break; sleep 0.1; done
+start_daemon "$SCRATCH/daemon2.log"
+grep -q "2 devices recovered, 0 could not be" "$SCRATCH/daemon2.log" || { cat "$SCRATCH/daemon2.log"; fail "the restarted daemon did not recover both devices"; }
+pid2=$(pgrep -f -n "casblk --store $store daemon")
+[ "$(daemon_pid "$dev")" = "$pid2" ] || fail "the device is not served by the restarted daemon"
+[ "$(readlink /dev/casblk/fs)" = "$dev" ] || fail "/dev/casblk/fs lost its target across recovery"
+sleep 3
+touch "$SCRATCH/stop"
+wait "$writer" || fail "the ext4 writer got an IO error across the recovery"
+wait "$qio" || { cat "$SCRATCH/qemu-io.txt"; fail "qemu-io failed across the recovery"; }
+! grep -qiE "error|failed" "$SCRATCH/qemu-io.txt" || { cat "$SCRATCH/qemu-io.txt"; fail "qemu-io saw an error"; }
+grep -E "^/dev/ublkb$(dev_id "$dev") " /proc/mounts | grep -q " rw," || fail "ext4 was remounted read-only"
+! dmesg 2>/dev/null | grep -E "ublkb[0-9]+" | grep -qiE "error|fail" || { dmesg | tail -20; fail "the kernel logged IO errors"; }
+n=$(wc -l <"$SCRATCH/synced")
+[ "$n" -gt 0 ] || fail "the writer synced no file"
+umount "$SCRATCH/mnt"
+mount "$dev" "$SCRATCH/mnt"
+(cd "$SCRATCH/mnt" && while read -r sum name; do
+    [ "$(sha256sum <"$name" | cut -d' ' -f1)" = "$sum" ] || { echo "$name"; exit 1; }
+done <"$SCRATCH/synced") || fail "an fsynced file reads back wrong"
+note "kill -9 of the service daemon: restarted, 2 devices recovered, ext4 ($n fsynced files) and qemu-io without an error"
+umount "$SCRATCH/mnt"
+# SIGTERM (systemctl stop): every device stopped and deleted, the daemon exits.
+kill -TERM "$pid2"
+for _ in $(seq 300); do pid_alive "$pid2" || break; sleep 0.1; done
+! pid_alive "$pid2" || fail "the service daemon did not exit on SIGTERM"
+wait_no_devices
+[ ! -e /dev/casblk/fs ] || fail "/dev/casblk/fs outlived its device"
+note "SIGTERM stops the devices and the service daemon exits"
