@@ -241,7 +241,12 @@ fn a_read_in_flight_pins_its_segment() {
             std::thread::sleep(Duration::from_millis(400));
         }
     });
-    let storage = SlowSync { inner: Arc::new(mem.clone()), delay: Duration::ZERO, read_hook: Some(hook) };
+    let storage = SlowSync {
+        inner: Arc::new(mem.clone()),
+        delay: Duration::ZERO,
+        read_hook: Some(hook),
+        write_hook: None,
+    };
     let store = Store::create(Arc::new(storage), &store_dir(), opts()).unwrap();
     store.create_image("i", 4 << 20).unwrap();
     let image = store.open_image("i").unwrap();

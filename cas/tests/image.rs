@@ -127,7 +127,12 @@ fn a_failed_sync_fails_the_flush_and_the_image() {
 #[test]
 fn concurrent_flushes_share_syncs() {
     let mem = MemStorage::new();
-    let slow = SlowSync { inner: Arc::new(mem.clone()), delay: Duration::from_millis(2), read_hook: None };
+    let slow = SlowSync {
+        inner: Arc::new(mem.clone()),
+        delay: Duration::from_millis(2),
+        read_hook: None,
+        write_hook: None,
+    };
     let store = Store::create(Arc::new(slow), &store_dir(), small_opts()).unwrap();
     store.create_image("i", 8 << 20).unwrap();
     let image = store.open_image("i").unwrap();

@@ -387,6 +387,7 @@ impl Image {
             done += piece.len();
         }
         drop(r);
+        self.publish(last_seq)?;
         if fua {
             bump(&self.counters.fua_writes, 1);
             self.make_durable(last_seq)?;
@@ -427,11 +428,27 @@ impl Image {
         };
         bump(counter, 1);
         write_lock(&self.overlay).insert(sectors(offset), sectors(len), slot.seq, Source::Zero);
+        self.publish(slot.seq)?;
         if fua {
             bump(&self.counters.fua_writes, 1);
             self.make_durable(slot.seq)?;
         }
         Ok(())
+    }
+
+    /// Returns once every record through `last_seq` is complete, so that a
+    /// write is acknowledged only after every earlier record: the records a
+    /// caller has seen completed are then always a prefix of the log. Log
+    /// recovery keeps the prefix of whole records, so after the daemon dies
+    /// (kill -9, then `casblk recover`) no acknowledged write is behind a
+    /// hole left by one that was in flight; those in flight are reissued.
+    /// Bounded by the writes in flight, none of which waits for capacity.
+    fn publish(&self, last_seq: u64) -> Result<()> {
+        if self.durability.wait_complete(last_seq) {
+            Ok(())
+        } else {
+            self.durability.check()
+        }
     }
 
     /// Places one record; a segment closed by the roll goes to writeback.

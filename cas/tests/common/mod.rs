@@ -123,17 +123,20 @@ pub type ReadHook = Arc<dyn Fn(&Path, usize) + Send + Sync>;
 
 /// Wraps a storage so that every file sync takes at least `delay`, the
 /// way a real fdatasync does (group commit only shows with slow syncs),
-/// and every read runs `read_hook` (which may sleep: a slow read).
+/// and every read runs `read_hook` (which may sleep: a slow read); every
+/// write runs `write_hook` first, with the same arguments (a stalled write).
 pub struct SlowSync {
     pub inner: Arc<dyn Storage>,
     pub delay: std::time::Duration,
     pub read_hook: Option<ReadHook>,
+    pub write_hook: Option<ReadHook>,
 }
 
 struct SlowFile {
     inner: Arc<dyn cas::storage::StorageFile>,
     delay: std::time::Duration,
     read_hook: Option<ReadHook>,
+    write_hook: Option<ReadHook>,
 }
 
 impl cas::storage::StorageFile for SlowFile {
@@ -148,6 +151,9 @@ impl cas::storage::StorageFile for SlowFile {
         Ok(n)
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> cas::Result<()> {
+        if let Some(hook) = &self.write_hook {
+            hook(self.path(), buf.len());
+        }
         self.inner.write_all_at(buf, offset)
     }
     fn sync_data(&self) -> cas::Result<()> {
@@ -169,7 +175,12 @@ impl Storage for SlowSync {
         mode: cas::storage::OpenMode,
     ) -> cas::Result<Arc<dyn cas::storage::StorageFile>> {
         let inner = self.inner.open(path, mode)?;
-        Ok(Arc::new(SlowFile { inner, delay: self.delay, read_hook: self.read_hook.clone() }))
+        Ok(Arc::new(SlowFile {
+            inner,
+            delay: self.delay,
+            read_hook: self.read_hook.clone(),
+            write_hook: self.write_hook.clone(),
+        }))
     }
     fn remove_file(&self, path: &Path) -> cas::Result<()> {
         self.inner.remove_file(path)
