@@ -74,6 +74,27 @@ new_store() { local s=$SCRATCH/store-$RANDOM; "$CASBLK" --store "$s" image creat
 # Attach image NAME of STORE (extra casblk args follow); prints the device.
 add_image() { local s=$1 n=$2; shift 2; "$CASBLK" --store "$s" add --image "$n" "$@"; }
 
+# start_fio_verify DEV SIZE OUT: random 4 KiB writes over SIZE of DEV, with
+# an fsync every 64 and a crc32c verify after, in the background (its pid
+# in FIO_PID); finish_fio OUT WHAT waits for it and fails on any error.
+start_fio_verify() {
+    fio --name=verify --filename="$1" --rw=randwrite --bs=4k --size="$2" --iodepth=16 --ioengine=io_uring \
+        --direct=1 --fsync=64 --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 \
+        --output="$3" &
+    FIO_PID=$!
+}
+finish_fio() {
+    wait "$FIO_PID" || { cat "$1"; fail "fio failed across $2"; }
+    grep -q "err= 0" "$1" || { cat "$1"; fail "fio reported an error across $2"; }
+}
+
+# kill_daemon PID: SIGKILL, then wait (bounded) until it is gone.
+kill_daemon() {
+    kill -KILL "$1"
+    for _ in $(seq 100); do pid_alive "$1" || return 0; sleep 0.1; done
+    fail "daemon $1 survived SIGKILL"
+}
+
 # The driver's state of device ID: live, quiesced, dead, ...
 device_state() {
     "$CASBLK" list --json | python3 -c "import json,sys; print([d['state'] for d in json.load(sys.stdin) if d['id']==$1][0])"

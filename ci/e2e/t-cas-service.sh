@@ -35,8 +35,7 @@ qemu-io -f raw -t none -i io_uring -c 'write -P 0x5a 0 32M' -c 'read -P 0x5a 0 3
     -c 'read -P 0xa5 32M 32M' -c 'read -P 0x5a 0 32M' "$qdev" >"$SCRATCH/qemu-io.txt" 2>&1 &
 qio=$!
 sleep 4
-kill -KILL "$pid"
-for _ in $(seq 100); do pid_alive "$pid" || break; sleep 0.1; done
+kill_daemon "$pid"
 start_daemon "$SCRATCH/daemon2.log"
 grep -q "2 devices recovered, 0 could not be" "$SCRATCH/daemon2.log" || { cat "$SCRATCH/daemon2.log"; fail "the restarted daemon did not recover both devices"; }
 pid2=$(pgrep -f -n "casblk --store $store daemon")
