@@ -69,6 +69,7 @@ where
 {
     if foreground {
         crate::set_sigpipe(false);
+        crate::logging::daemon_mode();
         return work(Ready::new(None));
     }
 
@@ -99,6 +100,7 @@ where
         }
         daemonize::Outcome::Child(Ok(_)) => {
             crate::set_sigpipe(false);
+            crate::logging::daemon_mode();
             drop(reader);
             let _ = writeln!(writer, "pid {}", std::process::id());
             let ready = Ready::new(Some(writer));

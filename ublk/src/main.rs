@@ -9,8 +9,10 @@ mod client;
 mod control;
 mod daemon;
 mod launch;
+mod logging;
 mod params;
 mod raw;
+mod recovering;
 mod ring;
 mod state;
 
@@ -33,15 +35,10 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    // Logs go through `tracing`, filtered by RUST_LOG (default: warnings;
-    // a service daemon says what happens, attaches and recoveries, at info).
-    let default_filter = if matches!(cli.command, cli::Command::Daemon(_)) { "info" } else { "warn" };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init();
+    if matches!(cli.command, cli::Command::Daemon(_)) {
+        logging::daemon_mode();
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -187,6 +187,11 @@ impl Image {
         self.size_bytes
     }
 
+    /// What replaying the log found when this image was opened.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
     /// Replaces the compacted-data view (the manifest side sets it).
     pub fn set_manifest(&self, manifest: Arc<dyn ManifestView>) {
         *write_lock(&self.manifest) = manifest;

@@ -107,6 +107,7 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
     let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
     let options = settings.options()?;
     let opened = std::time::Instant::now();
+    tracing::info!(store = %store_dir.display(), pid = std::process::id(), "store daemon starting");
     let store = cas::Store::open(storage, &store_dir, options.clone())
         .with_context(|| format!("opening store {}", store_dir.display()))?;
     tracing::info!(store = %store_dir.display(), ms = opened.elapsed().as_millis() as u64, "store opened");
@@ -238,12 +239,10 @@ impl Daemon {
                 settings: self.settings.clone(),
                 recover: true,
             };
-            let started = std::time::Instant::now();
+            // attach logs the recovery, with the time it took.
+            let _mark = crate::recovering::RecoveringMark::new(id);
             match self.attach(&args) {
-                Ok(path) => {
-                    recovered += 1;
-                    tracing::info!(image = %image, dev = %path, ms = started.elapsed().as_millis() as u64, "recovered");
-                }
+                Ok(_) => recovered += 1,
                 Err(e) => {
                     failed += 1;
                     tracing::error!(image = %image, dev = id, "recovery failed: {e:#}");
@@ -285,8 +284,18 @@ impl Daemon {
             let at = a.path.clone().unwrap_or_else(|| "a device being attached".into());
             bail!("image {} is already attached as {at}", args.image);
         }
+        let opening = std::time::Instant::now();
         let image =
             self.store.open_image(&args.image).with_context(|| format!("opening image {}", args.image))?;
+        let replay = image.recovery();
+        tracing::info!(
+            image = %args.image,
+            records_replayed = replay.replayed_records,
+            segments = replay.segments,
+            torn_tail_bytes = replay.torn_tail_bytes,
+            ms = opening.elapsed().as_millis() as u64,
+            "image opened"
+        );
         let buffer_bytes = device::tag_buffer_bytes(args.queues, args.depth, args.io_buf_bytes);
         let buffers = self.store.lend_memory(
             buffer_bytes,
@@ -332,7 +341,8 @@ impl Daemon {
             a.path = Some(path.clone());
         }
         links::make(&self.store_dir, &args.image, &path);
-        tracing::info!(image = %args.image, dev = %path, "attached");
+        let how = if args.recover { "recovered" } else { "attached" };
+        tracing::info!(image = %args.image, dev = %path, ms = opening.elapsed().as_millis() as u64, "{how}");
         Ok(path)
     }
 
