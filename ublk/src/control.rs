@@ -99,8 +99,17 @@ pub fn begin_recovery(id: i32) -> Result<()> {
         }
         _ => bail!("ublk device {id} is {}, not quiesced: nothing to recover", state_name(info.state)),
     }
-    ctrl.start_user_recover()
-        .map_err(|e| anyhow::anyhow!("START_USER_RECOVERY of device {id} failed: {e}"))?;
+    ctrl.start_user_recover().map_err(|e| match e {
+        // Older drivers (6.12's among them) refuse a second
+        // START_USER_RECOVERY when the daemon that sent the first died
+        // before its queues were up: nothing can serve the device again.
+        libublk::UblkError::UringIOError(code) if code == -libc::EINVAL => anyhow::anyhow!(
+            "ublk device {id} cannot be taken over: the driver refuses START_USER_RECOVERY (EINVAL), as \
+             older drivers do after a recovery that died before its queues were up; \
+             `casblk del -n {id}` fails its held IO"
+        ),
+        other => anyhow::anyhow!("START_USER_RECOVERY of device {id} failed: {other}"),
+    })?;
     Ok(())
 }
 
@@ -116,7 +125,7 @@ pub fn is_quiesced(id: u32) -> bool {
 /// Whether process `pid` still runs: a zombie (exited, not yet reaped by
 /// its parent, which for a daemon may be an init that never reaps) has
 /// closed its files and counts as gone.
-fn process_exists(pid: i32) -> bool {
+pub fn process_exists(pid: i32) -> bool {
     if pid <= 0 {
         return false;
     }
@@ -243,6 +252,7 @@ fn delete(id: u32) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    crate::recovering::forget(id);
     crate::state::DeviceState::remove(id)
 }
 
@@ -384,6 +394,7 @@ fn wait_live(id: u32) -> Result<()> {
 /// Prints the device's path once it is served again.
 fn recover_one(id: u32, foreground: bool) -> Result<()> {
     let state = crate::state::DeviceState::load(id)?;
+    let _mark = crate::recovering::RecoveringMark::new(id);
     match &state.target {
         crate::state::Target::Raw { backing } => crate::raw::recover(&state, backing, foreground),
         crate::state::Target::Cas { .. } => crate::client::recover_image(&state, foreground),
@@ -424,7 +435,10 @@ fn describe(id: u32) -> Result<DeviceRow> {
     Ok(DeviceRow {
         id,
         bdev: ctrl.get_bdev_path(),
-        state: state_name(info.state),
+        state: match state_name(info.state) {
+            "quiesced" if crate::recovering::recovering_pid(id).is_some() => "recovering",
+            name => name,
+        },
         queues: info.nr_hw_queues,
         depth: info.queue_depth,
         size_bytes,
