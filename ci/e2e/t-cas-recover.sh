@@ -9,7 +9,7 @@ id=$(dev_id "$dev")
 [ -f "/run/casblk/dev-$id.json" ] || fail "no state file for device $id"
 "$CASBLK" features | grep -q USER_RECOVERY_REISSUE || fail "the driver lacks user recovery with reissue"
 cd "$SCRATCH"
-for round in 1 2; do
+for round in $(seq "${E2E_ROUNDS:-2}"); do
     start_fio_verify "$dev" 64M "$SCRATCH/fio$round.txt"
     sleep 4
     old=$(daemon_pid "$dev")

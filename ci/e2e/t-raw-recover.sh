@@ -5,7 +5,7 @@ backing=$(new_backing 256M)
 dev=$(add_raw "$backing")
 id=$(dev_id "$dev")
 cd "$SCRATCH"
-for round in 1 2; do
+for round in $(seq "${E2E_ROUNDS:-2}"); do
     start_fio_verify "$dev" 96M "$SCRATCH/fio$round.txt"
     sleep 3
     old=$(daemon_pid "$dev")

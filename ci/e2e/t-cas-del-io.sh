@@ -1,0 +1,41 @@
+# `del` while IO runs: deleting one CAS device under fio returns within a
+# bound, its fio ends (its in-flight requests complete or fail) instead of
+# hanging, and the same store daemon goes on serving the other image with
+# no error.
+source "$(dirname "$0")/lib.sh"
+store=$(new_store a 256M)
+"$CASBLK" --store "$store" image create b --size 256M >/dev/null
+a=$(add_image "$store" a)
+b=$(add_image "$store" b)
+pid=$(daemon_pid "$a")
+cd "$SCRATCH"
+fio --name=a --filename="$a" --rw=randrw --bs=4k --size=128M --iodepth=16 --ioengine=io_uring --direct=1 \
+    --fsync=32 --time_based --runtime=120 --output="$SCRATCH/a.txt" >/dev/null 2>&1 &
+fa=$!
+start_fio_verify "$b" 32M "$SCRATCH/b.txt"
+# Under IO for real: fio's start-up alone can take seconds in a fresh VM.
+writes() { "$CASBLK" stats -n "$(dev_id "$a")" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['images'][0]['ops']['write']['count'])"; }
+for _ in $(seq 120); do [ "$(writes)" -gt 200 ] && break; sleep 0.5; done
+[ "$(writes)" -gt 200 ] || fail "fio wrote nothing to $a within 60 s"
+t0=$SECONDS
+timeout 30 "$CASBLK" del -n "$(dev_id "$a")" || fail "del under IO failed or took over 30 s"
+took=$((SECONDS - t0))
+for _ in $(seq 200); do kill -0 "$fa" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$fa" 2>/dev/null; then
+    echo "fio a is $fa, fio b is $FIO_PID" >&2
+    ps -eLo pid,ppid,tid,stat,wchan:32,comm >&2
+    cat "$SCRATCH/a.txt" >&2
+    for t in /proc/"$fa"/task/* $(pgrep -P "$fa" | sed 's|^|/proc/|'); do cat "$t/stack" 2>/dev/null; done >&2
+    dmesg | tail -n 20 >&2
+    kill -KILL "$fa"
+    fail "fio on the deleted device still runs 20 s after del"
+fi
+[ ! -e "$a" ] || fail "$a still exists after del"
+pid_alive "$pid" || fail "the store daemon died with the deleted device"
+finish_fio "$SCRATCH/b.txt" "the delete of the other image"
+[ "$(daemon_pid "$b")" = "$pid" ] || fail "the other image is no longer served by daemon $pid"
+note "del of a device under fio took ${took} s; its fio ended; the other image's fio verified"
+"$CASBLK" del -a
+wait_no_devices
+for _ in $(seq 100); do pid_alive "$pid" || break; sleep 0.1; done
+! pid_alive "$pid" || fail "the store daemon outlived its last device"
