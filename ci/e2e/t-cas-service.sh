@@ -34,13 +34,16 @@ writer=$!
 qemu-io -f raw -t none -i io_uring -c 'write -P 0x5a 0 32M' -c 'read -P 0x5a 0 32M' -c 'write -P 0xa5 32M 32M' \
     -c 'read -P 0xa5 32M 32M' -c 'read -P 0x5a 0 32M' "$qdev" >"$SCRATCH/qemu-io.txt" 2>&1 &
 qio=$!
-sleep 4
-kill_daemon "$pid"
-start_daemon "$SCRATCH/daemon2.log"
-grep -q "2 devices recovered, 0 could not be" "$SCRATCH/daemon2.log" || { cat "$SCRATCH/daemon2.log"; fail "the restarted daemon did not recover both devices"; }
-pid2=$(pgrep -f -n "casblk --store $store daemon")
-[ "$(daemon_pid "$dev")" = "$pid2" ] || fail "the device is not served by the restarted daemon"
-[ "$(readlink /dev/casblk/fs)" = "$dev" ] || fail "/dev/casblk/fs lost its target across recovery"
+for round in $(seq "${E2E_ROUNDS:-2}"); do
+    sleep 4
+    kill_daemon "$pid"
+    start_daemon "$SCRATCH/daemon$((round + 1)).log"
+    grep -q "2 devices recovered, 0 could not be" "$SCRATCH/daemon$((round + 1)).log" \
+        || { cat "$SCRATCH/daemon$((round + 1)).log"; fail "round $round: the restarted daemon did not recover both devices"; }
+    pid=$(pgrep -f -n "casblk --store $store daemon")
+    [ "$(daemon_pid "$dev")" = "$pid" ] || fail "round $round: the device is not served by the restarted daemon"
+    [ "$(readlink /dev/casblk/fs)" = "$dev" ] || fail "round $round: /dev/casblk/fs lost its target across recovery"
+done
 sleep 3
 touch "$SCRATCH/stop"
 wait "$writer" || fail "the ext4 writer got an IO error across the recovery"
@@ -55,12 +58,12 @@ mount "$dev" "$SCRATCH/mnt"
 (cd "$SCRATCH/mnt" && while read -r sum name; do
     [ "$(sha256sum <"$name" | cut -d' ' -f1)" = "$sum" ] || { echo "$name"; exit 1; }
 done <"$SCRATCH/synced") || fail "an fsynced file reads back wrong"
-note "kill -9 of the service daemon: restarted, 2 devices recovered, ext4 ($n fsynced files) and qemu-io without an error"
+note "${E2E_ROUNDS:-2} kills -9 of the service daemon: each restarted, 2 devices recovered, ext4 ($n fsynced files) and qemu-io without an error"
 umount "$SCRATCH/mnt"
 # SIGTERM (systemctl stop): every device stopped and deleted, the daemon exits.
-kill -TERM "$pid2"
-for _ in $(seq 300); do pid_alive "$pid2" || break; sleep 0.1; done
-! pid_alive "$pid2" || fail "the service daemon did not exit on SIGTERM"
+kill -TERM "$pid"
+for _ in $(seq 300); do pid_alive "$pid" || break; sleep 0.1; done
+! pid_alive "$pid" || fail "the service daemon did not exit on SIGTERM"
 wait_no_devices
 [ ! -e /dev/casblk/fs ] || fail "/dev/casblk/fs outlived its device"
 note "SIGTERM stops the devices and the service daemon exits"
