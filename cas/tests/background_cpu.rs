@@ -70,8 +70,18 @@ fn background_threads_run_in_the_configured_class() {
         assert_eq!(cas::background::current_thread_policy(), Some(BackgroundCpu::Normal));
         drop(img);
         drop(store);
-        // Dropping the store joins its threads: the next round sees only its own.
-        let left: Vec<_> = threads().into_iter().filter(|(n, _)| n == "cas-compactor").collect();
-        assert!(left.is_empty(), "compactor threads left after the store dropped: {left:?}");
+        // Dropping the store joins its threads: the next round sees only its
+        // own. A joined thread may still be listed in /proc for a moment (the
+        // join returns when it clears its tid, before the kernel reaps it),
+        // so the listing gets a bounded while to catch up.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let left = loop {
+            let left: Vec<_> = threads().into_iter().filter(|(n, _)| n == "cas-compactor").collect();
+            if left.is_empty() || std::time::Instant::now() > deadline {
+                break left;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert!(left.is_empty(), "compactor threads left 5 s after the store dropped: {left:?}");
     }
 }
