@@ -1,9 +1,11 @@
 # Faults under the store: its filesystem sits on device-mapper (dm-flakey
 # over a loop file). While every write to it fails with EIO, a write and
 # FLUSH to the CAS device fails instead of being acknowledged, the daemon
-# stays up, the image reports why it failed, and reads of data flushed
-# before go on. Once the fault is cleared and the store reopened, every
-# write flushed before the fault reads back.
+# stays up, the image reports why it failed, and reads never return wrong
+# data. While every read fails too, reads of compacted data fail or return
+# the right data. A store on a full filesystem (ENOSPC) fails the write
+# that does not fit. After each fault is cleared and the store reopened,
+# every write flushed before it reads back.
 source "$(dirname "$0")/lib.sh"
 modprobe -a loop dm-flakey 2>/dev/null || true
 export DM_DISABLE_UDEV=1
@@ -15,6 +17,7 @@ sectors=$(blockdev --getsz "$loopdev")
 cleanup() {
     "$CASBLK" del -a >/dev/null 2>&1 || true
     umount -l "$SCRATCH/fs" 2>/dev/null || true
+    umount -l "$SCRATCH/small" 2>/dev/null || true
     dmsetup remove --noudevsync "$dm" 2>/dev/null || true
     losetup -d "$loopdev" 2>/dev/null || true
 }
@@ -53,15 +56,75 @@ else
 fi
 note "EIO on every store write: write+FLUSH failed, daemon up, image says '$failure', $reads"
 
-# Clear the fault, repair the filesystem, reopen the store.
-timeout 60 "$CASBLK" del -n "$id" || fail "del of the failed device failed"
-umount "$SCRATCH/fs" || umount -l "$SCRATCH/fs"
-table "0 $sectors linear $loopdev 0" || fail "restoring the linear table failed"
-rc=0
-e2fsck -fy "/dev/mapper/$dm" >"$SCRATCH/e2fsck.txt" 2>&1 || rc=$?
-[ "$rc" -le 1 ] || { cat "$SCRATCH/e2fsck.txt"; fail "e2fsck could not repair the store's filesystem (exit $rc)"; }
-mount "/dev/mapper/$dm" "$SCRATCH/fs"
-dev=$(add_image "$store" vm) || fail "the store did not reopen after the fault"
+# Clear the fault, repair the filesystem, reopen the store: REOPEN_ARGS
+# go to add; sets dev.
+reopen() {
+    timeout 60 "$CASBLK" del -a || fail "del of the failed device failed"
+    umount "$SCRATCH/fs" || umount -l "$SCRATCH/fs"
+    table "0 $sectors linear $loopdev 0" || fail "restoring the linear table failed"
+    local rc=0
+    e2fsck -fy "/dev/mapper/$dm" >"$SCRATCH/e2fsck.txt" 2>&1 || rc=$?
+    [ "$rc" -le 1 ] || { cat "$SCRATCH/e2fsck.txt"; fail "e2fsck could not repair the store's filesystem (exit $rc)"; }
+    mount "/dev/mapper/$dm" "$SCRATCH/fs"
+    dev=$(add_image "$store" vm "$@") || fail "the store did not reopen after the fault"
+}
+reopen --chunk-cache 1M
 dd if="$dev" of="$SCRATCH/a.read" bs=1M count=8 iflag=direct status=none
-cmp -s "$SCRATCH/a" "$SCRATCH/a.read" || fail "a write flushed before the fault was lost"
+cmp -s "$SCRATCH/a" "$SCRATCH/a.read" || fail "a write flushed before the write fault was lost"
 note "fault cleared, store reopened: every write flushed before the fault reads back"
+
+# Reads fail under the store: the data compacted into chunks, the caches
+# dropped (a 1 MiB chunk cache, the kernel's page cache), then every IO to
+# the store's device fails. A read fails or returns the right data, never
+# other data; the daemon stays up.
+wait_compacted "$store"
+echo 3 >/proc/sys/vm/drop_caches
+pid=$(daemon_pid "$dev")
+table "0 $sectors flakey $loopdev 0 0 3600" || fail "loading the failing dm-flakey table failed"
+if dd if="$dev" of="$SCRATCH/a.read" bs=1M count=8 iflag=direct status=none 2>"$SCRATCH/dd.err"; then
+    cmp -s "$SCRATCH/a" "$SCRATCH/a.read" || fail "a read returned wrong data while the store's reads failed"
+    reads="reads still served (cached)"
+else
+    grep -qi "error" "$SCRATCH/dd.err" || { cat "$SCRATCH/dd.err"; fail "the read failed without an IO error"; }
+    reads="reads fail with EIO"
+fi
+pid_alive "$pid" || fail "the daemon died on read errors"
+reopen
+dd if="$dev" of="$SCRATCH/a.read" bs=1M count=8 iflag=direct status=none
+cmp -s "$SCRATCH/a" "$SCRATCH/a.read" || fail "flushed data was lost across the read fault"
+note "EIO on every store IO: $reads, daemon up; cleared and reopened, flushed data reads back"
+"$CASBLK" del -a
+
+# ENOSPC: a store on a 64 MiB filesystem, an image twice that size. Writes
+# of 4 MiB, each flushed, go on until one fails; the daemon stays up. With
+# space freed (a ballast file removed) and the store reopened, every write
+# that was flushed reads back.
+small=$SCRATCH/small.img
+truncate -s 64M "$small"
+mkfs.ext4 -q -F "$small"
+mkdir -p "$SCRATCH/small" && mount -o loop "$small" "$SCRATCH/small"
+head -c 8M /dev/zero >"$SCRATCH/small/ballast" && sync
+sstore=$SCRATCH/small/store
+"$CASBLK" --store "$sstore" image create big --size 128M >/dev/null
+bdev=$(add_image "$sstore" big --log-quota 16M)
+bpid=$(daemon_pid "$bdev")
+flushed=0
+for i in $(seq 0 31); do
+    head -c 4M /dev/urandom >"$SCRATCH/blk$i"
+    timeout 120 dd if="$SCRATCH/blk$i" of="$bdev" bs=1M seek=$((i * 4)) oflag=direct conv=fsync status=none \
+        2>"$SCRATCH/dd.err" || break
+    flushed=$((i + 1))
+done
+[ "$flushed" -lt 32 ] || fail "128 MiB of new data fit on a 64 MiB filesystem"
+grep -qiE "error|space" "$SCRATCH/dd.err" || { cat "$SCRATCH/dd.err"; fail "the failing write did not report an IO error"; }
+pid_alive "$bpid" || fail "the daemon died on ENOSPC"
+timeout 60 "$CASBLK" del -a || fail "del after ENOSPC failed"
+rm -f "$SCRATCH/small/ballast"
+bdev=$(add_image "$sstore" big --log-quota 16M) || fail "the store did not reopen after ENOSPC"
+for i in $(seq 0 $((flushed - 1))); do
+    dd if="$bdev" of="$SCRATCH/blk.read" bs=1M skip=$((i * 4)) count=4 iflag=direct status=none
+    cmp -s "$SCRATCH/blk$i" "$SCRATCH/blk.read" || fail "flushed block $i was lost across ENOSPC"
+done
+note "ENOSPC after $flushed flushed 4 MiB writes: the next failed, daemon up; space freed and reopened, all $flushed read back"
+"$CASBLK" del -a
+umount "$SCRATCH/small"
