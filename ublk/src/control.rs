@@ -282,13 +282,7 @@ pub fn del(args: &DelArgs) -> Result<()> {
 pub fn recover(args: &RecoverArgs) -> Result<()> {
     require_driver()?;
     let ids = if args.all {
-        crate::state::DeviceState::ids()
-            .into_iter()
-            .filter(|&id| {
-                open_device(id)
-                    .is_ok_and(|c| u32::from(c.dev_info().state) == libublk::sys::UBLK_S_DEV_QUIESCED)
-            })
-            .collect()
+        crate::state::DeviceState::ids().into_iter().filter(|&id| is_quiesced(id)).collect()
     } else {
         vec![args.id.ok_or_else(|| anyhow::anyhow!("recover needs -n ID or -a"))?]
     };
