@@ -10,6 +10,7 @@ pub mod chunk;
 pub mod compact;
 pub mod error;
 pub mod format;
+pub mod fsck;
 pub mod gc;
 pub mod image;
 pub mod manifest;

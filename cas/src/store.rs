@@ -28,7 +28,7 @@
 //! `gc` and image creation/removal exclude each other, so GC marks from
 //! every image's manifest.
 
-mod files;
+pub(crate) mod files;
 mod memory;
 mod names;
 
@@ -221,10 +221,10 @@ impl std::fmt::Debug for Store {
     }
 }
 
-const STORE_FILE: &str = "STORE";
-const LOCK_FILE: &str = "LOCK";
-const IMAGE_FILE: &str = "IMAGE";
-const MANIFEST_FILE: &str = "manifest";
+pub(crate) const STORE_FILE: &str = "STORE";
+pub(crate) const LOCK_FILE: &str = "LOCK";
+pub(crate) const IMAGE_FILE: &str = "IMAGE";
+pub(crate) const MANIFEST_FILE: &str = "manifest";
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

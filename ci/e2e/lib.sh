@@ -142,3 +142,18 @@ sys.exit(0 if ok else 1)'; then
 store_counter() {
     "$CASBLK" --store "$1" stats --json | python3 -c "import json,sys; print(json.load(sys.stdin)['counters']['$2']['$3'])"
 }
+
+# Runs `casblk fsck` on STORE once its daemon has let go of it (bounded:
+# exit 2 while the lock is still held), and fails unless it is clean.
+# Prints fsck's summary line.
+fsck_clean() {
+    local store=$1 rc
+    for _ in $(seq 100); do
+        rc=0
+        "$CASBLK" --store "$store" fsck >"$SCRATCH/fsck.txt" 2>&1 || rc=$?
+        [ "$rc" -eq 2 ] && grep -q "daemon has it open" "$SCRATCH/fsck.txt" || break
+        sleep 0.1
+    done
+    [ "$rc" -eq 0 ] || { cat "$SCRATCH/fsck.txt"; fail "casblk fsck of $store exited $rc"; }
+    tail -n 1 "$SCRATCH/fsck.txt"
+}

@@ -31,6 +31,8 @@ PY
 note "flushed data survived kill -9; unflushed sectors are old or new"
 "$CASBLK" del -a
 wait_no_devices
+sum=$(fsck_clean "$store") || exit 1
+note "after kill -9 and reopen: $sum"
 # A clean stop (SIGTERM to the daemon) flushes every image: even writes the
 # guest never flushed are there after reattaching.
 dev=$(add_image "$store" vm)

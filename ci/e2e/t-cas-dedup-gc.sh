@@ -39,3 +39,5 @@ cmp "$SCRATCH/shared" "$SCRATCH/back" || fail "img0 lost shared data to GC"
 note "GC swept exactly the removed images' own chunks; img0 intact"
 "$CASBLK" del -a
 wait_no_devices
+sum=$(fsck_clean "$store") || exit 1
+note "after GC: $sum"

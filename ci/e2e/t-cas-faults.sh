@@ -5,7 +5,7 @@
 # data. While every read fails too, reads of compacted data fail or return
 # the right data. A store on a full filesystem (ENOSPC) fails the write
 # that does not fit. After each fault is cleared and the store reopened,
-# every write flushed before it reads back.
+# every write flushed before it reads back, and `casblk fsck` is clean.
 source "$(dirname "$0")/lib.sh"
 modprobe -a loop dm-flakey 2>/dev/null || true
 export DM_DISABLE_UDEV=1
@@ -94,6 +94,8 @@ dd if="$dev" of="$SCRATCH/a.read" bs=1M count=8 iflag=direct status=none
 cmp -s "$SCRATCH/a" "$SCRATCH/a.read" || fail "flushed data was lost across the read fault"
 note "EIO on every store IO: $reads, daemon up; cleared and reopened, flushed data reads back"
 "$CASBLK" del -a
+sum=$(fsck_clean "$store") || exit 1
+note "after the EIO faults: $sum"
 
 # ENOSPC: a store on a 64 MiB filesystem, an image twice that size. Writes
 # of 4 MiB, each flushed, go on until one fails; the daemon stays up. With
@@ -127,4 +129,6 @@ for i in $(seq 0 $((flushed - 1))); do
 done
 note "ENOSPC after $flushed flushed 4 MiB writes: the next failed, daemon up; space freed and reopened, all $flushed read back"
 "$CASBLK" del -a
+sum=$(fsck_clean "$sstore") || exit 1
+note "after ENOSPC: $sum"
 umount "$SCRATCH/small"

@@ -47,6 +47,24 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check a store nothing serves: every checksum, every manifest-to-chunk
+    /// reference, the logs, leftovers. Exit 0 clean, 1 problems, 2 could not run.
+    Fsck(FsckArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct FsckArgs {
+    /// Check only this image (its manifest, log and chunks).
+    #[arg(long, value_name = "NAME")]
+    pub image: Option<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Remove leftovers nothing durable references (orphan packs, files of
+    /// interrupted operations) and cut torn tails, then check again. Never
+    /// touches data a manifest, the chunk index or a flushed log record holds.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 #[derive(Subcommand, Debug)]

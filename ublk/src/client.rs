@@ -19,7 +19,7 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 const ADD_TIMEOUT: Duration = Duration::from_secs(150);
 
 /// The store directory, canonical (so every client names the same socket).
-fn store_dir(store: &Path, create: bool) -> Result<PathBuf> {
+pub(crate) fn store_dir(store: &Path, create: bool) -> Result<PathBuf> {
     if create {
         std::fs::create_dir_all(store)
             .with_context(|| format!("creating store directory {}", store.display()))?;

@@ -8,6 +8,7 @@ mod cli;
 mod client;
 mod control;
 mod daemon;
+mod fsck;
 mod launch;
 mod logging;
 mod params;
@@ -38,6 +39,9 @@ fn main() -> ExitCode {
     logging::init();
     if matches!(cli.command, cli::Command::Daemon(_)) {
         logging::daemon_mode();
+    }
+    if let cli::Command::Fsck(args) = &cli.command {
+        return fsck::run(&cli.store, args);
     }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -87,5 +91,6 @@ fn run(cli: cli::Cli) -> anyhow::Result<()> {
         cli::Command::Daemon(args) => client::service(&cli.store, args.store_settings),
         cli::Command::List(args) => control::list(&args),
         cli::Command::Features => control::features(),
+        cli::Command::Fsck(_) => unreachable!("fsck returns its own exit status"),
     }
 }

@@ -60,6 +60,7 @@
 //! batch relies on from being swept.
 
 mod cache;
+pub mod check;
 mod index;
 mod journal;
 mod maintenance;

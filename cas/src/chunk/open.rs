@@ -5,13 +5,13 @@
 
 use super::index::{self, Index, IndexMap, Key, Loc, PrefixBuild, SHARDS};
 use super::journal::{self, Journal, JournalOp};
-use super::pack::{self, PackHeader, PACK_HEADER_BYTES};
+use super::pack::{self, PACK_HEADER_BYTES};
 use super::{
     corrupt, pin, ActivePack, ChunkStore, ChunkStoreOptions, ClockCache, PackFiles, PackState, SyncState,
     Writer, CACHE_SHARDS, CHUNK_BYTES,
 };
 use crate::error::{Error, Result};
-use crate::storage::{OpenMode, Storage};
+use crate::storage::Storage;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
@@ -94,33 +94,7 @@ impl ChunkStore {
                 storage.remove_file(&path)?;
                 continue;
             };
-            let file = storage.open(&path, OpenMode::Existing)?;
-            let len = file.len()?;
-            let mut head = vec![0u8; PACK_HEADER_BYTES as usize];
-            let n = file.read_at(&mut head, 0)?;
-            let header = PackHeader::decode(&head[..n], &path)?;
-            if header.store_id != store_id || header.pack_id != id {
-                return Err(corrupt(
-                    &path,
-                    0,
-                    format!(
-                        "pack header names store {:#x} pack {}, expected store {store_id:#x} pack {id}",
-                        header.store_id, header.pack_id
-                    ),
-                ));
-            }
-            let spanned = pack::slots_spanned(len);
-            if u64::from(max_slot) >= spanned || spanned > u64::from(header.capacity_slots) {
-                return Err(corrupt(
-                    &path,
-                    pack::slot_offset(max_slot),
-                    format!(
-                        "pack spans {spanned} of {} slots but the index references slot {max_slot}",
-                        header.capacity_slots
-                    ),
-                ));
-            }
-            let slots = spanned as u32;
+            let (file, header, slots) = pack::open_checked(storage.as_ref(), &path, store_id, id, max_slot)?;
             packs.insert(id, PackState { slots, capacity: header.capacity_slots, live });
             files.insert(id, file);
         }

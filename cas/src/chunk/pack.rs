@@ -27,7 +27,9 @@
 
 use crate::error::{Error, Result};
 use crate::format::{self, Decoder, Encoder};
+use crate::storage::{OpenMode, Storage, StorageFile};
 use std::path::Path;
+use std::sync::Arc;
 
 /// Bytes of one chunk (and one pack slot).
 pub const CHUNK_BYTES: usize = 4096;
@@ -114,6 +116,45 @@ pub fn slot_offset(slot: u32) -> u64 {
 /// Number of slots a pack of `len_bytes` spans (a partial slot counts).
 pub fn slots_spanned(len_bytes: u64) -> u64 {
     len_bytes.saturating_sub(PACK_HEADER_BYTES).div_ceil(CHUNK_BYTES as u64)
+}
+
+/// Opens pack `id` at `path` and checks it against what the index says of
+/// it: the header decodes and names this store and this pack, and the file
+/// spans `max_slot`, the highest slot an entry references. Returns the file,
+/// its header and the slots its length spans.
+pub(crate) fn open_checked(
+    storage: &dyn Storage,
+    path: &Path,
+    store_id: u64,
+    id: u32,
+    max_slot: u32,
+) -> Result<(Arc<dyn StorageFile>, PackHeader, u32)> {
+    let corrupt = |offset, detail| Error::Corruption { path: path.to_path_buf(), offset, detail };
+    let file = storage.open(path, OpenMode::Existing)?;
+    let len = file.len()?;
+    let mut head = vec![0u8; PACK_HEADER_BYTES as usize];
+    let n = file.read_at(&mut head, 0)?;
+    let header = PackHeader::decode(&head[..n], path)?;
+    if header.store_id != store_id || header.pack_id != id {
+        return Err(corrupt(
+            0,
+            format!(
+                "pack header names store {:#x} pack {}, expected store {store_id:#x} pack {id}",
+                header.store_id, header.pack_id
+            ),
+        ));
+    }
+    let spanned = slots_spanned(len);
+    if u64::from(max_slot) >= spanned || spanned > u64::from(header.capacity_slots) {
+        return Err(corrupt(
+            slot_offset(max_slot),
+            format!(
+                "pack spans {spanned} of {} slots but the index references slot {max_slot}",
+                header.capacity_slots
+            ),
+        ));
+    }
+    Ok((file, header, spanned as u32))
 }
 
 /// File name of pack `id`.

@@ -102,6 +102,9 @@ fn sectors(bytes: u64) -> u64 {
     bytes / SECTOR_BYTES
 }
 
+/// The directory of an image's log, inside the image's directory.
+pub(crate) const WAL_DIR: &str = "wal";
+
 impl Image {
     /// Creates the (empty) log of a new image in `image_dir`/wal.
     pub(crate) fn create_log(
@@ -110,7 +113,7 @@ impl Image {
         segment_bytes: u64,
         log_id: u64,
     ) -> Result<()> {
-        let wal = image_dir.join("wal");
+        let wal = image_dir.join(WAL_DIR);
         storage.create_dir_all(&wal)?;
         storage.sync_dir(image_dir)?;
         Log::create(storage, &wal, segment_bytes, log_id)
@@ -130,7 +133,7 @@ impl Image {
         let mut first = None;
         let (log, recovery) = Log::open(
             storage,
-            &image_dir.join("wal"),
+            &image_dir.join(WAL_DIR),
             cfg.segment_bytes,
             cfg.log_id,
             cfg.replay_after_seq,

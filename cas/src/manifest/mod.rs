@@ -43,6 +43,7 @@
 //! only possible one) poisons the manifest: commits fail with
 //! `Error::Unavailable` until it is reopened. Lookups continue.
 
+mod check;
 mod edit;
 mod file;
 mod iter;
@@ -52,6 +53,7 @@ mod root;
 mod view;
 
 pub use crate::chunk::ChunkHash;
+pub use check::TreeCounts;
 pub use edit::{CommitStats, ManifestEdit};
 pub use iter::ManifestIter;
 pub use page::{

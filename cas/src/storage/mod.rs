@@ -23,10 +23,12 @@
 //!   thread's sync could "succeed" over data the first one's error lost.
 //!   `MemStorage` models that kernel behaviour underneath the guard.
 
+mod dry_run;
 mod fs;
 mod mem;
 mod sync_guard;
 
+pub use dry_run::{Change, DryRun};
 pub use fs::{is_memory_fs, FsStorage};
 pub use mem::{CrashMode, Fault, FaultOp, MemStorage};
 pub use sync_guard::SyncGuard;

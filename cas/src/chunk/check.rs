@@ -1,0 +1,231 @@
+//! The chunk store's half of `casblk fsck`.
+//!
+//! [`IndexCheck::load`] replays the index journal with the code an open
+//! uses (through a [`DryRun`](crate::storage::DryRun) storage, so a torn
+//! tail is reported, not cut), and names pack files nothing references.
+//! [`IndexCheck::verify`] then reads every chunk (or only those a caller
+//! marked referenced) pack by pack in sequential 1 MiB reads and checks
+//! each against its entry's crc32c and its blake3 name. Unlike an open,
+//! it goes on past a bad pack or chunk: every one is reported and its
+//! entries marked, so the manifest walk can name the image blocks they
+//! take down with them.
+
+use super::journal::{self, Journal, JournalOp};
+use super::pack::{self, CHUNK_BYTES};
+use super::{hash_block, hex, ChunkHash};
+use crate::format;
+use crate::fsck::{Finding, FsckReport};
+use crate::storage::{Change, Storage};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// Bytes read from a pack at a time.
+const READ_BYTES: usize = 1 << 20;
+
+/// What the check knows of one chunk's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkState {
+    /// Not read (yet, or not asked for).
+    Unchecked,
+    /// Read, crc32c and hash match.
+    Good,
+    /// Read, but the bytes are not the chunk's.
+    Damaged,
+    /// Its pack is missing, unreadable or does not hold the slot.
+    Lost,
+}
+
+/// One index entry under check.
+#[derive(Clone, Copy, Debug)]
+pub struct Entry {
+    pub hash: ChunkHash,
+    pub pack: u32,
+    pub slot: u32,
+    pub crc: u32,
+    pub state: ChunkState,
+    /// Manifest references counted by the caller.
+    pub refs: u32,
+}
+
+/// The replayed index, sorted by hash.
+pub struct IndexCheck {
+    dir: PathBuf,
+    store_id: u64,
+    pub entries: Vec<Entry>,
+    /// Pack ids with a file in the directory.
+    pack_files: Vec<u32>,
+}
+
+impl IndexCheck {
+    /// Replays the journal in `dir` through `storage` (a dry run). `None`
+    /// if it cannot be replayed (reported).
+    pub fn load(storage: &dyn Storage, dir: &Path, report: &mut FsckReport) -> Option<IndexCheck> {
+        let names = match storage.list_dir(dir) {
+            Ok(n) => n,
+            Err(e) => {
+                report.problem(Finding::from_error("chunks-dir", None, dir, &e));
+                return None;
+            }
+        };
+        let mut pack_files: Vec<u32> = names.iter().filter_map(|n| pack::parse_pack_file_name(n)).collect();
+        pack_files.sort_unstable();
+        for n in &names {
+            let known = n == journal::INDEX_FILE || n == journal::INDEX_TMP_FILE;
+            if !known && pack::parse_pack_file_name(n).is_none() {
+                let f =
+                    Finding::new("unknown-file", None, &dir.join(n), "not a file casblk writes; left alone");
+                report.note(f);
+            }
+        }
+        if !storage.exists(&dir.join(journal::INDEX_FILE)) {
+            if !pack_files.is_empty() {
+                let detail = "pack files exist but the chunk index is missing: no chunk can be found";
+                report.problem(Finding::new("index-missing", None, &dir.join(journal::INDEX_FILE), detail));
+                return None;
+            }
+            // A store whose chunk store was never opened holds no chunks.
+            return Some(IndexCheck { dir: dir.to_path_buf(), store_id: 0, entries: vec![], pack_files });
+        }
+        let mut map: HashMap<ChunkHash, (u32, u32, u32)> = HashMap::new();
+        let replay = Journal::open(storage, dir, |op| {
+            match op {
+                JournalOp::Put { hash, pack, slot, crc } => {
+                    map.insert(hash, (pack, slot, crc));
+                }
+                JournalOp::Remove { hash } => {
+                    map.remove(&hash);
+                }
+            }
+            Ok(())
+        });
+        let journal = match replay {
+            Ok(j) => j,
+            Err(e) => {
+                report.problem(Finding::from_error("index", None, &dir.join(journal::INDEX_FILE), &e));
+                return None;
+            }
+        };
+        let mut entries: Vec<Entry> = map
+            .into_iter()
+            .map(|(hash, (pack, slot, crc))| Entry {
+                hash,
+                pack,
+                slot,
+                crc,
+                state: ChunkState::Unchecked,
+                refs: 0,
+            })
+            .collect();
+        entries.sort_unstable_by_key(|e| e.hash);
+        report.counts.chunks = entries.len() as u64;
+        let mut referenced: Vec<u32> = entries.iter().map(|e| e.pack).collect();
+        referenced.sort_unstable();
+        referenced.dedup();
+        report.counts.packs = referenced.len() as u64;
+        for &id in &pack_files {
+            if referenced.binary_search(&id).is_err() {
+                let path = dir.join(pack::pack_file_name(id));
+                let detail = "no index entry points into this pack (a crash leftover, or emptied by GC)";
+                let f = Finding::new("orphan-pack", None, &path, detail).repair(Change::Remove { path });
+                report.problem(f);
+            }
+        }
+        Some(IndexCheck { dir: dir.to_path_buf(), store_id: journal.store_id, entries, pack_files })
+    }
+
+    /// The entry named `hash`.
+    pub fn find(&mut self, hash: &ChunkHash) -> Option<&mut Entry> {
+        let i = self.entries.binary_search_by(|e| e.hash.cmp(hash)).ok()?;
+        Some(&mut self.entries[i])
+    }
+
+    /// Reads and checks every entry (`only_referenced`: those with refs),
+    /// setting each one's state and reporting every pack or chunk that
+    /// does not hold what the index says.
+    pub fn verify(&mut self, storage: &dyn Storage, only_referenced: bool, report: &mut FsckReport) {
+        // Entries to read, by pack then slot: (pack, slot, index in entries).
+        let mut by_pack: BTreeMap<u32, Vec<(u32, usize)>> = BTreeMap::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            if !only_referenced || e.refs > 0 {
+                by_pack.entry(e.pack).or_default().push((e.slot, i));
+            }
+        }
+        let mut buf = vec![0u8; READ_BYTES];
+        for (id, mut slots) in by_pack {
+            slots.sort_unstable();
+            let path = self.dir.join(pack::pack_file_name(id));
+            let lose = |entries: &mut [Entry], slots: &[(u32, usize)]| {
+                for &(_, i) in slots {
+                    entries[i].state = ChunkState::Lost;
+                }
+            };
+            if self.pack_files.binary_search(&id).is_err() {
+                let detail = format!("pack {id} is missing: {} chunks in it are lost", slots.len());
+                report.problem(Finding::new("pack-missing", None, &path, detail));
+                lose(&mut self.entries, &slots);
+                continue;
+            }
+            let max_slot = slots.last().map_or(0, |s| s.0);
+            let file = match pack::open_checked(storage, &path, self.store_id, id, max_slot) {
+                Ok((file, _, _)) => file,
+                Err(e) => {
+                    let mut f = Finding::from_error("pack", None, &path, &e);
+                    f.detail += &format!(" ({} chunks in it cannot be trusted)", slots.len());
+                    report.problem(f);
+                    lose(&mut self.entries, &slots);
+                    continue;
+                }
+            };
+            let per_read = (READ_BYTES / CHUNK_BYTES) as u32;
+            let mut k = 0;
+            while k < slots.len() {
+                let first = slots[k].0;
+                let end = slots[k..].iter().take_while(|s| s.0 < first.saturating_add(per_read)).count() + k;
+                let last = slots[end - 1].0;
+                let want = (last - first + 1) as usize * CHUNK_BYTES;
+                let offset = pack::slot_offset(first);
+                if let Err(e) = file.read_exact_at(&mut buf[..want], offset) {
+                    let mut f = Finding::from_error("pack-read", None, &path, &e);
+                    f.offset = f.offset.or(Some(offset));
+                    report.problem(f);
+                    lose(&mut self.entries, &slots[k..end]);
+                    k = end;
+                    continue;
+                }
+                for &(slot, i) in &slots[k..end] {
+                    let at = (slot - first) as usize * CHUNK_BYTES;
+                    let bytes = &buf[at..at + CHUNK_BYTES];
+                    let e = &mut self.entries[i];
+                    let slot_at = pack::slot_offset(slot);
+                    let crc = format::crc32c(bytes);
+                    if crc != e.crc {
+                        let detail = format!(
+                            "chunk {} in slot {slot}: crc32c {crc:#010x}, the index says {:#010x}",
+                            hex(&e.hash),
+                            e.crc
+                        );
+                        report.problem(Finding::new("chunk-checksum", None, &path, detail).at(slot_at));
+                        e.state = ChunkState::Damaged;
+                    } else if hash_block(bytes) != e.hash {
+                        let detail = format!(
+                            "slot {slot} holds other bytes than chunk {} (crc matches)",
+                            hex(&e.hash)
+                        );
+                        report.problem(Finding::new("chunk-content", None, &path, detail).at(slot_at));
+                        e.state = ChunkState::Damaged;
+                    } else {
+                        e.state = ChunkState::Good;
+                        report.counts.chunks_verified += 1;
+                        report.counts.bytes_verified += CHUNK_BYTES as u64;
+                    }
+                }
+                k = end;
+            }
+        }
+    }
+
+    /// The pack file and byte offset an entry's bytes live at.
+    pub fn location(&self, e: &Entry) -> (PathBuf, u64) {
+        (self.dir.join(pack::pack_file_name(e.pack)), pack::slot_offset(e.slot))
+    }
+}

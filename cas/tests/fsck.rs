@@ -1,0 +1,211 @@
+//! fsck: a clean store is clean, and each way of damaging one is found
+//! and named (image, file, offset); `--repair` removes only leftovers.
+
+mod common;
+
+use cas::fsck::{self, FsckOptions, FsckReport};
+use cas::storage::{MemStorage, OpenMode, Storage};
+use cas::Store;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Blocks written to image "a" and compacted (distinct, non-zero).
+const BLOCKS: u64 = 300;
+
+/// A store with image "a" (300 compacted blocks, the first 100 repeated in
+/// image "b", so chunks are shared) and image "log", never compacted: three
+/// flushed writes (so the middle one is proven durable by the next) and an
+/// unflushed one.
+fn build() -> MemStorage {
+    let (mem, store) = mem_store(small_opts());
+    for (name, blocks) in [("a", BLOCKS), ("b", 100)] {
+        store.create_image(name, 16 << 20).unwrap();
+        let image = store.open_image(name).unwrap();
+        image.write(0, &payload(7, 0, blocks * 8), false).unwrap();
+        image.flush().unwrap();
+        store.compact_once(&image).unwrap();
+    }
+    store.create_image("log", 16 << 20).unwrap();
+    let log = store.open_image("log").unwrap();
+    for i in 0..3u64 {
+        log.write(i * 8192, &payload(100 + i, i * 16, 16), false).unwrap();
+        log.flush().unwrap();
+    }
+    log.write(1 << 20, &payload(200, 2048, 8), false).unwrap();
+    drop(log);
+    drop(store);
+    mem
+}
+
+fn run(mem: &MemStorage, opts: &FsckOptions) -> FsckReport {
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    fsck::check(storage, &store_dir(), opts).expect("fsck runs")
+}
+
+fn check(mem: &MemStorage) -> FsckReport {
+    run(mem, &FsckOptions::default())
+}
+
+fn flip(mem: &MemStorage, path: &Path, offset: u64) {
+    let f = mem.open(path, OpenMode::Existing).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).unwrap();
+    f.write_all_at(&[b[0] ^ 0x10], offset).unwrap();
+}
+
+fn pack(id: u32) -> PathBuf {
+    store_dir().join(format!("chunks/pack-{id:08x}.pack"))
+}
+
+fn kinds(r: &FsckReport) -> Vec<&'static str> {
+    r.problems.iter().map(|f| f.kind).collect()
+}
+
+#[test]
+fn a_clean_store_is_clean_and_everything_is_counted() {
+    let mem = build();
+    let r = check(&mem);
+    assert!(r.is_clean(), "{:#?}", r.problems);
+    let c = &r.counts;
+    assert_eq!(c.images, 3);
+    assert_eq!(c.chunks, BLOCKS, "every distinct block is one chunk");
+    assert_eq!(c.chunks_verified, BLOCKS);
+    assert_eq!(c.references, BLOCKS + 100);
+    assert_eq!(c.referenced_chunks, BLOCKS);
+    assert_eq!(c.max_references, 2, "image b shares a's first 100 chunks");
+    assert_eq!(c.unreferenced_chunks, 0);
+    assert!(c.manifest_pages >= 2);
+    assert_eq!(c.log_records, 6, "image log's 4 records, and a's and b's covered ones");
+    // One image only: its log and the chunks it references.
+    let r = run(&mem, &FsckOptions { image: Some("b".into()), repair: false });
+    assert!(r.is_clean(), "{:#?}", r.problems);
+    assert_eq!((r.counts.images, r.counts.references, r.counts.chunks_verified), (1, 100, 100));
+}
+
+#[test]
+fn a_bit_flip_in_a_pack_names_the_chunk_and_the_blocks() {
+    let mem = build();
+    // Slot 5 of the first pack: a chunk both images reference.
+    let at = 4096 + 5 * 4096 + 77;
+    flip(&mem, &pack(1), at);
+    let r = check(&mem);
+    let bad = r.of_kind("chunk-checksum");
+    assert_eq!(bad.len(), 1, "{:#?}", r.problems);
+    assert_eq!(bad[0].path, pack(1));
+    assert_eq!(bad[0].offset, Some(4096 + 5 * 4096));
+    let blocks = r.of_kind("damaged-block");
+    let images: Vec<_> = blocks.iter().map(|f| f.image.as_deref().unwrap()).collect();
+    assert_eq!(images, ["a", "b"], "{blocks:#?}");
+    assert!(blocks[0].detail.contains("block 5 "), "{}", blocks[0].detail);
+    assert_eq!(r.counts.chunks_verified, BLOCKS - 1);
+    // Repair does not touch damaged data: it is still reported.
+    let r = run(&mem, &FsckOptions { image: None, repair: true });
+    assert!(r.repaired.is_empty());
+    assert_eq!(r.of_kind("chunk-checksum").len(), 1);
+}
+
+#[test]
+fn a_bit_flip_in_a_manifest_page_is_found_at_its_offset() {
+    let mem = build();
+    let path = store_dir().join("images/a/manifest");
+    // Page 2 is the first tree page written: a leaf (pages go children first).
+    flip(&mem, &path, 2 * 4096 + 300);
+    let r = check(&mem);
+    let bad = r.of_kind("manifest-page");
+    assert_eq!(bad.len(), 1, "{:#?}", r.problems);
+    assert_eq!((bad[0].image.as_deref(), bad[0].offset), (Some("a"), Some(2 * 4096)));
+    assert!(bad[0].path.ends_with("images/a/manifest"));
+    assert!(!r.is_clean());
+    assert!(r.of_kind("manifest-counts").is_empty(), "counts are not compared past a damaged page");
+}
+
+#[test]
+fn a_bit_flip_mid_log_is_corruption_but_a_torn_tail_is_a_note() {
+    let mem = build();
+    let seg = segment_path("log", 1);
+    // The first record's payload: later records prove it durable.
+    flip(&mem, &seg, 512 + 64 + 100);
+    let r = check(&mem);
+    let bad = r.of_kind("log");
+    assert_eq!(bad.len(), 1, "{:#?}", r.problems);
+    assert_eq!((bad[0].image.as_deref(), bad[0].offset), (Some("log"), Some(512)));
+    assert_eq!(bad[0].path, seg);
+    assert!(bad[0].detail.contains("middle of the log"), "{}", bad[0].detail);
+
+    // Damage to the unflushed last record only: a torn tail, a note, clean.
+    let mem = build();
+    let len = mem.open(&seg, OpenMode::Existing).unwrap().len().unwrap();
+    flip(&mem, &seg, len - 100);
+    let r = check(&mem);
+    assert!(r.is_clean(), "{:#?}", r.problems);
+    let torn = r.of_kind("torn-tail");
+    assert_eq!(torn.len(), 1, "{:#?}", r.notes);
+    assert!(r.counts.torn_tail_bytes > 0);
+    assert_eq!(r.counts.log_records, 5, "the torn record is not counted");
+    // Repair cuts it, and the store opens with the flushed writes.
+    let r = run(&mem, &FsckOptions { image: None, repair: true });
+    assert_eq!(r.repaired.len(), 1, "{:?}", r.repaired);
+    assert!(r.of_kind("torn-tail").is_empty() && r.is_clean());
+    assert_eq!(mem.open(&seg, OpenMode::Existing).unwrap().len().unwrap(), torn[0].offset.unwrap());
+    let store = reopen(&mem, small_opts()).unwrap();
+    let log = store.open_image("log").unwrap();
+    let mut buf = vec![0u8; 8192];
+    log.read(2 * 8192, &mut buf).unwrap();
+    assert_eq!(buf, payload(102, 32, 16));
+}
+
+#[test]
+fn a_missing_pack_loses_its_chunks_and_names_every_block() {
+    let mem = build();
+    mem.remove_file(&pack(1)).unwrap();
+    let r = check(&mem);
+    let missing = r.of_kind("pack-missing");
+    assert_eq!(missing.len(), 1, "{:#?}", r.problems);
+    assert_eq!(missing[0].path, pack(1));
+    assert_eq!(r.of_kind("damaged-block").len() as u64, BLOCKS + 100);
+    assert_eq!(r.counts.chunks_verified, 0);
+}
+
+#[test]
+fn an_orphan_pack_and_leftovers_are_repaired_and_nothing_else_is_touched() {
+    let mem = build();
+    let orphan = pack(0xff);
+    let f = mem.open(&orphan, OpenMode::CreateNew).unwrap();
+    f.write_all_at(&[1u8; 8192], 0).unwrap();
+    let leftover = store_dir().join("chunks/index.tmp");
+    mem.open(&leftover, OpenMode::CreateNew).unwrap().write_all_at(b"x", 0).unwrap();
+    mem.create_dir_all(&store_dir().join("images/half")).unwrap();
+    let r = check(&mem);
+    let mut k = kinds(&r);
+    k.sort();
+    assert_eq!(k, ["orphan-file", "orphan-image-dir", "orphan-pack"], "{:#?}", r.problems);
+    assert_eq!(r.of_kind("orphan-pack")[0].path, orphan);
+    assert!(r.problems.iter().all(|f| f.repair.is_some()));
+
+    let r = run(&mem, &FsckOptions { image: None, repair: true });
+    assert_eq!(r.repaired.len(), 3, "{:?}", r.repaired);
+    assert!(r.is_clean(), "{:#?}", r.problems);
+    assert!(!mem.exists(&orphan) && !mem.exists(&leftover));
+    assert!(mem.exists(&pack(1)), "a referenced pack stays");
+    assert_eq!(r.counts.chunks_verified, BLOCKS);
+    let store = reopen(&mem, small_opts()).unwrap();
+    let a = store.open_image("a").unwrap();
+    let mut buf = vec![0u8; 4096];
+    a.read(299 * 4096, &mut buf).unwrap();
+    assert_eq!(buf, payload(7, 299 * 8, 8));
+}
+
+#[test]
+fn fsck_refuses_a_store_in_use_and_a_missing_one() {
+    let mem = build();
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let store = Store::open(storage.clone(), &store_dir(), small_opts()).unwrap();
+    let e = fsck::check(storage.clone(), &store_dir(), &FsckOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("daemon has it open"), "{e}");
+    drop(store);
+    let e = fsck::check(storage.clone(), Path::new("/nowhere"), &FsckOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("no STORE file"), "{e}");
+    let opts = FsckOptions { image: Some("nope".into()), repair: false };
+    assert!(fsck::check(storage, &store_dir(), &opts).is_err());
+}

@@ -1,0 +1,75 @@
+//! `casblk fsck` as a user runs it: exit 0 on a clean store, 1 naming the
+//! damaged file and offset, 2 when it cannot run; `--json` parses.
+
+use cas::storage::{FsStorage, Storage};
+use cas::{Store, StoreOptions};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+fn casblk(store: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_casblk"))
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .output()
+        .expect("casblk runs")
+}
+
+fn opts() -> StoreOptions {
+    StoreOptions { background_compaction: false, ..StoreOptions::default() }
+}
+
+/// A store with one image of 64 distinct compacted blocks.
+fn build(dir: &Path) {
+    let storage: Arc<dyn Storage> = Arc::new(FsStorage::new());
+    let store = Store::create(storage, dir, opts()).unwrap();
+    store.create_image("vm", 1 << 20).unwrap();
+    let image = store.open_image("vm").unwrap();
+    let data: Vec<u8> = (0..64 * 4096u32).map(|i| (i / 4096 * 7 + i % 251) as u8 | 1).collect();
+    image.write(0, &data, false).unwrap();
+    image.flush().unwrap();
+    store.compact_once(&image).unwrap();
+}
+
+#[test]
+fn exit_status_says_clean_damaged_or_could_not_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    build(&dir);
+    let out = casblk(&dir, &["fsck"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(": clean;") && text.contains("64 of 64 chunks verified"), "{text}");
+
+    // A bit flip in slot 3 of the pack.
+    let pack = dir.join("chunks/pack-00000001.pack");
+    let mut bytes = std::fs::read(&pack).unwrap();
+    bytes[4096 + 3 * 4096 + 9] ^= 4;
+    std::fs::write(&pack, &bytes).unwrap();
+    let out = casblk(&dir, &["fsck"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let line = format!("problem: chunk-checksum: {} at offset {}", pack.display(), 4096 + 3 * 4096);
+    assert!(text.contains(&line), "{text}");
+    assert!(text.contains("problem: damaged-block: image vm: ") && text.contains("block 3 "), "{text}");
+    let out = casblk(&dir, &["fsck", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fsck --json prints JSON");
+    assert_eq!(v["counts"]["chunks_verified"], 63);
+    assert_eq!(v["problems"][0]["kind"], "chunk-checksum");
+
+    // The store open elsewhere (as a daemon holds it): 2, with the reason.
+    let storage: Arc<dyn Storage> = Arc::new(FsStorage::new());
+    let held = Store::open(storage, &dir, opts()).unwrap();
+    let out = casblk(&dir, &["fsck"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.starts_with("casblk: fsck: ") && err.contains("daemon has it open"), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    drop(held);
+    let out = casblk(&tmp.path().join("none"), &["fsck"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = casblk(&dir, &["fsck", "--image", "../x"]);
+    assert_eq!(out.status.code(), Some(2), "a bad image name is refused");
+}
