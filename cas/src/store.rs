@@ -29,10 +29,12 @@
 //! every image's manifest.
 
 pub(crate) mod files;
+mod fuzz;
 mod memory;
 mod names;
 
 pub use files::{ImageHeader, IMAGE_VERSION, STORE_VERSION};
+pub use fuzz::{fuzz_decode_store_files, fuzz_reseal, fuzz_samples};
 pub use memory::MemoryLoan;
 pub use names::{check_image_dir_name, validate_image_name, IMAGE_NAME_BYTES_MAX, IMAGE_NAME_CHARS};
 

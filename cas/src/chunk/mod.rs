@@ -61,6 +61,7 @@
 
 mod cache;
 pub mod check;
+mod fuzz;
 mod index;
 mod journal;
 mod maintenance;
@@ -70,6 +71,7 @@ mod pin;
 mod writer;
 
 pub(crate) use cache::ClockCache;
+pub use fuzz::{fuzz_replay_index, fuzz_reseal_index, fuzz_sample_index};
 pub use maintenance::PackUsage;
 pub use pack::{fuzz_decode_pack_header, PackHeader, CHUNK_BYTES, PACK_HEADER_BYTES};
 pub use pin::ChunkPin;

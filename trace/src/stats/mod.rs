@@ -22,7 +22,7 @@ mod server;
 use std::time::Duration;
 
 pub use client::{query, query_snapshot, MAX_REPLY_BYTES};
-pub use server::{Provider, Server};
+pub use server::{parse_request, Provider, Server};
 
 /// Longest accepted request line, newline included.
 pub const MAX_REQUEST_BYTES: usize = 4096;

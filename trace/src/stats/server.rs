@@ -254,12 +254,18 @@ fn read_line(reader: &mut BufReader<UnixStream>, shared: &Shared) -> Line {
     }
 }
 
+/// Decodes one request line as the socket does (also the fuzz target's
+/// entry point): a request, or why the line is not one.
+pub fn parse_request(line: &[u8]) -> std::result::Result<Request, String> {
+    serde_json::from_slice(line).map_err(|e| format!("malformed request: {e}"))
+}
+
 fn answer(line: &[u8], shared: &Shared) -> Value {
-    let request: Request = match serde_json::from_slice(line) {
+    let request = match parse_request(line) {
         Ok(r) => r,
         Err(e) => {
-            tracing::debug!("stats socket: malformed request: {e}");
-            return error_reply(format!("malformed request: {e}"));
+            tracing::debug!("stats socket: {e}");
+            return error_reply(e);
         }
     };
     match catch_unwind(AssertUnwindSafe(|| (shared.provider)(&request))) {
