@@ -88,6 +88,17 @@ pub enum ImageCommand {
         /// The image to remove.
         name: String,
     },
+    /// Write an image's contents to FILE, raw and sparse (from a store
+    /// nothing serves).
+    Export {
+        /// The image to export.
+        name: String,
+        /// The file to write (created or truncated).
+        file: PathBuf,
+        /// Output format; only raw so far.
+        #[arg(long, default_value = "raw")]
+        format: String,
+    },
 }
 
 #[derive(Args, Debug)]

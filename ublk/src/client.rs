@@ -203,6 +203,16 @@ pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
             };
             print_images(&rows, json)?;
         }
+        ImageCommand::Export { name, file, format } => {
+            if daemon.is_some() {
+                bail!(
+                    "store {} is served by a running casblk daemon; export reads a store nothing serves \
+                     (stop its devices first)",
+                    dir.display()
+                );
+            }
+            crate::export::export(&dir, &name, &file, &format)?;
+        }
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ mod cli;
 mod client;
 mod control;
 mod daemon;
+mod export;
 mod fsck;
 mod launch;
 mod logging;

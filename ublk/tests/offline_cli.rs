@@ -1,5 +1,6 @@
-//! `casblk fsck` as a user runs it: exit 0 on a clean store, 1 naming the
-//! damaged file and offset, 2 when it cannot run; `--json` parses.
+//! The commands that work on a store nothing serves, as a user runs them:
+//! `casblk fsck` (exit 0 on a clean store, 1 naming the damaged file and
+//! offset, 2 when it cannot run; `--json` parses) and `casblk image export`.
 
 use cas::storage::{FsStorage, Storage};
 use cas::{Store, StoreOptions};
@@ -72,4 +73,39 @@ fn exit_status_says_clean_damaged_or_could_not_run() {
     assert_eq!(out.status.code(), Some(2));
     let out = casblk(&dir, &["fsck", "--image", "../x"]);
     assert_eq!(out.status.code(), Some(2), "a bad image name is refused");
+}
+
+#[test]
+fn export_writes_every_byte_and_leaves_holes_sparse() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    build(&dir);
+    // Beyond the compacted 64 blocks: a write still in the log, a zeroed
+    // range over compacted data, and an unwritten (hole) tail.
+    let mut want: Vec<u8> = (0..64 * 4096u32).map(|i| (i / 4096 * 7 + i % 251) as u8 | 1).collect();
+    want.resize(1 << 20, 0);
+    {
+        let storage: Arc<dyn Storage> = Arc::new(FsStorage::new());
+        let store = Store::open(storage, &dir, opts()).unwrap();
+        let image = store.open_image("vm").unwrap();
+        image.write(100 * 4096, &[9u8; 8192], false).unwrap();
+        image.write_zeroes(8 * 4096, 4 * 4096, false).unwrap();
+        image.flush().unwrap();
+    }
+    want[100 * 4096..102 * 4096].fill(9);
+    want[8 * 4096..12 * 4096].fill(0);
+    let out = tmp.path().join("vm.raw");
+    let o = casblk(&dir, &["image", "export", "vm", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read(&out).unwrap() == want, "the export differs from what was written");
+    let allocated = std::fs::metadata(&out).unwrap().blocks() * 512;
+    assert!(allocated < 1 << 20, "the hole tail is not sparse: {allocated} bytes allocated");
+
+    let o = casblk(&dir, &["image", "export", "nope", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("image nope"));
+    let o = casblk(&dir, &["image", "export", "vm", out.to_str().unwrap(), "--format", "qcow2"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--format raw"));
 }
