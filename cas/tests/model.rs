@@ -22,8 +22,9 @@
 //! seed takes can vary between runs; every path is checked the same way.
 //!
 //! `CAS_MODEL_ITERS` scales the number of sequences (default 1200);
-//! `CAS_MODEL_SEED` moves the first seed. A failure prints its seed; keep it
-//! as a `regression_seed_*` test below.
+//! `CAS_MODEL_SEED` moves the first seed. A failure prints its seed; replay
+//! it alone with `CAS_MODEL_ONE=SEED` and the ignored `one_seed_from_env`,
+//! and keep it as a `regression_seed_*` test below.
 
 mod common;
 
@@ -430,11 +431,14 @@ fn check_seed(seed: u64) {
     }
 }
 
+/// Replays one seed: `CAS_MODEL_ONE=SEED cargo test -p cas --test model
+/// -- --ignored one_seed_from_env` (add `CAS_MODEL_TRACE=1` for its steps).
+/// Ignored by default: without the variable it has nothing to check.
 #[test]
+#[ignore = "needs CAS_MODEL_ONE=SEED"]
 fn one_seed_from_env() {
-    if let Some(seed) = std::env::var("CAS_MODEL_ONE").ok().and_then(|v| v.parse().ok()) {
-        check_seed(seed);
-    }
+    let seed = std::env::var("CAS_MODEL_ONE").ok().and_then(|v| v.parse().ok());
+    check_seed(seed.expect("set CAS_MODEL_ONE to the seed to replay"));
 }
 
 #[test]

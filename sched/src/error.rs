@@ -67,22 +67,48 @@ impl Error {
 mod tests {
     use super::*;
 
+    /// Each variant's position. The match has no wildcard arm, so a new
+    /// variant does not compile until it gets a number here, and the test
+    /// below then fails until an example of it is in its list.
+    fn variant_index(e: &Error) -> usize {
+        match e {
+            Error::UnknownImage(_) => 0,
+            Error::ImageExists(_) => 1,
+            Error::Full { .. } => 2,
+            Error::DuplicateRequest { .. } => 3,
+            Error::UnknownRequest { .. } => 4,
+            Error::NotDispatched { .. } => 5,
+            Error::NotARead { .. } => 6,
+            Error::ImageBusy { .. } => 7,
+            Error::InvalidDescriptor { .. } => 8,
+            Error::InvalidConfig { .. } => 9,
+            Error::ShuttingDown => 10,
+        }
+    }
+    const VARIANTS: usize = 11;
+
     #[test]
-    fn errnos_are_negative() {
+    fn every_variant_maps_to_a_negative_errno() {
+        let (image, request) = (ImageId(1), RequestId(2));
         let all = [
-            Error::UnknownImage(ImageId(1)),
-            Error::ImageExists(ImageId(1)),
-            Error::Full { image: ImageId(1), limit: 4 },
-            Error::DuplicateRequest { image: ImageId(1), request: RequestId(2) },
-            Error::UnknownRequest { image: ImageId(1), request: RequestId(2) },
-            Error::NotDispatched { image: ImageId(1), request: RequestId(2) },
-            Error::ImageBusy { image: ImageId(1), inflight: 3 },
+            Error::UnknownImage(image),
+            Error::ImageExists(image),
+            Error::Full { image, limit: 4 },
+            Error::DuplicateRequest { image, request },
+            Error::UnknownRequest { image, request },
+            Error::NotDispatched { image, request },
+            Error::NotARead { image, request },
+            Error::ImageBusy { image, inflight: 3 },
             Error::InvalidDescriptor { reason: "x" },
             Error::InvalidConfig { reason: "x" },
             Error::ShuttingDown,
         ];
-        for e in all {
+        let mut seen = [false; VARIANTS];
+        for e in &all {
+            seen[variant_index(e)] = true;
             assert!(e.errno() < 0, "{e} maps to {}", e.errno());
         }
+        let missing: Vec<usize> = (0..VARIANTS).filter(|&i| !seen[i]).collect();
+        assert!(missing.is_empty(), "no example of variants {missing:?}");
     }
 }
