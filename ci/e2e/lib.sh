@@ -88,8 +88,14 @@ finish_fio() {
     grep -q "err= 0" "$1" || { cat "$1"; fail "fio reported an error across $2"; }
 }
 
+# tally KEY N: counts N of KEY (kill9, powercut_points, fault_eio_write...)
+# for docs/reliability.md, in $E2E_TALLY_FILE if set (ci/reliability reads
+# it, counting only tests that passed).
+tally() { [ -z "${E2E_TALLY_FILE:-}" ] || echo "${E2E_TEST:-?} $1 $2" >>"$E2E_TALLY_FILE"; }
+
 # kill_daemon PID: SIGKILL, then wait (bounded) until it is gone.
 kill_daemon() {
+    tally kill9 1
     kill -KILL "$1"
     for _ in $(seq 100); do pid_alive "$1" || return 0; sleep 0.1; done
     fail "daemon $1 survived SIGKILL"

@@ -11,6 +11,7 @@ dd if="$SCRATCH/a" of="$dev" bs=1M oflag=direct status=none
 sync "$dev"   # fsync on the block device: a FLUSH reaches the daemon
 dd if="$SCRATCH/b" of="$dev" bs=4k seek=$((2 * 256)) oflag=direct status=none   # over A's MiB 2..6, unflushed
 pid=$(daemon_pid "$dev")
+tally kill9 1
 kill -KILL "$pid"
 sleep 1
 "$CASBLK" del -a || fail "del after kill -9 failed"

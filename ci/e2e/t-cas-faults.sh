@@ -54,6 +54,7 @@ else
     dmesg | grep -qiE "EXT4-fs.*(shut|abort|error)" || fail "a read failed during a write fault, and ext4 did not shut down"
     reads="reads fail only as ext4 shut down"
 fi
+tally fault_eio_writes 1
 note "EIO on every store write: write+FLUSH failed, daemon up, image says '$failure', $reads"
 
 # Clear the fault, repair the filesystem, reopen the store: REOPEN_ARGS
@@ -92,6 +93,7 @@ pid_alive "$pid" || fail "the daemon died on read errors"
 reopen
 dd if="$dev" of="$SCRATCH/a.read" bs=1M count=8 iflag=direct status=none
 cmp -s "$SCRATCH/a" "$SCRATCH/a.read" || fail "flushed data was lost across the read fault"
+tally fault_eio_all_io 1
 note "EIO on every store IO: $reads, daemon up; cleared and reopened, flushed data reads back"
 "$CASBLK" del -a
 sum=$(fsck_clean "$store") || exit 1
@@ -127,6 +129,7 @@ for i in $(seq 0 $((flushed - 1))); do
     dd if="$bdev" of="$SCRATCH/blk.read" bs=1M skip=$((i * 4)) count=4 iflag=direct status=none
     cmp -s "$SCRATCH/blk$i" "$SCRATCH/blk.read" || fail "flushed block $i was lost across ENOSPC"
 done
+tally fault_enospc 1
 note "ENOSPC after $flushed flushed 4 MiB writes: the next failed, daemon up; space freed and reopened, all $flushed read back"
 "$CASBLK" del -a
 sum=$(fsck_clean "$sstore") || exit 1

@@ -228,6 +228,7 @@ impl MemStorage {
     /// Simulates a power cut: afterwards only what `mode` keeps remains,
     /// and every handle opened before fails.
     pub fn crash(&self, mode: CrashMode) {
+        tally_crash();
         let mut st = lock(&self.state);
         st.generation += 1;
         st.faults.clear();
@@ -611,6 +612,24 @@ impl Drop for MemLock {
         if st.generation == self.generation {
             st.locks.remove(&self.path);
         }
+    }
+}
+
+/// Counts a simulated crash for `docs/reliability.md`: with
+/// `CASBLK_CRASH_TALLY_DIR` set, each crash appends one byte to a file
+/// named after the test binary there (so concurrent tests and binaries
+/// need no coordination; the count is the file's size). Unset: nothing.
+fn tally_crash() {
+    use std::io::Write;
+    let Some(dir) = std::env::var_os("CASBLK_CRASH_TALLY_DIR") else { return };
+    let exe = std::env::current_exe().ok();
+    let name = exe.as_deref().and_then(Path::file_stem).map_or("unknown".into(), |n| n.to_string_lossy());
+    // Test binaries are named NAME-HASH; the hash says nothing to a reader.
+    let name = name.rsplit_once('-').map_or(&*name, |(n, _)| n).to_string();
+    let path = Path::new(&dir).join(name);
+    let _ = std::fs::create_dir_all(&dir);
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = f.write_all(b".");
     }
 }
 

@@ -5,6 +5,8 @@
 //! each file's *live* bytes (what reads see) apart from its *durable* bytes
 //! (what survives a crash), so tests can crash the store at any point, tear
 //! the last write, and inject EIO or ENOSPC, then reopen and compare.
+//! [`DryRun`] wraps either: reads pass through, changes are only recorded
+//! (`casblk fsck` runs the open paths on it).
 //!
 //! Durability rules every backend follows, and the store relies on:
 //! - `write_all_at` is visible to later reads at once, durable only after
