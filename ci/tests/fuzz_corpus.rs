@@ -75,6 +75,7 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
             r#"{"cmd":"stats","image":"vm1"}"#,
             r#"{"cmd":"control","action":"ping","args":{}}"#,
             r#"{"cmd":"control","action":"image_create","args":{"name":"vm","size_bytes":1073741824}}"#,
+            r#"{"cmd":"control","action":"gc","args":{},"v":1}"#,
         ]
         .iter()
         .map(|s| s.as_bytes().to_vec())

@@ -6,6 +6,7 @@
 use crate::cli::{AddArgs, ImageCommand, StatsArgs};
 use crate::daemon::{self, AddImageArgs};
 use crate::launch;
+use crate::protocol::Command;
 use crate::raw::DAEMON_LOG;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
@@ -49,11 +50,11 @@ fn running_daemon(dir: &Path) -> Option<PathBuf> {
     if !socket.exists() {
         return None;
     }
-    query(&socket, &trace::stats::Request::control("ping", json!({})), QUERY_TIMEOUT).ok().map(|_| socket)
+    query(&socket, &Command::Ping {}.request(), QUERY_TIMEOUT).ok().map(|_| socket)
 }
 
-fn control(socket: &Path, action: &str, args: Value, timeout: Duration) -> Result<Value> {
-    query(socket, &trace::stats::Request::control(action, args), timeout)
+fn control(socket: &Path, cmd: Command, timeout: Duration) -> Result<Value> {
+    query(socket, &cmd.request(), timeout)
 }
 
 fn open_store(dir: &Path, create: bool) -> Result<Arc<cas::Store>> {
@@ -158,12 +159,12 @@ pub fn handoff(store: &Path) -> Result<bool> {
     let dir = store_dir(store, false)?;
     let socket =
         running_daemon(&dir).ok_or_else(|| anyhow!("no casblk daemon is serving store {}", dir.display()))?;
-    let reply = control(&socket, "handoff", json!({}), QUERY_TIMEOUT)?;
+    let reply = control(&socket, Command::Handoff {}, QUERY_TIMEOUT)?;
     Ok(reply.get("service").and_then(Value::as_bool).unwrap_or(false))
 }
 
 fn attach_via(socket: &Path, req: &AddImageArgs) -> Result<()> {
-    let reply = control(socket, "add", serde_json::to_value(req)?, ADD_TIMEOUT)?;
+    let reply = control(socket, Command::Add(req.clone()), ADD_TIMEOUT)?;
     let device =
         reply.get("device").and_then(Value::as_str).ok_or_else(|| anyhow!("malformed reply: {reply}"))?;
     println!("{device}");
@@ -178,7 +179,7 @@ pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
         ImageCommand::Create { name, size } => {
             match &daemon {
                 Some(s) => {
-                    control(s, "image_create", json!({ "name": name, "size_bytes": size }), QUERY_TIMEOUT)?;
+                    control(s, Command::ImageCreate { name: name.clone(), size_bytes: size }, QUERY_TIMEOUT)?;
                 }
                 None => open_store(&dir, true)?.create_image(&name, size)?,
             }
@@ -186,13 +187,13 @@ pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
         }
         ImageCommand::Rm { name } => match &daemon {
             Some(s) => {
-                control(s, "image_remove", json!({ "name": name }), QUERY_TIMEOUT)?;
+                control(s, Command::ImageRemove { name: name.clone() }, QUERY_TIMEOUT)?;
             }
             None => open_store(&dir, false)?.remove_image(&name)?,
         },
         ImageCommand::List { json } => {
             let rows = match &daemon {
-                Some(s) => control(s, "image_list", json!({}), QUERY_TIMEOUT)?,
+                Some(s) => control(s, Command::ImageList {}, QUERY_TIMEOUT)?,
                 None => Value::Array(
                     open_store(&dir, false)?
                         .list_images()?
@@ -247,7 +248,7 @@ const GC_TIMEOUT: Duration = Duration::from_secs(3600);
 pub fn gc(store: &Path, as_json: bool) -> Result<()> {
     let dir = store_dir(store, false)?;
     let report = match running_daemon(&dir) {
-        Some(s) => control(&s, "gc", json!({}), GC_TIMEOUT)?,
+        Some(s) => control(&s, Command::Gc {}, GC_TIMEOUT)?,
         None => serde_json::to_value(open_store(&dir, false)?.gc()?)?,
     };
     if as_json {

@@ -13,6 +13,7 @@ mod fsck;
 mod launch;
 mod logging;
 mod params;
+mod protocol;
 mod raw;
 mod recovering;
 mod ring;

@@ -45,11 +45,15 @@ pub enum Request {
     },
     /// A daemon command (attach a device, manage images, run GC). The
     /// socket only frames it; the daemon's provider interprets `action`
-    /// and `args` and answers with a JSON value or `{"error": ...}`.
+    /// and `args` (in control protocol version `v`; absent in requests of
+    /// casblk before versions were sent, which speak version 1) and
+    /// answers with a JSON value or `{"error": ...}`.
     Control {
         action: String,
         #[serde(default)]
         args: serde_json::Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        v: Option<u32>,
     },
 }
 
@@ -59,9 +63,9 @@ impl Request {
         Request::Stats { image: image.map(str::to_owned) }
     }
 
-    /// `{"cmd":"control","action":...,"args":...}`.
-    pub fn control(action: &str, args: serde_json::Value) -> Request {
-        Request::Control { action: action.to_owned(), args }
+    /// `{"cmd":"control","action":...,"args":...,"v":...}`.
+    pub fn control(action: &str, args: serde_json::Value, v: u32) -> Request {
+        Request::Control { action: action.to_owned(), args, v: Some(v) }
     }
 }
 

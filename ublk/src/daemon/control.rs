@@ -6,6 +6,7 @@ use super::links;
 use super::{queue, worker, EngineCapacity, Registry, Sched};
 use crate::launch::Ready;
 use crate::params::device_params;
+use crate::protocol::Command;
 use crate::raw;
 use anyhow::{anyhow, bail, Context, Result};
 use libublk::ctrl::UblkCtrl;
@@ -441,41 +442,35 @@ impl Daemon {
             trace::stats::Request::Stats { image } => {
                 Ok(self.snapshot().select(image.as_deref())?.to_value())
             }
-            trace::stats::Request::Control { action, args } => Ok(match self.control(action, args) {
-                Ok(v) => v,
-                Err(e) => trace::stats::error_reply(format!("{e:#}")),
-            }),
+            trace::stats::Request::Control { action, args, v } => {
+                let reply = match Command::decode(action, args, *v) {
+                    Ok(cmd) => self.control(cmd),
+                    Err(e) => Err(anyhow!(e)),
+                };
+                Ok(reply.unwrap_or_else(|e| trace::stats::error_reply(format!("{e:#}"))))
+            }
             _ => Ok(trace::stats::error_reply("unsupported request")),
         }
     }
 
-    fn control(self: &Arc<Self>, action: &str, args: &Value) -> Result<Value> {
-        let field = |name: &str| args.get(name).ok_or_else(|| anyhow!("{action}: missing argument {name}"));
-        match action {
-            "ping" => Ok(json!({ "store": self.store_dir.display().to_string() })),
-            "add" => {
-                let add: AddImageArgs = serde_json::from_value(args.clone()).context("add: bad arguments")?;
-                Ok(json!({ "device": self.attach(&add)? }))
-            }
-            "image_create" => {
-                let name = field("name")?.as_str().ok_or_else(|| anyhow!("name must be a string"))?;
-                let size =
-                    field("size_bytes")?.as_u64().ok_or_else(|| anyhow!("size_bytes must be a number"))?;
-                self.store.create_image(name, size)?;
+    fn control(self: &Arc<Self>, cmd: Command) -> Result<Value> {
+        match cmd {
+            Command::Ping {} => Ok(json!({ "store": self.store_dir.display().to_string() })),
+            Command::Add(add) => Ok(json!({ "device": self.attach(&add)? })),
+            Command::ImageCreate { name, size_bytes } => {
+                self.store.create_image(&name, size_bytes)?;
                 Ok(json!({ "created": name }))
             }
-            "image_remove" => {
-                let name = field("name")?.as_str().ok_or_else(|| anyhow!("name must be a string"))?;
-                if self.lock().attached.contains_key(name) {
+            Command::ImageRemove { name } => {
+                if self.lock().attached.contains_key(&name) {
                     bail!("image {name} is attached; delete its device first");
                 }
-                self.store.remove_image(name)?;
+                self.store.remove_image(&name)?;
                 Ok(json!({ "removed": name }))
             }
-            "image_list" => Ok(self.image_list()?),
-            "gc" => Ok(serde_json::to_value(self.store.gc()?)?),
-            "handoff" => self.handoff(),
-            other => bail!("unknown control action {other:?}"),
+            Command::ImageList {} => Ok(self.image_list()?),
+            Command::Gc {} => Ok(serde_json::to_value(self.store.gc()?)?),
+            Command::Handoff {} => self.handoff(),
         }
     }
 

@@ -1,0 +1,141 @@
+//! The control plane: every command a client sends a store daemon, as one
+//! typed enum, and the protocol version they are spoken in.
+//!
+//! On the wire a command rides in the control socket's framing
+//! (`trace::stats::Request::Control`):
+//!
+//! ```text
+//! {"cmd":"control","action":"image_create","args":{"name":"vm","size_bytes":1073741824},"v":1}
+//! ```
+//!
+//! `action` and `args` are [`Command`]'s serde form; `v` is the protocol
+//! version. A request without `v` (sent by a casblk from before versions,
+//! which `casblk upgrade` may still meet) speaks version 1. A version the
+//! daemon does not speak gets an error reply naming the versions it does,
+//! so a newer client never has a request half-understood. A daemon of
+//! this version ignores fields it does not know in the framing, and so do
+//! older ones: `v` was added without breaking them.
+//!
+//! Replies stay JSON values, built and read where each command lives.
+
+use crate::daemon::AddImageArgs;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// The control protocol version this build sends.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Every version this build's daemon understands.
+pub const VERSIONS_UNDERSTOOD: &[u32] = &[1];
+
+/// A command to a store daemon.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "action", content = "args", rename_all = "snake_case")]
+pub enum Command {
+    /// Is a daemon serving this store? Replies `{"store": DIR}`.
+    Ping {},
+    /// Attach (or recover) a device for an image. Replies `{"device": PATH}`.
+    Add(AddImageArgs),
+    /// Replies `{"created": NAME}`.
+    ImageCreate { name: String, size_bytes: u64 },
+    /// Refused while the image is attached. Replies `{"removed": NAME}`.
+    ImageRemove { name: String },
+    /// Replies `[{"name", "size_bytes", "device"}]`.
+    ImageList {},
+    /// Replies the GC report.
+    Gc {},
+    /// Live upgrade: flush every image, reply `{"devices", "service",
+    /// "pid"}`, exit leaving the devices quiesced.
+    Handoff {},
+}
+
+impl Command {
+    /// The framed request for this command, in this build's version.
+    pub fn request(&self) -> trace::stats::Request {
+        let mut v = serde_json::to_value(self).expect("a command serializes");
+        let action = v["action"].as_str().expect("a command has an action").to_string();
+        let args = v.get_mut("args").map(Value::take).unwrap_or_else(|| json!({}));
+        trace::stats::Request::control(&action, args, PROTOCOL_VERSION)
+    }
+
+    /// Decodes the fields of a framed control request, refusing a version
+    /// this daemon does not speak and naming the ones it does.
+    pub fn decode(action: &str, args: &Value, version: Option<u32>) -> Result<Command, String> {
+        let version = version.unwrap_or(1);
+        if !VERSIONS_UNDERSTOOD.contains(&version) {
+            return Err(format!(
+                "control protocol version {version} is not understood by this casblk daemon, which speaks \
+                 {VERSIONS_UNDERSTOOD:?}: use a casblk of the daemon's version, or `casblk upgrade` the daemon"
+            ));
+        }
+        let args = if args.is_null() { json!({}) } else { args.clone() };
+        serde_json::from_value(json!({ "action": action, "args": args }))
+            .map_err(|e| format!("{action}: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framed(c: &Command) -> Value {
+        serde_json::to_value(c.request()).unwrap()
+    }
+
+    fn decode_framed(v: &Value) -> Result<Command, String> {
+        match trace::stats::parse_request(v.to_string().as_bytes())? {
+            trace::stats::Request::Control { action, args, v } => Command::decode(&action, &args, v),
+            other => Err(format!("not a control request: {other:?}")),
+        }
+    }
+
+    #[test]
+    fn commands_keep_the_wire_names_older_daemons_and_clients_use() {
+        let wire = [
+            (Command::Ping {}, r#"{"action":"ping","args":{},"cmd":"control","v":1}"#),
+            (Command::ImageList {}, r#"{"action":"image_list","args":{},"cmd":"control","v":1}"#),
+            (Command::Gc {}, r#"{"action":"gc","args":{},"cmd":"control","v":1}"#),
+            (Command::Handoff {}, r#"{"action":"handoff","args":{},"cmd":"control","v":1}"#),
+            (
+                Command::ImageCreate { name: "vm".into(), size_bytes: 4096 },
+                r#"{"action":"image_create","args":{"name":"vm","size_bytes":4096},"cmd":"control","v":1}"#,
+            ),
+            (
+                Command::ImageRemove { name: "vm".into() },
+                r#"{"action":"image_remove","args":{"name":"vm"},"cmd":"control","v":1}"#,
+            ),
+        ];
+        for (c, text) in wire {
+            let want: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(framed(&c), want);
+            let back = decode_framed(&want).unwrap();
+            assert_eq!(framed(&back), want, "round trip");
+        }
+    }
+
+    #[test]
+    fn requests_without_a_version_speak_version_one() {
+        // As sent by casblk before the protocol had versions.
+        let old = serde_json::json!({"cmd": "control", "action": "image_create", "args": {"name": "a", "size_bytes": 8192}});
+        match decode_framed(&old).unwrap() {
+            Command::ImageCreate { name, size_bytes } => assert_eq!((name.as_str(), size_bytes), ("a", 8192)),
+            other => panic!("{other:?}"),
+        }
+        let no_args = serde_json::json!({"cmd": "control", "action": "ping"});
+        assert!(matches!(decode_framed(&no_args).unwrap(), Command::Ping {}));
+    }
+
+    #[test]
+    fn unknown_versions_actions_and_arguments_are_refused_by_name() {
+        let newer = serde_json::json!({"cmd": "control", "action": "ping", "args": {}, "v": 2});
+        let e = decode_framed(&newer).unwrap_err();
+        assert!(e.contains("version 2") && e.contains("[1]"), "{e}");
+        let e =
+            decode_framed(&serde_json::json!({"cmd": "control", "action": "fly", "args": {}})).unwrap_err();
+        assert!(e.contains("fly") && e.contains("image_create"), "{e}");
+        let bad = serde_json::json!({"cmd": "control", "action": "image_create", "args": {"name": "a"}});
+        let e = decode_framed(&bad).unwrap_err();
+        assert!(e.contains("size_bytes"), "{e}");
+        let bad = serde_json::json!({"cmd": "control", "action": "image_create", "args": {"name": 5, "size_bytes": 1}});
+        assert!(decode_framed(&bad).is_err());
+    }
+}
