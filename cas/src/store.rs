@@ -30,11 +30,13 @@
 
 pub(crate) mod files;
 mod fuzz;
+mod import;
 mod memory;
 mod names;
 
 pub use files::{ImageHeader, IMAGE_VERSION, STORE_VERSION};
 pub use fuzz::{fuzz_decode_store_files, fuzz_reseal, fuzz_samples};
+pub use import::ImportReport;
 pub use memory::MemoryLoan;
 pub use names::{check_image_dir_name, validate_image_name, IMAGE_NAME_BYTES_MAX, IMAGE_NAME_CHARS};
 
@@ -237,6 +239,8 @@ impl Store {
     pub fn create(storage: Arc<dyn Storage>, dir: &Path, opts: StoreOptions) -> Result<Arc<Store>> {
         opts.validate()?;
         storage.create_dir_all(dir)?;
+        // The directory itself must survive a crash, not only what is in it.
+        storage.sync_dir(dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))?;
         let held = storage.lock_exclusive(&dir.join(LOCK_FILE))?;
         if storage.exists(&dir.join(STORE_FILE)) {
             return Err(Error::AlreadyExists(format!("store at {}", dir.display())));
@@ -378,6 +382,17 @@ impl Store {
 
     /// Creates an empty image of `size_bytes` (a multiple of 4096, > 0).
     pub fn create_image(&self, name: &str, size_bytes: u64) -> Result<()> {
+        let _maint = lock(&self.maint);
+        let _open = lock(&self.open);
+        let (dir, header) = self.prepare_image(name, size_bytes)?;
+        self.publish_image(&dir, header)
+    }
+
+    /// The first half of creating an image: checks the name and size, and
+    /// makes its directory and empty log, but not its `IMAGE` file, so the
+    /// image does not exist yet (a crash leaves a directory that listing
+    /// ignores and the next create clears). The caller holds `maint`.
+    fn prepare_image(&self, name: &str, size_bytes: u64) -> Result<(PathBuf, ImageHeader)> {
         validate_image_name(name)?;
         let dir = self.image_dir(name)?;
         if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES) || size_bytes > IMAGE_BYTES_MAX {
@@ -385,8 +400,6 @@ impl Store {
                 "image size {size_bytes} must be a non-zero multiple of {BLOCK_BYTES} up to {IMAGE_BYTES_MAX}"
             )));
         }
-        let _maint = lock(&self.maint);
-        let _open = lock(&self.open);
         let s = &*self.storage;
         if s.exists(&dir.join(IMAGE_FILE)) {
             return Err(Error::AlreadyExists(format!("image {name}")));
@@ -400,8 +413,13 @@ impl Store {
         s.sync_dir(&images)?;
         let log_id = std::hash::RandomState::new().hash_one((name, std::time::SystemTime::now()));
         Image::create_log(s, &dir, self.opts.log_segment_bytes, log_id)?;
-        let header = ImageHeader { size_bytes, log_id };
-        files::write_atomic(s, &dir, IMAGE_FILE, &header.encode())
+        Ok((dir, ImageHeader { size_bytes, log_id }))
+    }
+
+    /// The second half: the `IMAGE` file, written atomically; from here on
+    /// the image exists.
+    fn publish_image(&self, dir: &Path, header: ImageHeader) -> Result<()> {
+        files::write_atomic(&*self.storage, dir, IMAGE_FILE, &header.encode())
     }
 
     /// Opens image `name`, replaying the part of its log its manifest does

@@ -88,6 +88,17 @@ pub enum ImageCommand {
         /// The image to remove.
         name: String,
     },
+    /// Create image NAME from a raw disk image (from a store nothing
+    /// serves): straight into chunks, zero blocks skipped.
+    Import {
+        /// The new image.
+        name: String,
+        /// A raw image file, or - for stdin (then --size is needed).
+        file: PathBuf,
+        /// Image size (default: the file's, rounded up to 4 KiB).
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
+    },
     /// Write an image's contents to FILE, raw and sparse (from a store
     /// nothing serves).
     Export {

@@ -172,7 +172,7 @@ fn attach_via(socket: &Path, req: &AddImageArgs) -> Result<()> {
 }
 
 pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
-    let create = matches!(cmd, ImageCommand::Create { .. });
+    let create = matches!(cmd, ImageCommand::Create { .. } | ImageCommand::Import { .. });
     let dir = store_dir(store, create)?;
     let daemon = running_daemon(&dir);
     match cmd {
@@ -205,15 +205,25 @@ pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
             print_images(&rows, json)?;
         }
         ImageCommand::Export { name, file, format } => {
-            if daemon.is_some() {
-                bail!(
-                    "store {} is served by a running casblk daemon; export reads a store nothing serves \
-                     (stop its devices first)",
-                    dir.display()
-                );
-            }
-            crate::export::export(&dir, &name, &file, &format)?;
+            refuse_served(&daemon, &dir, "export")?;
+            crate::image_io::export(&dir, &name, &file, &format)?;
         }
+        ImageCommand::Import { name, file, size } => {
+            refuse_served(&daemon, &dir, "import")?;
+            crate::image_io::import(&dir, &name, &file, size)?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an offline command (`what`) on a store a daemon serves.
+fn refuse_served(daemon: &Option<PathBuf>, dir: &Path, what: &str) -> Result<()> {
+    if daemon.is_some() {
+        bail!(
+            "store {} is served by a running casblk daemon; {what} works on a store nothing serves \
+             (stop its devices first)",
+            dir.display()
+        );
     }
     Ok(())
 }
