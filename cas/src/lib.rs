@@ -16,6 +16,7 @@ pub mod image;
 pub mod manifest;
 pub mod storage;
 pub mod store;
+pub mod units;
 pub mod wal;
 
 pub use background::BackgroundCpu;

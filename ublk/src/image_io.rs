@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 /// Bytes read from the image per step.
 const STEP_BYTES: usize = 1 << 20;
-const BLOCK_BYTES: usize = 4096;
+const BLOCK_BYTES: usize = cas::units::BLOCK_BYTES as usize;
 
 /// Opens (`create`: or creates) the store in `dir` for an offline command
 /// (`what`), without background compaction.

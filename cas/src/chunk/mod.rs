@@ -91,8 +91,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 /// only the reads that hash to the same shard.
 const CACHE_SHARDS: usize = 64;
 
-/// blake3 hash of a 4 KiB block: the name of a chunk.
-pub type ChunkHash = [u8; 32];
+pub use crate::units::ChunkHash;
 
 /// True when `data` is all zeros (a hole, never stored as a chunk).
 pub fn is_zero_block(data: &[u8]) -> bool {

@@ -32,7 +32,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Bytes of one chunk (and one pack slot).
-pub const CHUNK_BYTES: usize = 4096;
+pub const CHUNK_BYTES: usize = crate::units::BLOCK_BYTES as usize;
 /// Bytes of a pack header; slot 0 starts here, so slots stay 4 KiB aligned.
 pub const PACK_HEADER_BYTES: u64 = 4096;
 /// Format version written by this build.

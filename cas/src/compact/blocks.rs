@@ -28,7 +28,7 @@ use std::time::Instant;
 pub const SUB_BATCH_ITEMS: usize = 256;
 
 const BLOCK: usize = BLOCK_BYTES as usize;
-const SECTORS_PER_BLOCK: u64 = BLOCK_BYTES / SECTOR_BYTES;
+use crate::units::SECTORS_PER_BLOCK;
 
 /// Where an item's 4096 bytes are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

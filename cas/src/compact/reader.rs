@@ -42,7 +42,7 @@ pub const READ_CHUNK_BYTES: u64 = 1 << 20;
 /// extents per record, about 96 bytes each with the B-tree's overhead).
 const MAP_BYTES_PER_RECORD: u64 = 3 * 96;
 
-const SECTORS_PER_BLOCK: u64 = crate::image::BLOCK_BYTES / SECTOR_BYTES;
+use crate::units::SECTORS_PER_BLOCK;
 
 /// Where the compactor resumes: the record `seq` at file offset `position`
 /// of segment `segment`, of whose range the first `skip_sectors` are

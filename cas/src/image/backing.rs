@@ -7,11 +7,7 @@
 
 use crate::error::Result;
 
-/// blake3 of one 4 KiB block.
-pub type ChunkHash = [u8; 32];
-
-/// The unit of the manifest and of chunks.
-pub const BLOCK_BYTES: u64 = 4096;
+pub use crate::units::{ChunkHash, BLOCK_BYTES};
 
 /// Compacted data of one image: block -> chunk hash, and the chunk bytes.
 pub trait ManifestView: Send + Sync {

@@ -74,7 +74,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 /// Bytes of one block, the unit a manifest maps.
-pub const BLOCK_BYTES: u64 = 4096;
+pub use crate::units::BLOCK_BYTES;
 
 /// Tunables of a manifest.
 #[derive(Clone, Debug)]

@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-const SECTOR: usize = 512;
+const SECTOR: usize = crate::units::SECTOR_BYTES as usize;
 
 /// What a crash keeps of unsynced state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -47,7 +47,7 @@ pub const RECORD_HEADER_BYTES: usize = RESERVED_AT + 8;
 const _: () = assert!(RECORD_HEADER_BYTES == 64);
 
 /// Offsets and lengths in records are multiples of this.
-pub const SECTOR_BYTES: u64 = 512;
+pub use crate::units::SECTOR_BYTES;
 
 /// What a record says happened to its range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
