@@ -219,11 +219,7 @@ pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
 /// Refuses an offline command (`what`) on a store a daemon serves.
 fn refuse_served(daemon: &Option<PathBuf>, dir: &Path, what: &str) -> Result<()> {
     if daemon.is_some() {
-        bail!(
-            "store {} is served by a running casblk daemon; {what} works on a store nothing serves \
-             (stop its devices first)",
-            dir.display()
-        );
+        return Err(crate::image_io::served(dir, what));
     }
     Ok(())
 }

@@ -21,6 +21,15 @@ use std::sync::Arc;
 const STEP_BYTES: usize = 1 << 20;
 const BLOCK_BYTES: usize = cas::units::BLOCK_BYTES as usize;
 
+/// The refusal of offline command `what` on a store a daemon serves.
+pub(crate) fn served(dir: &Path, what: &str) -> anyhow::Error {
+    anyhow!(
+        "store {} is served by a running casblk daemon; {what} works on a store nothing serves \
+         (stop its devices first)",
+        dir.display()
+    )
+}
+
 /// Opens (`create`: or creates) the store in `dir` for an offline command
 /// (`what`), without background compaction.
 fn open_offline(dir: &Path, what: &str, create: bool) -> Result<Arc<cas::Store>> {
@@ -32,11 +41,7 @@ fn open_offline(dir: &Path, what: &str, create: bool) -> Result<Arc<cas::Store>>
         cas::Store::open(storage, dir, opts)
     };
     store.map_err(|e| match e {
-        cas::Error::Unavailable(..) => anyhow!(
-            "store {} is served by a running casblk daemon; {what} works on a store nothing serves \
-             (stop its devices first)",
-            dir.display()
-        ),
+        cas::Error::Unavailable(..) => served(dir, what),
         e => anyhow!("store {}: {e}", dir.display()),
     })
 }

@@ -35,6 +35,27 @@ pub enum ChunkState {
     Lost,
 }
 
+/// Why a chunk's bytes are not the chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mismatch {
+    /// The crc32c differs from the entry's (the value found).
+    Crc(u32),
+    /// The crc32c matches but the blake3 name does not.
+    Content,
+}
+
+/// Checks `bytes` against an entry's crc32c and, with `rehash`, its name.
+pub(crate) fn check_bytes(bytes: &[u8], hash: &ChunkHash, crc: u32, rehash: bool) -> Result<(), Mismatch> {
+    let actual = format::crc32c(bytes);
+    if actual != crc {
+        return Err(Mismatch::Crc(actual));
+    }
+    if rehash && hash_block(bytes) != *hash {
+        return Err(Mismatch::Content);
+    }
+    Ok(())
+}
+
 /// One index entry under check.
 #[derive(Clone, Copy, Debug)]
 pub struct Entry {
@@ -197,26 +218,29 @@ impl IndexCheck {
                     let bytes = &buf[at..at + CHUNK_BYTES];
                     let e = &mut self.entries[i];
                     let slot_at = pack::slot_offset(slot);
-                    let crc = format::crc32c(bytes);
-                    if crc != e.crc {
-                        let detail = format!(
-                            "chunk {} in slot {slot}: crc32c {crc:#010x}, the index says {:#010x}",
-                            hex(&e.hash),
-                            e.crc
-                        );
-                        report.problem(Finding::new("chunk-checksum", None, &path, detail).at(slot_at));
-                        e.state = ChunkState::Damaged;
-                    } else if hash_block(bytes) != e.hash {
-                        let detail = format!(
-                            "slot {slot} holds other bytes than chunk {} (crc matches)",
-                            hex(&e.hash)
-                        );
-                        report.problem(Finding::new("chunk-content", None, &path, detail).at(slot_at));
-                        e.state = ChunkState::Damaged;
-                    } else {
-                        e.state = ChunkState::Good;
-                        report.counts.chunks_verified += 1;
-                        report.counts.bytes_verified += CHUNK_BYTES as u64;
+                    match check_bytes(bytes, &e.hash, e.crc, true) {
+                        Err(Mismatch::Crc(crc)) => {
+                            let detail = format!(
+                                "chunk {} in slot {slot}: crc32c {crc:#010x}, the index says {:#010x}",
+                                hex(&e.hash),
+                                e.crc
+                            );
+                            report.problem(Finding::new("chunk-checksum", None, &path, detail).at(slot_at));
+                            e.state = ChunkState::Damaged;
+                        }
+                        Err(Mismatch::Content) => {
+                            let detail = format!(
+                                "slot {slot} holds other bytes than chunk {} (crc matches)",
+                                hex(&e.hash)
+                            );
+                            report.problem(Finding::new("chunk-content", None, &path, detail).at(slot_at));
+                            e.state = ChunkState::Damaged;
+                        }
+                        Ok(()) => {
+                            e.state = ChunkState::Good;
+                            report.counts.chunks_verified += 1;
+                            report.counts.bytes_verified += CHUNK_BYTES as u64;
+                        }
                     }
                 }
                 k = end;

@@ -3,15 +3,15 @@
 //! checksums. Used by `fuzz/fuzz_targets/chunk_index.rs` and by the stable
 //! smoke test (`cas/tests/fuzz_corpus.rs`).
 
-use super::journal::{self, Journal, JournalOp, RECORD_BYTES};
+use super::journal::{self, Journal, JournalOp, BATCH_HEADER_BYTES, FILE_HEADER_USED, RECORD_BYTES};
 use crate::error::Result;
 use crate::format;
 use crate::storage::{MemStorage, OpenMode, Storage};
 use std::path::Path;
 
-const HEADER_CRC_AT: usize = 24;
-const BATCH_HEADER_BYTES: usize = 16;
-const SECTOR_BYTES: usize = 512;
+/// The file header's crc32c: the last field of its used bytes.
+const HEADER_CRC_AT: usize = FILE_HEADER_USED - 4;
+const SECTOR_BYTES: usize = journal::SECTOR_BYTES as usize;
 
 /// Replays `bytes` as a chunk index journal, as an open does. Returns the
 /// puts and removes replayed, or the open's error; never panics.

@@ -45,12 +45,12 @@ pub(crate) const INDEX_FILE: &str = "index";
 pub(crate) const INDEX_TMP_FILE: &str = "index.tmp";
 pub(crate) const INDEX_VERSION: u32 = 1;
 const INDEX_MAGIC: [u8; 8] = *b"CASCIDX\0";
-const SECTOR_BYTES: u64 = 512;
+pub(crate) const SECTOR_BYTES: u64 = 512;
 const FILE_HEADER_BYTES: u64 = SECTOR_BYTES;
-const FILE_HEADER_USED: usize = 8 + 4 + 4 + 8 + 4;
+pub(crate) const FILE_HEADER_USED: usize = 8 + 4 + 4 + 8 + 4;
 
 const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"CIB1");
-const BATCH_HEADER_BYTES: usize = 4 + 4 + 8;
+pub(crate) const BATCH_HEADER_BYTES: usize = 4 + 4 + 8;
 pub(crate) const RECORD_BYTES: usize = 1 + 32 + 4 + 4 + 4;
 /// Records per batch when a checkpoint writes the whole index.
 const CHECKPOINT_BATCH_RECORDS: usize = 65536;

@@ -441,17 +441,23 @@ impl ChunkStore {
             };
             let offset = pack::slot_offset(loc.slot);
             file.read_exact_at(&mut buf, offset)?;
-            let actual = format::crc32c(&buf);
-            if actual != loc.crc {
-                return Err(Error::ChecksumMismatch {
-                    path: file.path().to_path_buf(),
-                    offset,
-                    expected: loc.crc,
-                    actual,
-                });
-            }
-            if rehash && hash_block(&buf) != key.0 {
-                return Err(corrupt(file.path(), offset, format!("chunk {} has other content", hex(&key.0))));
+            match check::check_bytes(&buf, &key.0, loc.crc, rehash) {
+                Ok(()) => {}
+                Err(check::Mismatch::Crc(actual)) => {
+                    return Err(Error::ChecksumMismatch {
+                        path: file.path().to_path_buf(),
+                        offset,
+                        expected: loc.crc,
+                        actual,
+                    })
+                }
+                Err(check::Mismatch::Content) => {
+                    return Err(corrupt(
+                        file.path(),
+                        offset,
+                        format!("chunk {} has other content", hex(&key.0)),
+                    ))
+                }
             }
         }
         Ok(entries.len() as u64)

@@ -181,7 +181,7 @@ fn check_top_level(dry: &DryRun, dir: &Path, report: &mut FsckReport) -> Result<
         let path = dir.join(&name);
         match name.as_str() {
             n if n == STORE_FILE || n == LOCK_FILE || n == "chunks" || n == "images" => {}
-            n if n == format!("{STORE_FILE}.tmp") => {
+            _ if path == files::tmp_path(dir, STORE_FILE) => {
                 let detail = "a store creation that never reached its rename";
                 report.problem(
                     Finding::new("orphan-file", None, &path, detail).repair(Change::Remove { path }),
@@ -221,7 +221,7 @@ fn check_image(
             return Ok(None);
         }
     };
-    let tmp = idir.join(format!("{IMAGE_FILE}.tmp"));
+    let tmp = files::tmp_path(idir, IMAGE_FILE);
     if dry.exists(&tmp) {
         let detail = "an IMAGE write that never reached its rename";
         report.problem(
@@ -339,14 +339,13 @@ fn take_changes(dry: &DryRun, image: Option<&str>, report: &mut FsckReport) {
         let path = c.path().to_path_buf();
         let f = match &c {
             Change::Truncate { len_bytes, was_bytes, .. } => {
+                let cut = was_bytes.saturating_sub(*len_bytes);
                 if path.extension().is_none_or(|e| e != "wal") {
                     // WAL recovery counts its own torn tails.
-                    report.counts.torn_tail_bytes += was_bytes - len_bytes.min(was_bytes);
+                    report.counts.torn_tail_bytes += cut;
                 }
-                let detail = format!(
-                    "torn tail: {} bytes after offset {len_bytes} were never made durable; an open cuts them",
-                    was_bytes - len_bytes.min(was_bytes)
-                );
+                let detail =
+                    format!("torn tail: {cut} bytes after offset {len_bytes} were never made durable; an open cuts them");
                 report.note(Finding::new("torn-tail", image, &path, detail).at(*len_bytes).repair(c));
                 continue;
             }
