@@ -55,6 +55,10 @@ pub enum Error {
     #[error("{0} is unavailable: {1}")]
     Unavailable(String, String),
 
+    /// A change was asked of something that only reads (a snapshot).
+    #[error("{0}: it is read-only")]
+    ReadOnly(String),
+
     /// A read under [`crate::storage::nowait_reads`] would have waited for
     /// the device; nothing was returned. The caller retries where it may
     /// block.
@@ -80,6 +84,7 @@ impl Error {
             Error::MemoryBudget(_) => libc::ENOMEM,
             Error::Unavailable(..) => libc::EIO,
             Error::WouldBlock => libc::EAGAIN,
+            Error::ReadOnly(_) => libc::EROFS,
         };
         -code
     }

@@ -33,8 +33,10 @@ mod fuzz;
 mod import;
 mod memory;
 mod names;
+mod snapshot;
 
-pub use files::{ImageHeader, IMAGE_VERSION, STORE_VERSION};
+pub use files::{ImageHeader, ImageKind, IMAGE_VERSION, STORE_VERSION};
+pub use snapshot::{snapshot_name, SNAPSHOT_SEPARATOR};
 pub use fuzz::{fuzz_decode_store_files, fuzz_reseal, fuzz_samples};
 pub use import::ImportReport;
 pub use memory::MemoryLoan;
@@ -201,6 +203,9 @@ pub struct ImageInfo {
     pub size_bytes: u64,
     /// Open in this process right now.
     pub open: bool,
+    pub kind: ImageKind,
+    /// A snapshot's image, a clone's snapshot.
+    pub origin: Option<String>,
 }
 
 /// An open store. See the module docs.
@@ -248,7 +253,7 @@ impl Store {
         storage.create_dir_all(&dir.join("images"))?;
         storage.create_dir_all(&dir.join("chunks"))?;
         storage.sync_dir(dir)?;
-        files::write_atomic(&*storage, dir, STORE_FILE, &files::encode_store())?;
+        files::write_atomic(&*storage, dir, STORE_FILE, &files::encode_store(1))?;
         Store::start(storage, dir, opts, held)
     }
 
@@ -394,6 +399,12 @@ impl Store {
     /// ignores and the next create clears). The caller holds `maint`.
     fn prepare_image(&self, name: &str, size_bytes: u64) -> Result<(PathBuf, ImageHeader)> {
         validate_image_name(name)?;
+        self.prepare_dir(name, size_bytes)
+    }
+
+    /// `prepare_image` without the rule for new names (a snapshot's
+    /// `IMAGE@SNAP` is made of two checked names).
+    fn prepare_dir(&self, name: &str, size_bytes: u64) -> Result<(PathBuf, ImageHeader)> {
         let dir = self.image_dir(name)?;
         if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES) || size_bytes > IMAGE_BYTES_MAX {
             return Err(Error::InvalidArgument(format!(
@@ -413,7 +424,7 @@ impl Store {
         s.sync_dir(&images)?;
         let log_id = std::hash::RandomState::new().hash_one((name, std::time::SystemTime::now()));
         Image::create_log(s, &dir, self.opts.log_segment_bytes, log_id)?;
-        Ok((dir, ImageHeader { size_bytes, log_id }))
+        Ok((dir, ImageHeader::image(size_bytes, log_id)))
     }
 
     /// The second half: the `IMAGE` file, written atomically; from here on
@@ -475,6 +486,7 @@ impl Store {
             quota_bytes: self.opts.log_quota_bytes,
             replay_after_seq,
             background_cpu: self.opts.background_cpu,
+            read_only: header.kind == ImageKind::Snapshot,
         })
     }
 
@@ -525,15 +537,23 @@ impl Store {
             }
             let header = ImageHeader::read(&*self.storage, &path)?;
             let is_open = open.get(&name).is_some_and(|w| w.strong_count() > 0);
-            out.push(ImageInfo { name, size_bytes: header.size_bytes, open: is_open });
+            out.push(ImageInfo {
+                name,
+                size_bytes: header.size_bytes,
+                open: is_open,
+                kind: header.kind,
+                origin: header.origin,
+            });
         }
         Ok(out)
     }
 
-    /// Removes image `name` and its log; refused while it is open.
+    /// Removes image `name` and its log; refused while it is open, while
+    /// it has snapshots, and for a snapshot while clones of it exist.
     pub fn remove_image(&self, name: &str) -> Result<()> {
         let dir = self.image_dir(name)?;
         let _maint = lock(&self.maint);
+        self.check_removable(name)?;
         let mut open = lock(&self.open);
         if open.get(name).is_some_and(|w| w.strong_count() > 0) {
             return Err(Error::Unavailable(format!("image {name}"), "it is open; close it first".into()));

@@ -104,7 +104,7 @@ fn check_locked(storage: &Arc<dyn Storage>, dir: &Path, opts: &FsckOptions) -> R
     match files::read_store(&*dry, &dir.join(STORE_FILE)) {
         Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
         Err(e) => report.problem(Finding::from_error("store-header", None, &dir.join(STORE_FILE), &e)),
-        Ok(()) => {}
+        Ok(_) => {}
     }
     if whole {
         check_top_level(&dry, dir, &mut report)?;

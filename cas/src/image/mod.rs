@@ -65,12 +65,15 @@ pub struct ImageConfig {
     pub replay_after_seq: u64,
     /// The log writeback thread's scheduling class.
     pub background_cpu: BackgroundCpu,
+    /// A snapshot: every write, zeroing and discard is refused.
+    pub read_only: bool,
 }
 
 /// One open image. See the module docs.
 pub struct Image {
     name: String,
     size_bytes: u64,
+    read_only: bool,
     log: Arc<Log>,
     overlay: RwLock<Overlay>,
     capacity: Arc<Capacity>,
@@ -171,6 +174,7 @@ impl Image {
             durability,
             name: cfg.name,
             size_bytes: cfg.size_bytes,
+            read_only: cfg.read_only,
             log,
             overlay: RwLock::new(overlay),
             capacity,
@@ -308,7 +312,20 @@ impl Image {
         self.durability.durable_seq()
     }
 
+    /// True for a snapshot: it refuses every change.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly(format!("image {} is a snapshot", self.name)));
+        }
+        Ok(())
+    }
+
     fn reserve_blocking(&self, kind: RecordKind, len: u64) -> Result<LogReservation> {
+        self.check_writable()?;
         let needed = self.log_bytes_needed(kind, len);
         if needed > self.capacity.quota_bytes() {
             return Err(Error::InvalidArgument(format!(
@@ -353,6 +370,7 @@ impl Image {
     }
 
     fn check_reservation(&self, r: &LogReservation, kind: RecordKind, len: u64) -> Result<()> {
+        self.check_writable()?;
         self.durability.check()?;
         if let Some(why) = r.refusal() {
             return Err(Error::Unavailable(self.name.clone(), why.to_string()));

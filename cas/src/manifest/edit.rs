@@ -154,6 +154,10 @@ impl<'m> ManifestEdit<'m> {
         let m = self.manifest;
         let mut state = lock(&m.commit_state);
         Manifest::check_poison(&state, &m.path)?;
+        if m.snapshot().shared {
+            // A frozen base is never appended to: the tree moves to an own file first.
+            m.rewrite_locked(&mut state)?;
+        }
         let snap = m.snapshot();
         let old = snap.root;
         if covered < old.covered {
@@ -263,7 +267,7 @@ impl<'m> ManifestEdit<'m> {
         for (page_no, p) in keep {
             m.cache.insert((file_id, page_no), p);
         }
-        m.install(Snapshot { file: Some(file), file_id, root });
+        m.install(Snapshot { file: Some(file), file_id, root, shared: false });
         Ok(stats)
     }
 }

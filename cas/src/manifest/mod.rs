@@ -43,6 +43,7 @@
 //! only possible one) poisons the manifest: commits fail with
 //! `Error::Unavailable` until it is reopened. Lookups continue.
 
+pub mod base;
 mod check;
 mod edit;
 mod file;
@@ -119,6 +120,9 @@ pub(crate) struct Snapshot {
     /// Distinguishes files across rewrites in the page cache.
     pub file_id: u64,
     pub root: RootRecord,
+    /// The file is a frozen base (base.rs), shared with other images:
+    /// never written; the first commit rewrites the tree into an own file.
+    pub shared: bool,
 }
 
 impl Snapshot {
@@ -154,6 +158,19 @@ pub struct Manifest {
     next_file_id: AtomicU64,
 }
 
+/// A file shorter than the pages its root spans is damage.
+fn check_len(file: &dyn StorageFile, root: &RootRecord, path: &Path) -> Result<()> {
+    let len = file.len()?;
+    if len < root.file_pages * PAGE_BYTES as u64 {
+        return Err(Error::Corruption {
+            path: path.to_path_buf(),
+            offset: len,
+            detail: format!("file ends before the {} pages its root spans", root.file_pages),
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -168,23 +185,24 @@ impl Manifest {
             storage.remove_file(&tmp)?;
         }
         let snapshot = if storage.exists(path) {
+            // A rollback or an unsharing rewrite that stopped after its switch.
+            base::remove_leftovers(storage.as_ref(), path, None)?;
             let file = storage.open(path, OpenMode::Existing)?;
             let mut slots = vec![0u8; 2 * PAGE_BYTES];
             let n = file.read_at(&mut slots, 0)?;
             slots.truncate(n);
             let (s0, s1) = slots.split_at(n.min(PAGE_BYTES));
             let root = root::choose(s0, s1, path)?;
-            let len = file.len()?;
-            if len < root.file_pages * PAGE_BYTES as u64 {
-                return Err(Error::Corruption {
-                    path: path.to_path_buf(),
-                    offset: len,
-                    detail: format!("file ends before the {} pages its root spans", root.file_pages),
-                });
-            }
-            Snapshot { file: Some(file), file_id: 1, root }
+            check_len(file.as_ref(), &root, path)?;
+            Snapshot { file: Some(file), file_id: 1, root, shared: false }
+        } else if let Some(b) = base::read(storage.as_ref(), path)? {
+            base::remove_leftovers(storage.as_ref(), path, Some(&b.link))?;
+            let file = storage.open(&b.link, OpenMode::Existing)?;
+            check_len(file.as_ref(), &b.root, &b.link)?;
+            Snapshot { file: Some(file), file_id: 1, root: b.root, shared: true }
         } else {
-            Snapshot { file: None, file_id: 0, root: RootRecord::empty() }
+            base::remove_leftovers(storage.as_ref(), path, None)?;
+            Snapshot { file: None, file_id: 0, root: RootRecord::empty(), shared: false }
         };
         let cache_entries = (opts.page_cache_bytes / PAGE_BYTES as u64) as usize;
         let m = Manifest {
@@ -332,6 +350,43 @@ impl Manifest {
     /// in block order (reads pages without filling the cache).
     pub fn iter(&self) -> ManifestIter {
         ManifestIter::new(self.snapshot())
+    }
+
+    /// True while the tree is a frozen base shared with other images.
+    pub fn is_shared(&self) -> bool {
+        self.snapshot().shared
+    }
+
+    /// Makes the committed tree of this moment the manifest of
+    /// `target` (the manifest path of another, closed image) with
+    /// `covered`, without copying it: the file is linked beside `target`
+    /// as its base (base.rs). Durable when it returns. Holds the commit
+    /// lock throughout, so no commit or rewrite moves the file meanwhile.
+    pub fn freeze_into(&self, target: &Path, covered: u64) -> Result<RootRecord> {
+        let state = lock(&self.commit_state);
+        Manifest::check_poison(&state, &self.path)?;
+        let snap = self.snapshot();
+        let s = self.storage.as_ref();
+        let Some(from) = &snap.file else {
+            // Nothing committed: the target gets an own, empty tree.
+            let root = RootRecord { generation: 1, covered, ..RootRecord::empty() };
+            let (tmp_file, tmp) = file::create_tmp(s, target)?;
+            file::publish_new_file(s, tmp_file.as_ref(), &tmp, target, &root).map_err(|f| f.error)?;
+            base::remove_leftovers(s, target, None)?;
+            return Ok(root);
+        };
+        let id = base::new_link_id();
+        let link = base::link_path(target, id);
+        s.hard_link(from.path(), &link)?;
+        let root = RootRecord { covered, ..snap.root };
+        base::write(s, target, id, &root)?;
+        drop(state);
+        if s.exists(target) {
+            s.remove_file(target)?;
+        }
+        base::remove_leftovers(s, target, Some(&link))?;
+        s.sync_dir(target.parent().unwrap_or(Path::new("/")))?;
+        Ok(root)
     }
 
     pub(crate) fn check_poison(state: &CommitState, path: &Path) -> Result<()> {

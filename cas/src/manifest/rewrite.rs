@@ -11,7 +11,7 @@
 use super::file::{self, Failure, PageSink};
 use super::page::{self, Body, ChildRef};
 use super::root::{RootRecord, FIRST_TREE_PAGE};
-use super::{lock, Manifest, Snapshot};
+use super::{base, lock, CommitState, Manifest, Snapshot};
 use crate::error::Result;
 
 /// What a rewrite did.
@@ -38,10 +38,16 @@ impl Manifest {
         self.compact().map(Some)
     }
 
-    /// Rewrites the file now, dropping every garbage page.
+    /// Rewrites the file now, dropping every garbage page (a frozen base
+    /// becomes an own file).
     pub fn compact(&self) -> Result<RewriteStats> {
         let mut state = lock(&self.commit_state);
-        Manifest::check_poison(&state, &self.path)?;
+        self.rewrite_locked(&mut state)
+    }
+
+    /// `compact`, with the commit lock held.
+    pub(crate) fn rewrite_locked(&self, state: &mut CommitState) -> Result<RewriteStats> {
+        Manifest::check_poison(state, &self.path)?;
         let snap = self.snapshot();
         if snap.file.is_none() {
             return Ok(RewriteStats::default());
@@ -99,7 +105,14 @@ impl Manifest {
             pages_written: sink.pages,
             syncs,
         };
-        self.install(Snapshot { file: Some(new_file), file_id: self.new_file_id(), root });
+        self.install(Snapshot { file: Some(new_file), file_id: self.new_file_id(), root, shared: false });
+        if snap.shared {
+            // The own file wins from its rename on; the base entries are
+            // leftovers an open would also remove.
+            if let Err(e) = base::remove_leftovers(self.storage.as_ref(), &self.path, None) {
+                tracing::warn!(path = %self.path.display(), error = %e, "base entries left behind");
+            }
+        }
         Ok(stats)
     }
 }

@@ -37,7 +37,7 @@ pub const ROOT_VERSION: u32 = 1;
 /// Pages 0 and 1 are the root slots.
 pub const FIRST_TREE_PAGE: u64 = 2;
 const ROOT_MAGIC: [u8; 8] = *b"CASMROOT";
-const ROOT_USED_BYTES: usize = 72 + 4;
+pub(crate) const ROOT_USED_BYTES: usize = 72 + 4;
 
 /// A decoded root record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,6 +135,18 @@ impl RootRecord {
             )));
         }
         Ok(r)
+    }
+}
+
+impl RootRecord {
+    /// Decodes a record kept outside a manifest file (a base root, base.rs),
+    /// at `offset` of `path`: its slot is its generation's.
+    pub fn decode_detached(buf: &[u8], path: &Path, offset: u64) -> Result<RootRecord> {
+        let generation = buf.get(16..24).map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap()));
+        RootRecord::decode(buf, generation % 2, path).map_err(|e| match e {
+            Error::Corruption { path, detail, .. } => Error::Corruption { path, offset, detail },
+            other => other,
+        })
     }
 }
 

@@ -111,6 +111,12 @@ impl Storage for DryRun {
         Ok(())
     }
 
+    fn hard_link(&self, from: &Path, to: &Path) -> Result<()> {
+        let what = format!("link as {}", to.display());
+        DryRun::record(&self.changes, Change::Other { path: from.to_path_buf(), what });
+        Ok(())
+    }
+
     fn list_dir(&self, dir: &Path) -> Result<Vec<String>> {
         self.inner.list_dir(dir)
     }

@@ -116,6 +116,10 @@ impl Storage for FsStorage {
         std::fs::rename(from, to).map_err(|e| Error::io(from, e))
     }
 
+    fn hard_link(&self, from: &Path, to: &Path) -> Result<()> {
+        std::fs::hard_link(from, to).map_err(|e| Error::io(to, e))
+    }
+
     fn list_dir(&self, dir: &Path) -> Result<Vec<String>> {
         let mut names = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {

@@ -517,6 +517,22 @@ impl Storage for MemStorage {
         Ok(())
     }
 
+    fn hard_link(&self, from: &Path, to: &Path) -> Result<()> {
+        let mut st = lock(&self.state);
+        Self::check_fault(&mut st, FaultOp::Namespace, to)?;
+        let Some(entry @ Entry::File(_)) = st.live.get(from).copied() else {
+            return Err(os_err(from, libc::ENOENT));
+        };
+        if st.live.contains_key(to) {
+            return Err(os_err(to, libc::EEXIST));
+        }
+        if st.live.get(&parent_of(to)) != Some(&Entry::Dir) {
+            return Err(os_err(to, libc::ENOENT));
+        }
+        Self::ns_op(&mut st, NsOp::Put(to.to_path_buf(), entry), vec![parent_of(to)]);
+        Ok(())
+    }
+
     fn list_dir(&self, dir: &Path) -> Result<Vec<String>> {
         let st = lock(&self.state);
         if st.live.get(dir) != Some(&Entry::Dir) {
@@ -671,6 +687,26 @@ mod tests {
         f.sync_data().unwrap();
         s.crash(CrashMode::LoseUnsynced);
         assert!(!s.exists(&p));
+    }
+
+    #[test]
+    fn a_link_survives_after_dir_sync_and_keeps_the_content_when_the_first_name_goes() {
+        let (s, dir) = setup();
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        let f = s.open(&a, OpenMode::CreateNew).unwrap();
+        f.write_all_at(b"shared", 0).unwrap();
+        f.sync_data().unwrap();
+        s.sync_dir(&dir).unwrap();
+        s.hard_link(&a, &b).unwrap();
+        s.crash(CrashMode::LoseUnsynced);
+        assert!(s.exists(&a) && !s.exists(&b), "an unsynced link is lost");
+        s.hard_link(&a, &b).unwrap();
+        s.sync_dir(&dir).unwrap();
+        s.remove_file(&a).unwrap();
+        s.sync_dir(&dir).unwrap();
+        s.crash(CrashMode::LoseUnsynced);
+        assert!(!s.exists(&a));
+        assert_eq!(s.durable_bytes(&b).unwrap(), b"shared");
     }
 
     #[test]

@@ -86,6 +86,10 @@ pub trait Storage: Send + Sync + 'static {
     fn remove_file(&self, path: &Path) -> Result<()>;
     /// Atomically renames `from` to `to`, replacing `to` if it exists.
     fn rename(&self, from: &Path, to: &Path) -> Result<()>;
+    /// Makes `to` (which must not exist) a second name of the file `from`:
+    /// both share one content (snapshots share a frozen manifest file).
+    /// Durable once `to`'s directory is synced.
+    fn hard_link(&self, from: &Path, to: &Path) -> Result<()>;
     /// The names (not paths) of the entries in `dir`, sorted.
     fn list_dir(&self, dir: &Path) -> Result<Vec<String>>;
     fn create_dir_all(&self, dir: &Path) -> Result<()>;
@@ -184,6 +188,16 @@ mod tests {
         assert!(!s.exists(&p));
         assert!(s.exists(&q));
         assert_eq!(s.list_dir(&dir).unwrap(), vec!["g".to_string()]);
+        // A second name shares the content, and outlives the first.
+        let h = dir.join("h");
+        s.hard_link(&q, &h).unwrap();
+        assert!(s.hard_link(&q, &h).is_err(), "a link over an existing name");
+        s.open(&q, OpenMode::Existing).unwrap().write_all_at(b"hi", 0).unwrap();
+        let linked = s.open(&h, OpenMode::Existing).unwrap();
+        let mut two = [0u8; 2];
+        linked.read_exact_at(&mut two, 0).unwrap();
+        assert_eq!(&two, b"hi");
+        s.remove_file(&h).unwrap();
         s.sync_dir(&dir).unwrap();
         s.remove_file(&q).unwrap();
         assert!(s.list_dir(&dir).unwrap().is_empty());

@@ -7,15 +7,24 @@
 //!  STORE                                IMAGE
 //!  off size field                       off size field
 //!    0    8 magic "CASSTORE"              0    8 magic "CASIMAGE"
-//!    8    4 version u32 LE (1)            8    4 version u32 LE (1)
+//!    8    4 version u32 LE (1 or 2)       8    4 version u32 LE (1 or 2)
 //!   12    4 reserved 0                   12    4 reserved 0
 //!   16    4 crc32c of [0,16)             16    8 size_bytes u64 LE
 //!                                        24    8 log_id u64 LE
-//!                                        32    4 crc32c of [0,32)
+//!                                        version 2 only:
+//!                                        32    4 kind u32 LE (0 image, 1 snapshot)
+//!                                        36    2 origin length u16 LE (0: none)
+//!                                        38    n origin, UTF-8: the image a
+//!                                               snapshot was taken of, the
+//!                                               snapshot a clone was made from
+//!                                        38+n 4 crc32c of [0,38+n)
 //! ```
 //!
 //! The checksum is verified first (a trailer over whatever length the file
 //! has), then the magic, then the version: newer versions are refused.
+//! A plain image is still written as version 1; the first snapshot or clone
+//! moves `STORE` to version 2, so a casblk from before snapshots refuses
+//! the whole store ("upgrade casblk") instead of misreading it.
 
 use crate::error::{Error, Result};
 use crate::format::{check_version, unseal, Decoder, Encoder};
@@ -23,9 +32,10 @@ use crate::storage::{OpenMode, Storage};
 use std::path::Path;
 
 pub const STORE_MAGIC: [u8; 8] = *b"CASSTORE";
-pub const STORE_VERSION: u32 = 1;
+/// 2: the store may hold snapshots and clones (v1 stores are read as is).
+pub const STORE_VERSION: u32 = 2;
 pub const IMAGE_MAGIC: [u8; 8] = *b"CASIMAGE";
-pub const IMAGE_VERSION: u32 = 1;
+pub const IMAGE_VERSION: u32 = 2;
 /// Largest metadata file read (they are tens of bytes).
 const SMALL_FILE_BYTES_MAX: u64 = 4096;
 
@@ -81,29 +91,62 @@ fn check_magic_version(
     check_version(&format!("{what} {}", path.display()), version, supported)
 }
 
-pub fn encode_store() -> Vec<u8> {
+/// The `STORE` file of `version` (1: no snapshots yet; 2: the current).
+pub fn encode_store(version: u32) -> Vec<u8> {
     let mut e = Encoder::default();
-    e.bytes(&STORE_MAGIC).u32(STORE_VERSION).u32(0).seal();
+    e.bytes(&STORE_MAGIC).u32(version).u32(0).seal();
     e.buf
 }
 
-/// Checks the store version file at `path`.
-pub fn read_store(storage: &dyn Storage, path: &Path) -> Result<()> {
+/// Checks the store version file at `path`; returns its version.
+pub fn read_store(storage: &dyn Storage, path: &Path) -> Result<u32> {
     let body = read_sealed(storage, path)?;
-    check_magic_version(&mut Decoder::new(&body), STORE_MAGIC, STORE_VERSION, "store", path)
+    let mut d = Decoder::new(&body);
+    check_magic_version(&mut d, STORE_MAGIC, STORE_VERSION, "store", path)?;
+    Ok(u32::from_le_bytes(body[8..12].try_into().expect("checked above")))
+}
+
+/// What an image is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageKind {
+    /// A writable image (made by create, import or clone).
+    #[default]
+    Image,
+    /// A read-only snapshot of an image, named `IMAGE@SNAP`.
+    Snapshot,
 }
 
 /// The fields of an image header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageHeader {
     pub size_bytes: u64,
     pub log_id: u64,
+    pub kind: ImageKind,
+    /// A snapshot's image, a clone's snapshot.
+    pub origin: Option<String>,
 }
 
 impl ImageHeader {
+    /// A plain image's header.
+    pub fn image(size_bytes: u64, log_id: u64) -> ImageHeader {
+        ImageHeader { size_bytes, log_id, kind: ImageKind::Image, origin: None }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Encoder::default();
-        e.bytes(&IMAGE_MAGIC).u32(IMAGE_VERSION).u32(0).u64(self.size_bytes).u64(self.log_id).seal();
+        let plain = self.kind == ImageKind::Image && self.origin.is_none();
+        let version = if plain { 1 } else { IMAGE_VERSION };
+        e.bytes(&IMAGE_MAGIC).u32(version).u32(0).u64(self.size_bytes).u64(self.log_id);
+        if !plain {
+            let origin = self.origin.as_deref().unwrap_or("");
+            let kind = match self.kind {
+                ImageKind::Image => 0,
+                ImageKind::Snapshot => 1,
+            };
+            e.u32(kind).u16(origin.len() as u16).bytes(origin.as_bytes());
+        }
+        e.seal();
         e.buf
     }
 
@@ -116,10 +159,27 @@ impl ImageHeader {
             offset: 12,
             detail: "image header is truncated".into(),
         };
+        let version = u32::from_le_bytes(body[8..12].try_into().expect("checked above"));
         let _reserved = d.u32().ok_or_else(short)?;
         let size_bytes = d.u64().ok_or_else(short)?;
         let log_id = d.u64().ok_or_else(short)?;
-        Ok(ImageHeader { size_bytes, log_id })
+        if version == 1 {
+            return Ok(ImageHeader::image(size_bytes, log_id));
+        }
+        let bad = |detail: String| Error::Corruption { path: path.into(), offset: 32, detail };
+        let kind = match d.u32().ok_or_else(short)? {
+            0 => ImageKind::Image,
+            1 => ImageKind::Snapshot,
+            k => return Err(bad(format!("image kind {k} is unknown"))),
+        };
+        let n = d.u16().ok_or_else(short)? as usize;
+        let origin = d.bytes(n).ok_or_else(short)?;
+        let origin = std::str::from_utf8(origin).map_err(|_| bad("origin is not UTF-8".into()))?;
+        let origin = (!origin.is_empty()).then(|| origin.to_string());
+        if kind == ImageKind::Snapshot && origin.is_none() {
+            return Err(bad("a snapshot without its image".into()));
+        }
+        Ok(ImageHeader { size_bytes, log_id, kind, origin })
     }
 }
 
@@ -134,18 +194,25 @@ mod tests {
         let s = MemStorage::new();
         let dir = Path::new("/d");
         s.create_dir_all(dir).unwrap();
-        let h = ImageHeader { size_bytes: 1 << 30, log_id: 42 };
+        let h = ImageHeader::image(1 << 30, 42);
         write_atomic(&s, dir, "IMAGE", &h.encode()).unwrap();
         assert_eq!(ImageHeader::read(&s, &dir.join("IMAGE")).unwrap(), h);
+        assert_eq!(h.encode()[8], 1, "a plain image stays readable by an older casblk");
+        let snap = ImageHeader { kind: ImageKind::Snapshot, origin: Some("vm".into()), ..h.clone() };
+        write_atomic(&s, dir, "IMAGE", &snap.encode()).unwrap();
+        assert_eq!(ImageHeader::read(&s, &dir.join("IMAGE")).unwrap(), snap);
+        let clone = ImageHeader { origin: Some("vm@s".into()), ..h.clone() };
+        write_atomic(&s, dir, "IMAGE", &clone.encode()).unwrap();
+        assert_eq!(ImageHeader::read(&s, &dir.join("IMAGE")).unwrap(), clone);
 
         let mut bytes = h.encode();
-        bytes[8] = 2;
+        bytes[8] = 3;
         let n = bytes.len() - 4;
         let crc = crc32c(&bytes[..n]);
         bytes[n..].copy_from_slice(&crc.to_le_bytes());
         write_atomic(&s, dir, "IMAGE", &bytes).unwrap();
         let e = ImageHeader::read(&s, &dir.join("IMAGE")).unwrap_err();
-        assert!(matches!(e, Error::UnsupportedVersion { found: 2, .. }), "{e}");
+        assert!(matches!(e, Error::UnsupportedVersion { found: 3, .. }), "{e}");
 
         bytes[20] ^= 1;
         write_atomic(&s, dir, "IMAGE", &bytes).unwrap();

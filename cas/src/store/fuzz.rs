@@ -19,7 +19,7 @@ pub fn fuzz_decode_store_files(bytes: &[u8]) -> (Result<()>, Result<ImageHeader>
     if let Err(e) = written {
         return (Err(e), Err(crate::Error::InvalidArgument("unwritable".into())));
     }
-    let store = files::read_store(&storage, path);
+    let store = files::read_store(&storage, path).map(|_| ());
     let image = ImageHeader::read(&storage, path);
     if let Ok(h) = &image {
         let again =
@@ -42,5 +42,14 @@ pub fn fuzz_reseal(bytes: &mut [u8]) {
 
 /// Valid `STORE` and `IMAGE` files (seeds).
 pub fn fuzz_samples() -> Vec<Vec<u8>> {
-    vec![files::encode_store(), ImageHeader { size_bytes: 1 << 30, log_id: 0x1234_5678 }.encode()]
+    vec![
+        files::encode_store(files::STORE_VERSION),
+        ImageHeader::image(1 << 30, 0x1234_5678).encode(),
+        ImageHeader {
+            kind: files::ImageKind::Snapshot,
+            origin: Some("vm".into()),
+            ..ImageHeader::image(1 << 30, 0x1234_5678)
+        }
+        .encode(),
+    ]
 }

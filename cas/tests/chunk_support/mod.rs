@@ -122,6 +122,10 @@ impl Storage for Crashing {
         self.0.tick(from)?;
         self.0.inner.rename(from, to)
     }
+    fn hard_link(&self, from: &Path, to: &Path) -> Result<()> {
+        self.0.tick(to)?;
+        self.0.inner.hard_link(from, to)
+    }
     fn list_dir(&self, dir: &Path) -> Result<Vec<String>> {
         self.0.alive(dir)?;
         self.0.inner.list_dir(dir)

@@ -188,6 +188,9 @@ impl Storage for SlowSync {
     fn rename(&self, from: &Path, to: &Path) -> cas::Result<()> {
         self.inner.rename(from, to)
     }
+    fn hard_link(&self, from: &Path, to: &Path) -> cas::Result<()> {
+        self.inner.hard_link(from, to)
+    }
     fn list_dir(&self, dir: &Path) -> cas::Result<Vec<String>> {
         self.inner.list_dir(dir)
     }

@@ -1,0 +1,188 @@
+//! Snapshots, clones and rollback: new images whose manifest starts as a
+//! frozen tree of another (manifest/base.rs), so none copies data or
+//! manifest pages, whatever the image's size.
+//!
+//! - `snapshot_image(IMAGE, SNAP)` makes the read-only image `IMAGE@SNAP`.
+//!   Allowed while IMAGE is open and written: every write completed when
+//!   it is called is first flushed and compacted into IMAGE's manifest (a
+//!   cost bounded by the log quota, not by the image), then the tree the
+//!   manifest holds at that moment is frozen. The snapshot holds every
+//!   write completed before the call and none begun after it returns.
+//! - `clone_image(IMAGE@SNAP, NEW)`: a writable image on the snapshot's tree.
+//! - `rollback_image(IMAGE, SNAP)`: IMAGE (closed) returns to the snapshot;
+//!   its log is covered whole, so nothing written after the snapshot
+//!   replays.
+//!
+//! Each publishes its `IMAGE` file last (a crash leaves nothing, or the
+//! whole new image) and moves `STORE` to version 2 first. Removal refuses
+//! an image with snapshots and a snapshot with clones, naming them.
+
+use super::files::{self, ImageHeader, ImageKind};
+use super::{lock, validate_image_name, Store, IMAGE_FILE, MANIFEST_FILE, STORE_FILE};
+use crate::error::{Error, Result};
+use crate::wal::Log;
+
+/// Compaction passes a snapshot may run before it gives up: each pass
+/// drains the whole durable log, so more than one is needed only while a
+/// pass fails for lack of memory.
+const SNAPSHOT_COMPACTION_PASSES_MAX: u32 = 8;
+
+/// Separates an image's name from its snapshot's.
+pub const SNAPSHOT_SEPARATOR: char = '@';
+
+/// `IMAGE@SNAP`.
+pub fn snapshot_name(image: &str, snap: &str) -> String {
+    format!("{image}{SNAPSHOT_SEPARATOR}{snap}")
+}
+
+impl Store {
+    fn header(&self, name: &str) -> Result<ImageHeader> {
+        let path = self.image_dir(name)?.join(IMAGE_FILE);
+        if !self.storage.exists(&path) {
+            return Err(Error::NotFound(format!("image {name}")));
+        }
+        ImageHeader::read(&*self.storage, &path)
+    }
+
+    /// Moves `STORE` to the version that may hold snapshots (once).
+    fn allow_snapshots(&self) -> Result<()> {
+        if files::read_store(&*self.storage, &self.dir.join(STORE_FILE))? < files::STORE_VERSION {
+            let bytes = files::encode_store(files::STORE_VERSION);
+            files::write_atomic(&*self.storage, &self.dir, STORE_FILE, &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Makes the read-only snapshot `IMAGE@SNAP` of `image`; returns its name.
+    pub fn snapshot_image(&self, image: &str, snap: &str) -> Result<String> {
+        validate_image_name(snap)?;
+        let name = snapshot_name(image, snap);
+        let header = self.header(image)?;
+        if header.kind == ImageKind::Snapshot {
+            return Err(Error::InvalidArgument(format!(
+                "{image} is a snapshot; clone it to snapshot the clone"
+            )));
+        }
+        if self.storage.exists(&self.image_dir(&name)?.join(IMAGE_FILE)) {
+            return Err(Error::AlreadyExists(format!("snapshot {name}")));
+        }
+        // Every completed write into the manifest: flushed, then compacted.
+        let open = self.open_image(image)?;
+        open.flush()?;
+        let target = open.durable_seq();
+        let manifest = open
+            .compaction()
+            .map(|c| c.manifest.clone())
+            .ok_or_else(|| Error::InvalidArgument(format!("image {image} is not compacted by its store")))?;
+        let mut passes = 0;
+        while manifest.covered() < target {
+            if passes == SNAPSHOT_COMPACTION_PASSES_MAX {
+                return Err(Error::Unavailable(
+                    format!("image {image}"),
+                    format!(
+                        "{passes} compaction passes left its log covered to seq {} of {target}; retry the snapshot",
+                        manifest.covered()
+                    ),
+                ));
+            }
+            passes += 1;
+            match self.compact_once(&open) {
+                Ok(_) | Err(Error::MemoryBudget(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let _maint = lock(&self.maint);
+        let _open = lock(&self.open);
+        let (dir, fresh) = self.prepare_dir(&name, header.size_bytes)?;
+        self.allow_snapshots()?;
+        manifest.freeze_into(&dir.join(MANIFEST_FILE), 0)?;
+        let h = ImageHeader { kind: ImageKind::Snapshot, origin: Some(image.to_string()), ..fresh };
+        self.publish_image(&dir, h)?;
+        Ok(name)
+    }
+
+    /// Makes `new`, a writable image sharing every chunk of the snapshot `snap`.
+    pub fn clone_image(&self, snap: &str, new: &str) -> Result<()> {
+        validate_image_name(new)?;
+        let header = self.header(snap)?;
+        if header.kind != ImageKind::Snapshot {
+            return Err(Error::InvalidArgument(format!(
+                "{snap} is not a snapshot: take one with `casblk image snapshot` and clone that"
+            )));
+        }
+        let _maint = lock(&self.maint);
+        let _open = lock(&self.open);
+        let source = self.manifest(snap)?;
+        let (dir, fresh) = self.prepare_dir(new, header.size_bytes)?;
+        self.allow_snapshots()?;
+        source.freeze_into(&dir.join(MANIFEST_FILE), 0)?;
+        let h = ImageHeader { origin: Some(snap.to_string()), ..fresh };
+        self.publish_image(&dir, h)
+    }
+
+    /// Returns the closed image `image` to its snapshot `IMAGE@SNAP`:
+    /// everything written since is gone.
+    pub fn rollback_image(&self, image: &str, snap: &str) -> Result<()> {
+        let name = snapshot_name(image, snap);
+        let header = self.header(image)?;
+        let snap_header = self.header(&name)?;
+        if snap_header.kind != ImageKind::Snapshot || snap_header.origin.as_deref() != Some(image) {
+            return Err(Error::InvalidArgument(format!("{name} is not a snapshot of {image}")));
+        }
+        if snap_header.size_bytes != header.size_bytes {
+            return Err(Error::InvalidArgument(format!(
+                "{name} has {} bytes and {image} {}: sizes differ",
+                snap_header.size_bytes, header.size_bytes
+            )));
+        }
+        let _maint = lock(&self.maint);
+        let open = lock(&self.open);
+        if open.get(image).is_some_and(|w| w.strong_count() > 0) {
+            return Err(Error::Unavailable(format!("image {image}"), "it is open; detach it first".into()));
+        }
+        let dir = self.image_dir(image)?;
+        let own = self.manifest(image)?;
+        // Cover the whole log: no record written after the snapshot replays.
+        let (log, _) = Log::open(
+            self.storage.clone(),
+            &dir.join(crate::image::WAL_DIR),
+            self.opts.log_segment_bytes,
+            header.log_id,
+            own.covered(),
+            &mut |_, _, _| {},
+        )?;
+        let covered = (log.next_seq() - 1).max(own.covered());
+        drop(log);
+        drop(own);
+        lock(&self.manifests).remove(image);
+        self.manifest(&name)?.freeze_into(&dir.join(MANIFEST_FILE), covered)?;
+        Ok(())
+    }
+
+    /// Refuses to remove `name` while snapshots of it or clones of it exist.
+    pub(crate) fn check_removable(&self, name: &str) -> Result<()> {
+        let mut snapshots = Vec::new();
+        let mut clones = Vec::new();
+        for info in self.list_images()? {
+            if info.origin.as_deref() == Some(name) {
+                match info.kind {
+                    ImageKind::Snapshot => snapshots.push(info.name),
+                    ImageKind::Image => clones.push(info.name),
+                }
+            }
+        }
+        if !snapshots.is_empty() {
+            return Err(Error::Unavailable(
+                format!("image {name}"),
+                format!("it has snapshots ({}): remove them first", snapshots.join(", ")),
+            ));
+        }
+        if !clones.is_empty() {
+            return Err(Error::Unavailable(
+                format!("snapshot {name}"),
+                format!("clones depend on it ({}): remove them first", clones.join(", ")),
+            ));
+        }
+        Ok(())
+    }
+}
