@@ -31,16 +31,18 @@
 pub(crate) mod files;
 mod fuzz;
 mod import;
+mod info;
 mod memory;
 mod names;
 mod snapshot;
 
 pub use files::{ImageHeader, ImageKind, IMAGE_VERSION, STORE_VERSION};
-pub use snapshot::{snapshot_name, SNAPSHOT_SEPARATOR};
 pub use fuzz::{fuzz_decode_store_files, fuzz_reseal, fuzz_samples};
 pub use import::ImportReport;
+pub use info::ImageDetail;
 pub use memory::MemoryLoan;
 pub use names::{check_image_dir_name, validate_image_name, IMAGE_NAME_BYTES_MAX, IMAGE_NAME_CHARS};
+pub use snapshot::{snapshot_name, SNAPSHOT_SEPARATOR};
 
 use crate::background::BackgroundCpu;
 use crate::chunk::{ChunkStats, ChunkStore, ChunkStoreOptions};
@@ -455,6 +457,11 @@ impl Store {
         }
         open.insert(name.to_string(), Arc::downgrade(&image));
         Ok(image)
+    }
+
+    /// Image `name` if it is open now.
+    pub fn opened(&self, name: &str) -> Option<Arc<Image>> {
+        lock(&self.open).get(name).and_then(Weak::upgrade)
     }
 
     /// Like `open_image`, with the image's compacted data behind `manifest`

@@ -4,6 +4,7 @@ mod common;
 
 use cas::format::crc32c;
 use cas::storage::{CrashMode, Fault, FaultOp, FsStorage, MemStorage, OpenMode, Storage};
+use cas::store::ImageKind;
 use cas::{Error, ImageInfo, Store, StoreOptions};
 use common::*;
 use std::sync::Arc;
@@ -21,8 +22,20 @@ fn images_are_created_listed_opened_and_removed() {
     assert_eq!(
         list,
         vec![
-            ImageInfo { name: "a".into(), size_bytes: 1 << 30, open: true },
-            ImageInfo { name: "b".into(), size_bytes: 8 << 20, open: false },
+            ImageInfo {
+                name: "a".into(),
+                size_bytes: 1 << 30,
+                open: true,
+                kind: ImageKind::Image,
+                origin: None
+            },
+            ImageInfo {
+                name: "b".into(),
+                size_bytes: 8 << 20,
+                open: false,
+                kind: ImageKind::Image,
+                origin: None
+            },
         ]
     );
     assert!(matches!(store.remove_image("a"), Err(Error::Unavailable(..))), "open images stay");

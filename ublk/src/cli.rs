@@ -83,7 +83,40 @@ pub enum ImageCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Remove an image and its data (refused while it is attached).
+    /// Snapshot IMAGE as IMAGE@SNAP: read-only, instant, allowed while the
+    /// image is attached (it holds every write completed before the command).
+    Snapshot {
+        /// The image to snapshot.
+        image: String,
+        /// The snapshot's name (same rules as an image's).
+        snap: String,
+    },
+    /// Create a writable image NEW sharing every chunk of the snapshot
+    /// IMAGE@SNAP (instant).
+    Clone {
+        /// The snapshot, as IMAGE@SNAP.
+        snapshot: String,
+        /// The new image.
+        new: String,
+    },
+    /// Return a detached IMAGE to its snapshot IMAGE@SNAP; every write since
+    /// is discarded.
+    Rollback {
+        /// The image.
+        image: String,
+        /// The snapshot's name (without IMAGE@).
+        snap: String,
+    },
+    /// Size, logical, unique and shared bytes, snapshots and parent of an image.
+    Info {
+        /// The image (or snapshot, IMAGE@SNAP).
+        name: String,
+        /// Print JSON (bytes) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an image and its data (refused while it is attached, while it
+    /// has snapshots, and for a snapshot while clones of it exist).
     Rm {
         /// The image to remove.
         name: String,

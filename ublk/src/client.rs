@@ -198,11 +198,55 @@ pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
                     open_store(&dir, false)?
                         .list_images()?
                         .into_iter()
-                        .map(|i| json!({ "name": i.name, "size_bytes": i.size_bytes, "device": null }))
+                        .map(|i| {
+                            json!({
+                                "name": i.name,
+                                "size_bytes": i.size_bytes,
+                                "device": null,
+                                "kind": i.kind,
+                                "origin": i.origin,
+                            })
+                        })
                         .collect(),
                 ),
             };
             print_images(&rows, json)?;
+        }
+        ImageCommand::Snapshot { image, snap } => {
+            let name = match &daemon {
+                Some(s) => {
+                    let reply = control(s, Command::ImageSnapshot { image, snap }, SNAPSHOT_TIMEOUT)?;
+                    reply["snapshot"].as_str().unwrap_or_default().to_string()
+                }
+                None => open_store(&dir, false)?.snapshot_image(&image, &snap)?,
+            };
+            println!("{name}");
+        }
+        ImageCommand::Clone { snapshot, new } => {
+            match &daemon {
+                Some(s) => {
+                    control(s, Command::ImageClone { snapshot, name: new.clone() }, QUERY_TIMEOUT)?;
+                }
+                None => open_store(&dir, false)?.clone_image(&snapshot, &new)?,
+            }
+            println!("{new}");
+        }
+        ImageCommand::Rollback { image, snap } => match &daemon {
+            Some(s) => {
+                control(s, Command::ImageRollback { image, snap }, QUERY_TIMEOUT)?;
+            }
+            None => open_store(&dir, false)?.rollback_image(&image, &snap)?,
+        },
+        ImageCommand::Info { name, json } => {
+            let info = match &daemon {
+                Some(s) => control(s, Command::ImageInfo { name }, SNAPSHOT_TIMEOUT)?,
+                None => {
+                    let mut v = serde_json::to_value(open_store(&dir, false)?.image_info(&name)?)?;
+                    v["device"] = Value::Null;
+                    v
+                }
+            };
+            print_info(&info, json)?;
         }
         ImageCommand::Export { name, file, format } => {
             refuse_served(&daemon, &dir, "export")?;
@@ -224,26 +268,64 @@ fn refuse_served(daemon: &Option<PathBuf>, dir: &Path, what: &str) -> Result<()>
     Ok(())
 }
 
+/// Bound on a snapshot (it compacts the image's log first) and on `info`
+/// (it reads every manifest) through the daemon.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn print_info(info: &Value, as_json: bool) -> Result<()> {
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(info)?);
+        return Ok(());
+    }
+    let text = |k: &str| info.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+    let bytes = |k: &str| trace::human_bytes(info.get(k).and_then(Value::as_u64).unwrap_or(0));
+    let list = |k: &str| {
+        let names: Vec<&str> = info
+            .get(k)
+            .and_then(Value::as_array)
+            .map_or(vec![], |a| a.iter().filter_map(Value::as_str).collect());
+        if names.is_empty() {
+            "-".to_string()
+        } else {
+            names.join(", ")
+        }
+    };
+    println!("name:       {}", text("name"));
+    println!("kind:       {}", text("kind"));
+    println!("size:       {}", bytes("size_bytes"));
+    println!("logical:    {}", bytes("logical_bytes"));
+    println!("unique:     {}", bytes("unique_bytes"));
+    println!("shared:     {}", bytes("shared_bytes"));
+    println!("log:        {}", bytes("log_bytes"));
+    println!("parent:     {}", text("parent"));
+    println!("snapshots:  {}", list("snapshots"));
+    println!("clones:     {}", list("clones"));
+    println!("device:     {}", text("device"));
+    Ok(())
+}
+
 fn print_images(rows: &Value, as_json: bool) -> Result<()> {
     if as_json {
         println!("{}", serde_json::to_string_pretty(rows)?);
         return Ok(());
     }
     let rows = rows.as_array().ok_or_else(|| anyhow!("malformed image list"))?;
-    let cells: Vec<[String; 3]> = rows
+    let cells: Vec<[String; 4]> = rows
         .iter()
         .map(|row| {
             let name = row.get("name").and_then(Value::as_str).unwrap_or("?");
             let size = row.get("size_bytes").and_then(Value::as_u64).unwrap_or(0);
             let device = row.get("device").and_then(Value::as_str).unwrap_or("-");
-            [name.to_owned(), trace::human_bytes(size), device.to_owned()]
+            let origin = row.get("origin").and_then(Value::as_str).unwrap_or("-");
+            [name.to_owned(), trace::human_bytes(size), device.to_owned(), origin.to_owned()]
         })
         .collect();
     let name_w = cells.iter().map(|c| c[0].chars().count()).chain([4]).max().unwrap_or(4);
     let size_w = cells.iter().map(|c| c[1].chars().count()).chain([4]).max().unwrap_or(4);
-    println!("{:<name_w$}  {:>size_w$}  DEVICE", "NAME", "SIZE");
-    for [name, size, device] in &cells {
-        println!("{name:<name_w$}  {size:>size_w$}  {device}");
+    let dev_w = cells.iter().map(|c| c[2].chars().count()).chain([6]).max().unwrap_or(6);
+    println!("{:<name_w$}  {:>size_w$}  {:<dev_w$}  ORIGIN", "NAME", "SIZE", "DEVICE");
+    for [name, size, device, origin] in &cells {
+        println!("{name:<name_w$}  {size:>size_w$}  {device:<dev_w$}  {origin}");
     }
     Ok(())
 }

@@ -133,14 +133,20 @@ fn block_discard_supported(rdev: u64) -> bool {
 }
 
 /// Device parameters for a device of `size` bytes taking requests of at
-/// most `io_buf_bytes`.
-pub fn device_params(size: u64, io_buf_bytes: u32, discard: bool) -> libublk::sys::ublk_params {
+/// most `io_buf_bytes` (`read_only`: the kernel refuses writes).
+pub fn device_params(
+    size: u64,
+    io_buf_bytes: u32,
+    discard: bool,
+    read_only: bool,
+) -> libublk::sys::ublk_params {
     let max_sectors = io_buf_bytes >> SECTOR_SHIFT;
+    let read_only = if read_only { libublk::sys::UBLK_ATTR_READ_ONLY } else { 0 };
     libublk::sys::ublk_params {
         types: libublk::sys::UBLK_PARAM_TYPE_BASIC | libublk::sys::UBLK_PARAM_TYPE_DISCARD,
         basic: libublk::sys::ublk_param_basic {
             // A volatile cache makes the kernel send FLUSH; FUA is honoured per write.
-            attrs: libublk::sys::UBLK_ATTR_VOLATILE_CACHE | libublk::sys::UBLK_ATTR_FUA,
+            attrs: libublk::sys::UBLK_ATTR_VOLATILE_CACHE | libublk::sys::UBLK_ATTR_FUA | read_only,
             logical_bs_shift: 9,
             physical_bs_shift: 12,
             io_opt_shift: 12,

@@ -39,8 +39,17 @@ pub enum Command {
     ImageCreate { name: String, size_bytes: u64 },
     /// Refused while the image is attached. Replies `{"removed": NAME}`.
     ImageRemove { name: String },
-    /// Replies `[{"name", "size_bytes", "device"}]`.
+    /// Replies `[{"name", "size_bytes", "device", "kind", "origin"}]`.
     ImageList {},
+    /// Snapshot image `image` as `IMAGE@SNAP` (allowed while attached).
+    /// Replies `{"snapshot": NAME}`.
+    ImageSnapshot { image: String, snap: String },
+    /// A writable image from a snapshot. Replies `{"cloned": NAME}`.
+    ImageClone { snapshot: String, name: String },
+    /// Return a detached image to its snapshot. Replies `{"rolled_back": IMAGE}`.
+    ImageRollback { image: String, snap: String },
+    /// Replies `cas::store::ImageDetail` with `"device"`.
+    ImageInfo { name: String },
     /// Replies the GC report.
     Gc {},
     /// Live upgrade: flush every image, reply `{"devices", "service",
@@ -102,6 +111,22 @@ mod tests {
             (
                 Command::ImageRemove { name: "vm".into() },
                 r#"{"action":"image_remove","args":{"name":"vm"},"cmd":"control","v":1}"#,
+            ),
+            (
+                Command::ImageSnapshot { image: "vm".into(), snap: "s".into() },
+                r#"{"action":"image_snapshot","args":{"image":"vm","snap":"s"},"cmd":"control","v":1}"#,
+            ),
+            (
+                Command::ImageClone { snapshot: "vm@s".into(), name: "c".into() },
+                r#"{"action":"image_clone","args":{"name":"c","snapshot":"vm@s"},"cmd":"control","v":1}"#,
+            ),
+            (
+                Command::ImageRollback { image: "vm".into(), snap: "s".into() },
+                r#"{"action":"image_rollback","args":{"image":"vm","snap":"s"},"cmd":"control","v":1}"#,
+            ),
+            (
+                Command::ImageInfo { name: "vm".into() },
+                r#"{"action":"image_info","args":{"name":"vm"},"cmd":"control","v":1}"#,
             ),
         ];
         for (c, text) in wire {

@@ -254,7 +254,7 @@ fn serve(args: &AddArgs, backing: Backing, ready: Ready, start: Start) -> Result
         tgt.fds[tgt.nr_fds as usize] = backing_fd;
         tgt.nr_fds += 1;
         tgt.dev_size = size;
-        tgt.params = device_params(size, io_buf_bytes, punch);
+        tgt.params = device_params(size, io_buf_bytes, punch, false);
         dev.set_target_json(target_json);
         Ok(())
     };

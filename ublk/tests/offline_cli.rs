@@ -150,3 +150,60 @@ fn import_then_export_round_trips_a_raw_image() {
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("256 blocks deduplicated"));
 }
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn snapshot_clone_info_rollback_and_rm_refusals_from_the_command_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    build(&dir);
+    assert_eq!(stdout(&casblk(&dir, &["image", "snapshot", "vm", "gold"])).trim(), "vm@gold");
+    assert_eq!(stdout(&casblk(&dir, &["image", "clone", "vm@gold", "web"])).trim(), "web");
+    let info: serde_json::Value =
+        serde_json::from_str(&stdout(&casblk(&dir, &["image", "info", "vm", "--json"]))).unwrap();
+    assert_eq!(info["kind"], "image");
+    assert_eq!(info["logical_bytes"], 64 * 4096);
+    assert_eq!(info["unique_bytes"], 0, "the snapshot and the clone share every chunk: {info}");
+    assert_eq!(info["shared_bytes"], 64 * 4096);
+    assert_eq!(info["snapshots"], serde_json::json!(["vm@gold"]));
+    let snap: serde_json::Value =
+        serde_json::from_str(&stdout(&casblk(&dir, &["image", "info", "vm@gold", "--json"]))).unwrap();
+    assert_eq!((snap["kind"].as_str(), snap["parent"].as_str()), (Some("snapshot"), Some("vm")));
+    assert_eq!(snap["clones"], serde_json::json!(["web"]));
+    let text = stdout(&casblk(&dir, &["image", "info", "web"]));
+    assert!(text.contains("parent:     vm@gold"), "{text}");
+    let list = stdout(&casblk(&dir, &["image", "list"]));
+    assert!(list.lines().any(|l| l.starts_with("web ") && l.ends_with("vm@gold")), "{list}");
+
+    let out = casblk(&dir, &["image", "rm", "vm@gold"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("clones depend on it (web)") && !err.contains("panicked"), "{err}");
+    let out = casblk(&dir, &["image", "rm", "vm"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("it has snapshots (vm@gold)"));
+
+    // Overwrite vm, roll it back, and compare exports.
+    let golden = tmp.path().join("gold.raw");
+    stdout(&casblk(&dir, &["image", "export", "vm@gold", golden.to_str().unwrap()]));
+    let junk = tmp.path().join("junk.raw");
+    std::fs::write(&junk, vec![0xabu8; 1 << 20]).unwrap();
+    stdout(&casblk(&dir, &["image", "import", "other", junk.to_str().unwrap()]));
+    stdout(&casblk(&dir, &["image", "rollback", "vm", "gold"]));
+    let back = tmp.path().join("back.raw");
+    stdout(&casblk(&dir, &["image", "export", "vm", back.to_str().unwrap()]));
+    assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&golden).unwrap());
+    let out = casblk(&dir, &["fsck"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = casblk(&dir, &["image", "snapshot", "vm", "a@b"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("contains '@'"));
+}

@@ -100,6 +100,11 @@ pub(crate) fn publish_new_file(
 ) -> std::result::Result<(Arc<dyn StorageFile>, u64), Failure> {
     let c = Failure::certain;
     tmp_file.write_all_at(&root.encode(), root.slot() * PAGE_BYTES as u64).map_err(c)?;
+    // A tree without pages still spans both root slots (slot 1 may be unused).
+    let spanned = root.file_pages * PAGE_BYTES as u64;
+    if tmp_file.len().map_err(c)? < spanned {
+        tmp_file.set_len(spanned).map_err(c)?;
+    }
     tmp_file.sync_data().map_err(c)?;
     storage.rename(tmp, path).map_err(c)?;
     let u = Failure::uncertain;

@@ -381,6 +381,8 @@ impl Daemon {
             },
         )?;
         let size = core.image.size_bytes();
+        // A snapshot: the kernel refuses writes before they reach us.
+        let read_only = core.image.is_read_only();
         let io_buf_bytes = args.io_buf_bytes;
         let target_json = json!({ "cas": {
             "store": self.store_dir.display().to_string(),
@@ -390,7 +392,7 @@ impl Daemon {
         let tgt_init = move |dev: &mut UblkDev| {
             dev.tgt.dev_size = size;
             // The store serves DISCARD and WRITE_ZEROES as log records.
-            dev.tgt.params = device_params(size, io_buf_bytes, true);
+            dev.tgt.params = device_params(size, io_buf_bytes, true, read_only);
             dev.set_target_json(target_json);
             Ok(())
         };
@@ -469,6 +471,26 @@ impl Daemon {
                 Ok(json!({ "removed": name }))
             }
             Command::ImageList {} => Ok(self.image_list()?),
+            Command::ImageSnapshot { image, snap } => {
+                Ok(json!({ "snapshot": self.store.snapshot_image(&image, &snap)? }))
+            }
+            Command::ImageClone { snapshot, name } => {
+                self.store.clone_image(&snapshot, &name)?;
+                Ok(json!({ "cloned": name }))
+            }
+            Command::ImageRollback { image, snap } => {
+                if self.lock().attached.contains_key(&image) {
+                    bail!("image {image} is attached; delete its device before a rollback");
+                }
+                self.store.rollback_image(&image, &snap)?;
+                Ok(json!({ "rolled_back": image }))
+            }
+            Command::ImageInfo { name } => {
+                let mut info = serde_json::to_value(self.store.image_info(&name)?)?;
+                let device = self.lock().attached.get(&name).and_then(|a| a.path.clone());
+                info["device"] = json!(device);
+                Ok(info)
+            }
             Command::Gc {} => Ok(serde_json::to_value(self.store.gc()?)?),
             Command::Handoff {} => self.handoff(),
         }
@@ -506,7 +528,13 @@ impl Daemon {
             .into_iter()
             .map(|i| {
                 let device = table.attached.get(&i.name).and_then(|a| a.path.clone());
-                json!({ "name": i.name, "size_bytes": i.size_bytes, "device": device })
+                json!({
+                    "name": i.name,
+                    "size_bytes": i.size_bytes,
+                    "device": device,
+                    "kind": i.kind,
+                    "origin": i.origin,
+                })
             })
             .collect();
         Ok(Value::Array(rows))
