@@ -121,12 +121,13 @@ pub enum ImageCommand {
         /// The image to remove.
         name: String,
     },
-    /// Create image NAME from a raw disk image (from a store nothing
-    /// serves): straight into chunks, zero blocks skipped.
+    /// Create image NAME from a raw or qcow2 disk image (from a store
+    /// nothing serves): straight into chunks, zero blocks skipped.
     Import {
         /// The new image.
         name: String,
-        /// A raw image file, or - for stdin (then --size is needed).
+        /// A raw or qcow2 image file (qcow2 is recognised by its header),
+        /// or - for raw data on stdin (then --size is needed).
         file: PathBuf,
         /// Image size (default: the file's, rounded up to 4 KiB).
         #[arg(long, value_parser = parse_size)]
@@ -139,7 +140,7 @@ pub enum ImageCommand {
         name: String,
         /// The file to write (created or truncated).
         file: PathBuf,
-        /// Output format; only raw so far.
+        /// Output format: raw (sparse), or qcow2 (through qemu-img).
         #[arg(long, default_value = "raw")]
         format: String,
     },

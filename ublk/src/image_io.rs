@@ -7,10 +7,14 @@
 //! are not written; its length is the image's size; it is synced before
 //! the command returns.
 //!
-//! Import reads a raw file (or stdin with `--size`) into a new image
-//! straight through `cas::Store::import_image`: chunks and manifest, no
-//! log. The image exists only once the whole import is durable. On a
-//! terminal, stderr shows a progress bar.
+//! `--format qcow2` exports through `qemu-img convert` from a sparse raw
+//! file written beside the output (removed afterwards).
+//!
+//! Import reads a raw file, a qcow2 file (recognised by its magic, read
+//! natively by `qcow2.rs`: only allocated clusters), or stdin (raw, with
+//! `--size`) into a new image straight through `cas::Store::import_image`:
+//! chunks and manifest, no log. The image exists only once the whole
+//! import is durable. On a terminal, stderr shows a progress bar.
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::os::unix::fs::FileExt;
@@ -47,9 +51,36 @@ fn open_offline(dir: &Path, what: &str, create: bool) -> Result<Arc<cas::Store>>
 }
 
 pub fn export(dir: &Path, name: &str, output: &Path, format: &str) -> Result<()> {
-    if format != "raw" {
-        bail!("export format {format:?} is not supported; use --format raw");
+    match format {
+        "raw" => export_raw(dir, name, output),
+        "qcow2" => {
+            let mut tmp = output.as_os_str().to_owned();
+            tmp.push(".raw-export");
+            let tmp = std::path::PathBuf::from(tmp);
+            let converted = export_raw(dir, name, &tmp).and_then(|()| qemu_img_to_qcow2(&tmp, output));
+            let _ = std::fs::remove_file(&tmp);
+            converted
+        }
+        _ => bail!("export format {format:?} is not supported; use --format raw or --format qcow2"),
     }
+}
+
+/// `qemu-img convert -f raw -O qcow2 RAW OUTPUT`.
+fn qemu_img_to_qcow2(raw: &Path, output: &Path) -> Result<()> {
+    let out = std::process::Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "qcow2"])
+        .arg(raw)
+        .arg(output)
+        .output()
+        .map_err(|e| anyhow!("running qemu-img for the qcow2 export: {e} (install qemu-utils)"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        bail!("qemu-img convert to qcow2 failed: {}", err.trim());
+    }
+    Ok(())
+}
+
+fn export_raw(dir: &Path, name: &str, output: &Path) -> Result<()> {
     let store = open_offline(dir, "export", false)?;
     let image = store.open_image(name).with_context(|| format!("image {name}"))?;
     let size = image.size_bytes();
@@ -83,21 +114,25 @@ pub fn export(dir: &Path, name: &str, output: &Path, format: &str) -> Result<()>
 pub fn import(dir: &Path, name: &str, input: &Path, size: Option<u64>) -> Result<()> {
     use std::io::IsTerminal;
     let stdin = input == Path::new("-");
-    let size = match (size, stdin) {
-        (Some(s), _) => s,
-        (None, true) => bail!("importing from stdin needs --size"),
-        (None, false) => {
-            let len = std::fs::metadata(input).with_context(|| format!("{}", input.display()))?.len();
-            if len == 0 {
-                bail!("{} is empty: nothing to import", input.display());
-            }
-            len.div_ceil(BLOCK_BYTES as u64) * BLOCK_BYTES as u64
+    let round_up = |len: u64| len.div_ceil(BLOCK_BYTES as u64) * BLOCK_BYTES as u64;
+    let (mut src, guest_bytes): (Box<dyn std::io::Read>, Option<u64>) = if stdin {
+        (Box::new(std::io::stdin().lock()), None)
+    } else {
+        let file = std::fs::File::open(input).with_context(|| format!("opening {}", input.display()))?;
+        if crate::qcow2::is_qcow2(&file)? {
+            let reader = crate::qcow2::Qcow2Reader::open(input)?;
+            let len = reader.size();
+            (Box::new(reader), Some(len))
+        } else {
+            let len = file.metadata().with_context(|| format!("{}", input.display()))?.len();
+            (Box::new(file), Some(len))
         }
     };
-    let mut src: Box<dyn std::io::Read> = if stdin {
-        Box::new(std::io::stdin().lock())
-    } else {
-        Box::new(std::fs::File::open(input).with_context(|| format!("opening {}", input.display()))?)
+    let size = match (size, guest_bytes) {
+        (Some(s), _) => s,
+        (None, None) => bail!("importing from stdin needs --size"),
+        (None, Some(0)) => bail!("{} is empty: nothing to import", input.display()),
+        (None, Some(len)) => round_up(len),
     };
     let store = open_offline(dir, "import", true)?;
     let bar = if std::io::stderr().is_terminal() {

@@ -14,6 +14,7 @@ mod launch;
 mod logging;
 mod params;
 mod protocol;
+mod qcow2;
 mod raw;
 mod recovering;
 mod ring;

@@ -207,3 +207,56 @@ fn snapshot_clone_info_rollback_and_rm_refusals_from_the_command_line() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("contains '@'"));
 }
+
+fn run(cmd: &str, args: &[&str]) {
+    let out =
+        Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e} (ci/setup installs it)"));
+    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn qcow2_imports_natively_and_exports_through_qemu_img() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let q = tmp.path().join("disk.qcow2");
+    let qs = q.to_str().unwrap();
+    run("qemu-img", &["create", "-q", "-f", "qcow2", qs, "24M"]);
+    // Data, a cluster written then zeroed, a write across a cluster edge, one past 16 MiB.
+    for cmd in [
+        "write -P 0x5a 0 1M",
+        "write -P 0x11 2M 128k",
+        "write -z 2M 64k",
+        "write -P 0x77 4092k 8k",
+        "write -P 0x33 17M 4k",
+    ] {
+        run("qemu-io", &["-f", "qcow2", "-c", cmd, qs]);
+    }
+    let text = stdout(&casblk(&dir, &["image", "import", "q", qs]));
+    assert!(text.contains("imported q: 24.0 MiB read"), "{text}");
+    let raw = tmp.path().join("want.raw");
+    run("qemu-img", &["convert", "-f", "qcow2", "-O", "raw", qs, raw.to_str().unwrap()]);
+    let back = tmp.path().join("back.raw");
+    stdout(&casblk(&dir, &["image", "export", "q", back.to_str().unwrap()]));
+    assert_eq!(
+        std::fs::read(&back).unwrap(),
+        std::fs::read(&raw).unwrap(),
+        "imported qcow2 differs from qemu-img's reading"
+    );
+    let out_q = tmp.path().join("back.qcow2");
+    stdout(&casblk(&dir, &["image", "export", "q", out_q.to_str().unwrap(), "--format", "qcow2"]));
+    run("qemu-img", &["compare", "-q", "-f", "qcow2", "-F", "qcow2", qs, out_q.to_str().unwrap()]);
+    assert!(!tmp.path().join("back.qcow2.raw-export").exists(), "the raw intermediate is removed");
+
+    // Compressed clusters are refused in one line, naming the way in.
+    let c = tmp.path().join("compressed.qcow2");
+    let cs = c.to_str().unwrap();
+    run("qemu-img", &["create", "-q", "-f", "qcow2", cs, "4M"]);
+    run("qemu-io", &["-f", "qcow2", "-c", "write -c -P 0x42 0 64k", cs]);
+    let out = casblk(&dir, &["image", "import", "c", cs]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("compressed clusters") && err.contains("qemu-img convert -O raw"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let listed = stdout(&casblk(&dir, &["image", "list"]));
+    assert!(!listed.contains("\nc "), "a refused import leaves no image: {listed}");
+}
