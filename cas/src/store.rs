@@ -28,6 +28,7 @@
 //! `gc` and image creation/removal exclude each other, so GC marks from
 //! every image's manifest.
 
+mod export;
 pub(crate) mod files;
 mod fuzz;
 mod import;
@@ -36,6 +37,7 @@ mod memory;
 mod names;
 mod snapshot;
 
+pub use export::ExportReport;
 pub use files::{ImageHeader, ImageKind, IMAGE_VERSION, STORE_VERSION};
 pub use fuzz::{fuzz_decode_store_files, fuzz_reseal, fuzz_samples};
 pub use import::ImportReport;

@@ -17,12 +17,9 @@
 //! import is durable. On a terminal, stderr shows a progress bar.
 
 use anyhow::{anyhow, bail, Context, Result};
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Bytes read from the image per step.
-const STEP_BYTES: usize = 1 << 20;
 const BLOCK_BYTES: usize = cas::units::BLOCK_BYTES as usize;
 
 /// The refusal of offline command `what` on a store a daemon serves.
@@ -82,29 +79,17 @@ fn qemu_img_to_qcow2(raw: &Path, output: &Path) -> Result<()> {
 
 fn export_raw(dir: &Path, name: &str, output: &Path) -> Result<()> {
     let store = open_offline(dir, "export", false)?;
-    let image = store.open_image(name).with_context(|| format!("image {name}"))?;
-    let size = image.size_bytes();
+    // A missing image is refused before the output exists.
+    store.open_image(name).with_context(|| format!("image {name}"))?;
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .open(output)
         .with_context(|| format!("creating {}", output.display()))?;
-    let mut buf = vec![0u8; STEP_BYTES];
-    let mut at = 0u64;
-    while at < size {
-        let n = (size - at).min(STEP_BYTES as u64) as usize;
-        image.read(at, &mut buf[..n]).with_context(|| format!("reading image {name} at byte {at}"))?;
-        for (i, block) in buf[..n].chunks(BLOCK_BYTES).enumerate() {
-            if !cas::chunk::is_zero_block(block) {
-                let off = at + (i * BLOCK_BYTES) as u64;
-                file.write_all_at(block, off).with_context(|| format!("writing {}", output.display()))?;
-            }
-        }
-        at += n as u64;
-    }
-    file.set_len(size).with_context(|| format!("sizing {}", output.display()))?;
-    file.sync_all().with_context(|| format!("syncing {}", output.display()))?;
+    store
+        .export_image(name, &file, output, &mut |_| {})
+        .with_context(|| format!("exporting image {name}"))?;
     Ok(())
 }
 

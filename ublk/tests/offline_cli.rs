@@ -102,12 +102,13 @@ fn export_writes_every_byte_and_leaves_holes_sparse() {
     let allocated = std::fs::metadata(&out).unwrap().blocks() * 512;
     assert!(allocated < 1 << 20, "the hole tail is not sparse: {allocated} bytes allocated");
 
-    let o = casblk(&dir, &["image", "export", "nope", out.to_str().unwrap()]);
+    let o = casblk(&dir, &["image", "export", "nope", tmp.path().join("nope.raw").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("image nope"));
-    let o = casblk(&dir, &["image", "export", "vm", out.to_str().unwrap(), "--format", "qcow2"]);
+    assert!(!tmp.path().join("nope.raw").exists());
+    let o = casblk(&dir, &["image", "export", "vm", out.to_str().unwrap(), "--format", "vmdk"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--format raw"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("use --format raw or --format qcow2"));
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! ```text
 //!  source --8 MiB batches--> 4 KiB blocks: zero -> hole (skipped)
 //!                                          else blake3 -> insert_missing
-//!  per batch: chunks.sync(), then a manifest commit (covered 0)
+//!  per 256 MiB of source (and at the end): chunks.sync(), then one
+//!  manifest commit (covered 0) of the batches' edits
 //!  at the end: IMAGE written atomically -> the image exists
 //! ```
 //!
@@ -22,8 +23,11 @@ use crate::image::BLOCK_BYTES;
 use crate::manifest::{Manifest, ManifestOptions};
 use std::io::Read;
 
-/// Bytes read and committed per batch.
+/// Bytes read, hashed and inserted per batch (the one buffer).
 const BATCH_BYTES: usize = 8 << 20;
+/// Source bytes per chunk sync and manifest commit: few syncs, and at most
+/// 64 Ki block edits (about 2 MiB) held between commits.
+const COMMIT_BYTES: u64 = 256 << 20;
 
 /// What an import did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -82,6 +86,8 @@ impl Store {
         let mut buf = vec![0u8; BATCH_BYTES];
         let mut at = 0u64;
         let mut ended = false;
+        let mut edit = manifest.begin();
+        let mut pending = 0u64;
         while at < size_bytes {
             let want = (size_bytes - at).min(BATCH_BYTES as u64) as usize;
             let mut got = 0;
@@ -111,15 +117,19 @@ impl Store {
                 let stats = self.chunks.insert_missing(&pin, &items)?;
                 report.new_chunks += stats.new_chunks;
                 report.dedup_blocks += items.len() as u64 - stats.new_chunks;
-                self.chunks.sync()?;
-                let mut edit = manifest.begin();
                 for (block, hash) in blocks {
                     edit.set(block, Some(hash));
                 }
-                edit.commit(0)?;
-                report.manifest_commits += 1;
+                pending += want as u64;
             }
             at += want as u64;
+            if pending >= COMMIT_BYTES || (at >= size_bytes && pending > 0) {
+                // The chunks are durable before the manifest names them.
+                self.chunks.sync()?;
+                std::mem::replace(&mut edit, manifest.begin()).commit(0)?;
+                report.manifest_commits += 1;
+                pending = 0;
+            }
             progress(report.bytes_read);
         }
         drop(pin);
