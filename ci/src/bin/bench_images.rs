@@ -144,8 +144,8 @@ fn main() -> cas::Result<()> {
         let mut block = vec![0u8; 1 << 20];
         let mut x = XorShift(99);
         for _ in 0..import_bytes >> 20 {
-            for (j, b) in block.chunks_exact_mut(BLOCK).enumerate() {
-                if (j + (x.next_u64() as usize & 1)) % 2 == 0 {
+            for b in block.chunks_exact_mut(BLOCK) {
+                if x.next_u64() & 1 == 0 {
                     fill(&mut x, b);
                 } else {
                     b.fill(0);
