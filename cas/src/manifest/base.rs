@@ -103,6 +103,9 @@ pub fn write(storage: &dyn Storage, manifest_path: &Path, id: u64, root: &RootRe
 pub fn remove_leftovers(storage: &dyn Storage, manifest_path: &Path, keep: Option<&Path>) -> Result<bool> {
     let dir = dir_of(manifest_path);
     let mut removed = false;
+    if !storage.exists(dir) {
+        return Ok(false);
+    }
     for name in storage.list_dir(dir)? {
         let path = dir.join(&name);
         let is_tmp = name.starts_with(BASE_ROOT_FILE) && name != BASE_ROOT_FILE;

@@ -190,6 +190,21 @@ mod tests {
     use crate::storage::MemStorage;
 
     #[test]
+    fn a_casblk_from_before_snapshots_refuses_a_store_that_has_them() {
+        let s = MemStorage::new();
+        let dir = Path::new("/d");
+        s.create_dir_all(dir).unwrap();
+        write_atomic(&s, dir, "STORE", &encode_store(STORE_VERSION)).unwrap();
+        assert_eq!(read_store(&s, &dir.join("STORE")).unwrap(), 2);
+        // What such a casblk runs: the same check with 1 as the newest it reads.
+        let body = read_sealed(&s, &dir.join("STORE")).unwrap();
+        let e = check_magic_version(&mut Decoder::new(&body), STORE_MAGIC, 1, "store", dir).unwrap_err();
+        assert!(e.to_string().contains("upgrade casblk"), "{e}");
+        write_atomic(&s, dir, "STORE", &encode_store(1)).unwrap();
+        assert_eq!(read_store(&s, &dir.join("STORE")).unwrap(), 1, "a store of the first release still opens");
+    }
+
+    #[test]
     fn image_header_round_trips_and_newer_versions_are_refused() {
         let s = MemStorage::new();
         let dir = Path::new("/d");
