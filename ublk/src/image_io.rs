@@ -1,6 +1,9 @@
-//! `casblk image import` and `export`: whole images in and out of a store
-//! nothing serves (a running daemon's images change under it, and it holds
-//! the store's lock; stop its devices first).
+//! `casblk image import` and `export`: whole images in and out of a store.
+//! Offline (nothing serves the store) the command opens the store itself;
+//! when a daemon serves it, the command asks the daemon, which runs the
+//! same functions on its store with the (absolute) paths it is given. An
+//! attached image is not exported (it changes while it is read): export a
+//! snapshot of it.
 //!
 //! Export writes an image as a raw, sparse file: blocks that read as zeros
 //! (holes, discarded or zeroed ranges, or data that happens to be zero)
@@ -47,19 +50,31 @@ fn open_offline(dir: &Path, what: &str, create: bool) -> Result<Arc<cas::Store>>
     })
 }
 
+/// `casblk image export` on a store nothing serves.
 pub fn export(dir: &Path, name: &str, output: &Path, format: &str) -> Result<()> {
+    check_format(format)?;
+    export_from(&*open_offline(dir, "export", false)?, name, output, format)
+}
+
+fn check_format(format: &str) -> Result<()> {
     match format {
-        "raw" => export_raw(dir, name, output),
-        "qcow2" => {
-            let mut tmp = output.as_os_str().to_owned();
-            tmp.push(".raw-export");
-            let tmp = std::path::PathBuf::from(tmp);
-            let converted = export_raw(dir, name, &tmp).and_then(|()| qemu_img_to_qcow2(&tmp, output));
-            let _ = std::fs::remove_file(&tmp);
-            converted
-        }
+        "raw" | "qcow2" => Ok(()),
         _ => bail!("export format {format:?} is not supported; use --format raw or --format qcow2"),
     }
+}
+
+/// Exports image `name` of `store` to `output` in `format` (raw or qcow2).
+pub fn export_from(store: &cas::Store, name: &str, output: &Path, format: &str) -> Result<()> {
+    check_format(format)?;
+    if format == "raw" {
+        return export_raw(store, name, output);
+    }
+    let mut tmp = output.as_os_str().to_owned();
+    tmp.push(".raw-export");
+    let tmp = std::path::PathBuf::from(tmp);
+    let converted = export_raw(store, name, &tmp).and_then(|()| qemu_img_to_qcow2(&tmp, output));
+    let _ = std::fs::remove_file(&tmp);
+    converted
 }
 
 /// `qemu-img convert -f raw -O qcow2 RAW OUTPUT`.
@@ -77,8 +92,7 @@ fn qemu_img_to_qcow2(raw: &Path, output: &Path) -> Result<()> {
     Ok(())
 }
 
-fn export_raw(dir: &Path, name: &str, output: &Path) -> Result<()> {
-    let store = open_offline(dir, "export", false)?;
+fn export_raw(store: &cas::Store, name: &str, output: &Path) -> Result<()> {
     // A missing image is refused before the output exists.
     store.open_image(name).with_context(|| format!("image {name}"))?;
     let file = std::fs::OpenOptions::new()
@@ -93,10 +107,25 @@ fn export_raw(dir: &Path, name: &str, output: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Imports FILE (or stdin, `-`, which needs `size`) as new image `name`.
-/// The size defaults to the file's, rounded up to 4 KiB (the tail reads
-/// as zeros). Prints one summary line.
+/// `casblk image import` on a store nothing serves (created if missing).
+/// Prints one summary line.
 pub fn import(dir: &Path, name: &str, input: &Path, size: Option<u64>) -> Result<()> {
+    let store = open_offline(dir, "import", true)?;
+    println!("{}", import_into(&store, name, input, size, true)?);
+    Ok(())
+}
+
+/// Imports FILE (or stdin, `-`, which needs `size`) as new image `name` of
+/// `store`. The size defaults to the guest size of a qcow2 file, else the
+/// file's, rounded up to 4 KiB (the tail reads as zeros). With `bar`, on a
+/// terminal, stderr shows progress. Returns the summary line.
+pub fn import_into(
+    store: &cas::Store,
+    name: &str,
+    input: &Path,
+    size: Option<u64>,
+    bar: bool,
+) -> Result<String> {
     use std::io::IsTerminal;
     let stdin = input == Path::new("-");
     let round_up = |len: u64| len.div_ceil(BLOCK_BYTES as u64) * BLOCK_BYTES as u64;
@@ -119,8 +148,7 @@ pub fn import(dir: &Path, name: &str, input: &Path, size: Option<u64>) -> Result
         (None, Some(0)) => bail!("{} is empty: nothing to import", input.display()),
         (None, Some(len)) => round_up(len),
     };
-    let store = open_offline(dir, "import", true)?;
-    let bar = if std::io::stderr().is_terminal() {
+    let bar = if bar && std::io::stderr().is_terminal() {
         let style = indicatif::ProgressStyle::with_template(
             "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
         )
@@ -136,13 +164,12 @@ pub fn import(dir: &Path, name: &str, input: &Path, size: Option<u64>) -> Result
         .with_context(|| format!("importing {} as image {name}", input.display()))?;
     bar.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64().max(1e-6);
-    println!(
+    Ok(format!(
         "imported {name}: {} read in {secs:.1} s ({}/s), {} zero blocks skipped, {} new chunks, {} blocks deduplicated",
         trace::human_bytes(report.bytes_read),
         trace::human_bytes((report.bytes_read as f64 / secs) as u64),
         report.zero_blocks,
         report.new_chunks,
         report.dedup_blocks
-    );
-    Ok(())
+    ))
 }

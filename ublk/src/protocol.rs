@@ -50,6 +50,12 @@ pub enum Command {
     ImageRollback { image: String, snap: String },
     /// Replies `cas::store::ImageDetail` with `"device"`.
     ImageInfo { name: String },
+    /// Import a raw or qcow2 file (an absolute path the daemon reads) as a
+    /// new image. Replies `{"imported": NAME, "summary": TEXT}`.
+    ImageImport { name: String, path: String, size_bytes: Option<u64> },
+    /// Export a detached image to a file (an absolute path the daemon
+    /// writes), `format` raw or qcow2. Replies `{"exported": NAME}`.
+    ImageExport { name: String, path: String, format: String },
     /// Replies the GC report.
     Gc {},
     /// Live upgrade: flush every image, reply `{"devices", "service",
@@ -127,6 +133,14 @@ mod tests {
             (
                 Command::ImageInfo { name: "vm".into() },
                 r#"{"action":"image_info","args":{"name":"vm"},"cmd":"control","v":1}"#,
+            ),
+            (
+                Command::ImageImport { name: "vm".into(), path: "/x.qcow2".into(), size_bytes: None },
+                r#"{"action":"image_import","args":{"name":"vm","path":"/x.qcow2","size_bytes":null},"cmd":"control","v":1}"#,
+            ),
+            (
+                Command::ImageExport { name: "vm".into(), path: "/x.raw".into(), format: "raw".into() },
+                r#"{"action":"image_export","args":{"format":"raw","name":"vm","path":"/x.raw"},"cmd":"control","v":1}"#,
             ),
         ];
         for (c, text) in wire {

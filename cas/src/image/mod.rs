@@ -24,16 +24,16 @@
 //! threads at once. No lock is held across I/O on record bytes. The
 //! durability protocol is written out in docs/design.md.
 
-pub mod backing;
 pub mod capacity;
 mod compaction;
 pub mod durability;
+pub mod manifest_view;
 pub mod overlay;
 pub mod stats;
 pub mod writeback;
 
-pub use backing::{ChunkHash, EmptyManifest, ManifestView, BLOCK_BYTES};
 pub use capacity::{CapacityListener, LogReservation, CAPACITY_RETRY_MS};
+pub use manifest_view::{ChunkHash, EmptyManifest, ManifestView, BLOCK_BYTES};
 pub use stats::ImageStats;
 
 use crate::background::BackgroundCpu;
@@ -576,8 +576,8 @@ impl Image {
         let first = sectors(offset);
         let pieces = read_lock(&self.overlay).lookup(first, sectors(buf.len() as u64));
         for p in pieces {
-            let out =
-                &mut buf[((p.start - first) * SECTOR_BYTES) as usize..][..(p.len * SECTOR_BYTES) as usize];
+            let out = &mut buf[((p.start_sector - first) * SECTOR_BYTES) as usize..]
+                [..(p.sectors * SECTOR_BYTES) as usize];
             match p.src {
                 Some(Source::Zero) => {
                     out.fill(0);
@@ -587,7 +587,7 @@ impl Image {
                     segment.file.read_exact_at(out, position)?;
                     tally.log += out.len() as u64;
                 }
-                None => self.read_compacted(p.start * SECTOR_BYTES, out, tally)?,
+                None => self.read_compacted(p.start_sector * SECTOR_BYTES, out, tally)?,
             }
         }
         Ok(())

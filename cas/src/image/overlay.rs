@@ -63,7 +63,7 @@ impl Advance for Source {
 
 #[derive(Clone, Debug)]
 struct Extent<S> {
-    len: u64,
+    sectors: u64,
     seq: u64,
     src: S,
 }
@@ -71,8 +71,8 @@ struct Extent<S> {
 /// One contiguous part of a lookup, in sectors.
 #[derive(Clone, Debug)]
 pub struct Piece<S = Source> {
-    pub start: u64,
-    pub len: u64,
+    pub start_sector: u64,
+    pub sectors: u64,
     /// None: not in the overlay (ask the manifest).
     pub src: Option<S>,
 }
@@ -120,7 +120,7 @@ impl<S: Advance> Overlay<S> {
     fn take_overlapping(&mut self, start: u64, end: u64) -> Vec<(u64, Extent<S>)> {
         let mut keys: Vec<u64> = Vec::new();
         if let Some((&k, e)) = self.map.range(..start).next_back() {
-            if k + e.len > start {
+            if k + e.sectors > start {
                 keys.push(k);
             }
         }
@@ -128,10 +128,11 @@ impl<S: Advance> Overlay<S> {
         keys.into_iter().map(|k| (k, self.take(k))).collect()
     }
 
-    /// Records that sectors `[start, start + len)` now come from `src`, as
-    /// of record `seq`, except where a newer record already says otherwise.
-    /// A record at or below what `remove_through` removed is dropped: the
-    /// manifest holds it, or something newer.
+    /// Records that sectors `[start, start + len)` (`start`, `len` in
+    /// sectors) now come from `src`, as of record `seq`, except where a
+    /// newer record already says otherwise. A record at or below what
+    /// `remove_through` removed is dropped: the manifest holds it, or
+    /// something newer.
     pub fn insert(&mut self, start: u64, len: u64, seq: u64, src: S) {
         assert!(len > 0, "empty extent");
         if seq <= self.removed_through {
@@ -140,46 +141,50 @@ impl<S: Advance> Overlay<S> {
         let end = start + len;
         let mut newer: Vec<(u64, u64)> = Vec::new();
         for (k, e) in self.take_overlapping(start, end) {
-            let e_end = k + e.len;
+            let e_end = k + e.sectors;
             if e.seq > seq {
                 newer.push((k.max(start), e_end.min(end)));
                 self.put(k, e);
                 continue;
             }
             if k < start {
-                self.put(k, Extent { len: start - k, seq: e.seq, src: e.src.clone() });
+                self.put(k, Extent { sectors: start - k, seq: e.seq, src: e.src.clone() });
             }
             if e_end > end {
-                self.put(end, Extent { len: e_end - end, seq: e.seq, src: e.src.advanced(end - k) });
+                self.put(end, Extent { sectors: e_end - end, seq: e.seq, src: e.src.advanced(end - k) });
             }
         }
         newer.sort_unstable();
         let mut cur = start;
         for (ns, ne) in newer.into_iter().chain(std::iter::once((end, end))) {
             if cur < ns {
-                self.put(cur, Extent { len: ns - cur, seq, src: src.advanced(cur - start) });
+                self.put(cur, Extent { sectors: ns - cur, seq, src: src.advanced(cur - start) });
             }
             cur = cur.max(ne);
         }
     }
 
-    /// The pieces covering `[start, start + len)`, in order, gaps included.
+    /// The pieces covering sectors `[start, start + len)`, in order, gaps included.
     pub fn lookup(&self, start: u64, len: u64) -> Vec<Piece<S>> {
         let end = start + len;
         let mut out = Vec::new();
         let mut cur = start;
-        let first = self.map.range(..start).next_back().filter(|(&k, e)| k + e.len > start);
+        let first = self.map.range(..start).next_back().filter(|(&k, e)| k + e.sectors > start);
         for (&k, e) in first.into_iter().chain(self.map.range(start..end)) {
             if k > cur {
-                out.push(Piece { start: cur, len: k - cur, src: None });
+                out.push(Piece { start_sector: cur, sectors: k - cur, src: None });
                 cur = k;
             }
-            let piece_end = (k + e.len).min(end);
-            out.push(Piece { start: cur, len: piece_end - cur, src: Some(e.src.advanced(cur - k)) });
+            let piece_end = (k + e.sectors).min(end);
+            out.push(Piece {
+                start_sector: cur,
+                sectors: piece_end - cur,
+                src: Some(e.src.advanced(cur - k)),
+            });
             cur = piece_end;
         }
         if cur < end {
-            out.push(Piece { start: cur, len: end - cur, src: None });
+            out.push(Piece { start_sector: cur, sectors: end - cur, src: None });
         }
         out
     }
@@ -210,9 +215,9 @@ impl<S: Advance> Overlay<S> {
         self.by_seq.last().map_or(0, |&(seq, _)| seq)
     }
 
-    /// Every extent in sector order: `(start, len, source)`.
+    /// Every extent in sector order: `(start_sector, sectors, source)`.
     pub fn extents(&self) -> impl Iterator<Item = (u64, u64, &S)> + '_ {
-        self.map.iter().map(|(&start, e)| (start, e.len, &e.src))
+        self.map.iter().map(|(&start, e)| (start, e.sectors, &e.src))
     }
 
     /// Empties the overlay (the floor of `remove_through` stays).
@@ -242,11 +247,11 @@ mod tests {
         }
         let mut got = vec![None; sectors as usize];
         for p in ov.lookup(0, sectors) {
-            for s in p.start..p.start + p.len {
+            for s in p.start_sector..p.start_sector + p.sectors {
                 got[s as usize] = match &p.src {
                     None => None,
                     Some(Source::Log { position, .. }) => {
-                        Some((position >> 32, position + (s - p.start) * SECTOR_BYTES))
+                        Some((position >> 32, position + (s - p.start_sector) * SECTOR_BYTES))
                     }
                     Some(Source::Zero) => unreachable!(),
                 };
@@ -292,7 +297,7 @@ mod tests {
         ov.insert(4, 4, 1, Source::Zero);
         ov.insert(10, 2, 2, Source::Zero);
         let pieces: Vec<(u64, u64, bool)> =
-            ov.lookup(0, 16).iter().map(|p| (p.start, p.len, p.src.is_some())).collect();
+            ov.lookup(0, 16).iter().map(|p| (p.start_sector, p.sectors, p.src.is_some())).collect();
         assert_eq!(pieces, vec![(0, 4, false), (4, 4, true), (8, 2, false), (10, 2, true), (12, 4, false)]);
         assert_eq!(ov.remove_through(1, usize::MAX).0.len(), 1);
         assert_eq!(ov.max_seq(), 2);

@@ -201,7 +201,11 @@ mod tests {
         let e = check_magic_version(&mut Decoder::new(&body), STORE_MAGIC, 1, "store", dir).unwrap_err();
         assert!(e.to_string().contains("upgrade casblk"), "{e}");
         write_atomic(&s, dir, "STORE", &encode_store(1)).unwrap();
-        assert_eq!(read_store(&s, &dir.join("STORE")).unwrap(), 1, "a store of the first release still opens");
+        assert_eq!(
+            read_store(&s, &dir.join("STORE")).unwrap(),
+            1,
+            "a store of the first release still opens"
+        );
     }
 
     #[test]

@@ -485,6 +485,18 @@ impl Daemon {
                 self.store.rollback_image(&image, &snap)?;
                 Ok(json!({ "rolled_back": image }))
             }
+            Command::ImageImport { name, path, size_bytes } => {
+                let summary =
+                    crate::image_io::import_into(&self.store, &name, Path::new(&path), size_bytes, false)?;
+                Ok(json!({ "imported": name, "summary": summary }))
+            }
+            Command::ImageExport { name, path, format } => {
+                if self.lock().attached.contains_key(&name) {
+                    bail!("image {name} is attached and changes while it is read; export a snapshot of it");
+                }
+                crate::image_io::export_from(&self.store, &name, Path::new(&path), &format)?;
+                Ok(json!({ "exported": name }))
+            }
             Command::ImageInfo { name } => {
                 let mut info = serde_json::to_value(self.store.image_info(&name)?)?;
                 let device = self.lock().attached.get(&name).and_then(|a| a.path.clone());
