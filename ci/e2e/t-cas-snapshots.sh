@@ -131,6 +131,18 @@ qemu-img compare -f qcow2 -F raw "$q" "$qdev" > "$SCRATCH/compare.txt" 2>&1 ||
     { cat "$SCRATCH/compare.txt"; fail "the imported qcow2 differs from its device"; }
 note "qcow2 import: $(cat "$SCRATCH/import.txt"); qemu-img compare equal"
 
+# --- import and export through the daemon serving the store.
+"$CASBLK" --store "$store" image import golden "$q" > "$SCRATCH/import-served.txt" ||
+    fail "qcow2 import through the daemon failed"
+gdev=$(add_image "$store" golden)
+qemu-img compare -q -f qcow2 -F raw "$q" "$gdev" || fail "the qcow2 imported through the daemon differs"
+refused_because "export of an attached image" "export a snapshot" \
+    "$CASBLK" --store "$store" image export vm@mid "$SCRATCH/attached.raw"
+"$CASBLK" --store "$store" image export fs@s1 "$SCRATCH/s1.raw"
+fsck.ext4 -fn "$SCRATCH/s1.raw" > "$SCRATCH/fsck-s1.txt" 2>&1 ||
+    { cat "$SCRATCH/fsck-s1.txt"; fail "fsck.ext4 -fn of the exported snapshot found problems"; }
+note "through the daemon: qcow2 import compares equal; export of the detached fs@s1 passes fsck.ext4 -fn"
+
 # --- export round trip (offline: once the daemons let go).
 "$CASBLK" del -a
 wait_no_devices
