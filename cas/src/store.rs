@@ -359,8 +359,13 @@ impl Store {
     /// The manifest of image `name`: the one this store has open, or opened
     /// now (absent file: the empty manifest).
     fn manifest(&self, name: &str) -> Result<Arc<Manifest>> {
-        let path = self.image_dir(name)?.join(MANIFEST_FILE);
+        let dir = self.image_dir(name)?;
+        let path = dir.join(MANIFEST_FILE);
         let mut map = lock(&self.manifests);
+        if !self.storage.exists(&dir.join(IMAGE_FILE)) {
+            // Removed meanwhile (or never made): not an empty manifest.
+            return Err(Error::NotFound(format!("image {name}")));
+        }
         if let Some(m) = map.get(name).and_then(Weak::upgrade) {
             return Ok(m);
         }

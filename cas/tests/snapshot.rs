@@ -233,3 +233,58 @@ fn an_empty_image_snapshots_and_clones_to_empty_images() {
     let e = store.snapshot_image("vm", "empty").unwrap_err();
     assert!(matches!(e, Error::AlreadyExists(_)), "{e}");
 }
+
+#[test]
+fn a_rollback_racing_the_removal_of_its_snapshot_never_leaves_an_empty_image() {
+    for round in 0..40u64 {
+        let (_mem, store, image) = setup();
+        write(&image, 1, 0, 64);
+        store.snapshot_image("vm", "s").unwrap();
+        let at_snapshot = read_tokens(&image).unwrap();
+        write(&image, 2, 0, 32);
+        image.flush().unwrap();
+        let after = read_tokens(&image).unwrap();
+        drop(image);
+        let remover = {
+            let store = store.clone();
+            std::thread::spawn(move || store.remove_image("vm@s"))
+        };
+        if round % 2 == 0 {
+            std::thread::yield_now();
+        }
+        let rolled = store.rollback_image("vm", "s");
+        remover.join().unwrap().unwrap();
+        let got = read_tokens(&store.open_image("vm").unwrap()).unwrap();
+        match rolled {
+            Ok(()) => same_tokens(&got, &at_snapshot, "rolled back before the removal"),
+            Err(Error::NotFound(_)) => same_tokens(&got, &after, "the snapshot went first"),
+            Err(e) => panic!("round {round}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_damaged_own_manifest_does_not_take_the_base_beside_it_down_with_it() {
+    let (mem, store, image) = setup();
+    write(&image, 1, 0, 64);
+    image.flush().unwrap();
+    store.compact_once(&image).unwrap();
+    store.snapshot_image("vm", "s").unwrap();
+    drop((image, store));
+    // A rollback's crash window: the new base is in place, the own
+    // manifest not yet removed; then the own manifest is damaged.
+    let (snap_dir, vm_dir) = (image_dir("vm@s"), image_dir("vm"));
+    let link = mem.list_dir(&snap_dir).unwrap().into_iter().find(|n| n.starts_with("base-")).unwrap();
+    mem.hard_link(&snap_dir.join(&link), &vm_dir.join(&link)).unwrap();
+    let root = mem.durable_bytes(&snap_dir.join("base.root")).unwrap();
+    let f = mem.open(&vm_dir.join("base.root"), cas::storage::OpenMode::CreateNew).unwrap();
+    f.write_all_at(&root, 0).unwrap();
+    f.sync_data().unwrap();
+    mem.sync_dir(&vm_dir).unwrap();
+    for slot in [0u64, 4096] {
+        mem.corrupt(&vm_dir.join("manifest"), slot + 20, 0xff).unwrap();
+    }
+    let store = reopen(&mem, small_opts()).unwrap();
+    assert!(store.open_image("vm").is_err(), "a manifest with both roots damaged opened");
+    assert!(mem.exists(&vm_dir.join("base.root")) && mem.exists(&vm_dir.join(&link)), "the base was removed");
+}

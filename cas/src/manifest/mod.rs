@@ -185,8 +185,6 @@ impl Manifest {
             storage.remove_file(&tmp)?;
         }
         let snapshot = if storage.exists(path) {
-            // A rollback or an unsharing rewrite that stopped after its switch.
-            base::remove_leftovers(storage.as_ref(), path, None)?;
             let file = storage.open(path, OpenMode::Existing)?;
             let mut slots = vec![0u8; 2 * PAGE_BYTES];
             let n = file.read_at(&mut slots, 0)?;
@@ -194,6 +192,9 @@ impl Manifest {
             let (s0, s1) = slots.split_at(n.min(PAGE_BYTES));
             let root = root::choose(s0, s1, path)?;
             check_len(file.as_ref(), &root, path)?;
+            // A rollback or an unsharing rewrite that stopped after its
+            // switch; removed only once the own file proved readable.
+            base::remove_leftovers(storage.as_ref(), path, None)?;
             Snapshot { file: Some(file), file_id: 1, root, shared: false }
         } else if let Some(b) = base::read(storage.as_ref(), path)? {
             base::remove_leftovers(storage.as_ref(), path, Some(&b.link))?;

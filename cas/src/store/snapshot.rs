@@ -26,6 +26,9 @@ use crate::wal::Log;
 /// drains the whole durable log, so more than one is needed only while a
 /// pass fails for lack of memory.
 const SNAPSHOT_COMPACTION_PASSES_MAX: u32 = 8;
+/// Pause after a pass refused for memory, times the passes so far
+/// (at most 3.6 s in all).
+const SNAPSHOT_BUDGET_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Separates an image's name from its snapshot's.
 pub const SNAPSHOT_SEPARATOR: char = '@';
@@ -87,7 +90,9 @@ impl Store {
             }
             passes += 1;
             match self.compact_once(&open) {
-                Ok(_) | Err(Error::MemoryBudget(_)) => {}
+                Ok(_) => {}
+                // Back-pressure: give the budget's holders a moment.
+                Err(Error::MemoryBudget(_)) => std::thread::sleep(SNAPSHOT_BUDGET_PAUSE * passes),
                 Err(e) => return Err(e),
             }
         }
@@ -104,13 +109,14 @@ impl Store {
     /// Makes `new`, a writable image sharing every chunk of the snapshot `snap`.
     pub fn clone_image(&self, snap: &str, new: &str) -> Result<()> {
         validate_image_name(new)?;
+        let _maint = lock(&self.maint);
+        // Under `maint`: a removal of the snapshot cannot slip in between.
         let header = self.header(snap)?;
         if header.kind != ImageKind::Snapshot {
             return Err(Error::InvalidArgument(format!(
                 "{snap} is not a snapshot: take one with `casblk image snapshot` and clone that"
             )));
         }
-        let _maint = lock(&self.maint);
         let _open = lock(&self.open);
         let source = self.manifest(snap)?;
         let (dir, fresh) = self.prepare_dir(new, header.size_bytes)?;
@@ -124,6 +130,8 @@ impl Store {
     /// everything written since is gone.
     pub fn rollback_image(&self, image: &str, snap: &str) -> Result<()> {
         let name = snapshot_name(image, snap);
+        let _maint = lock(&self.maint);
+        // Under `maint`: neither header can change or go until we are done.
         let header = self.header(image)?;
         let snap_header = self.header(&name)?;
         if snap_header.kind != ImageKind::Snapshot || snap_header.origin.as_deref() != Some(image) {
@@ -135,12 +143,12 @@ impl Store {
                 snap_header.size_bytes, header.size_bytes
             )));
         }
-        let _maint = lock(&self.maint);
         let open = lock(&self.open);
         if open.get(image).is_some_and(|w| w.strong_count() > 0) {
             return Err(Error::Unavailable(format!("image {image}"), "it is open; detach it first".into()));
         }
         let dir = self.image_dir(image)?;
+        let source = self.manifest(&name)?;
         let own = self.manifest(image)?;
         // Cover the whole log: no record written after the snapshot replays.
         let (log, _) = Log::open(
@@ -154,8 +162,12 @@ impl Store {
         let covered = (log.next_seq() - 1).max(own.covered());
         drop(log);
         drop(own);
-        lock(&self.manifests).remove(image);
-        self.manifest(&name)?.freeze_into(&dir.join(MANIFEST_FILE), covered)?;
+        // The map stays locked through the switch: no `manifest(image)`
+        // (stats, info) opens the directory half switched, or keeps an
+        // object of the old tree for the next open.
+        let mut manifests = lock(&self.manifests);
+        manifests.remove(image);
+        source.freeze_into(&dir.join(MANIFEST_FILE), covered)?;
         Ok(())
     }
 
