@@ -17,6 +17,17 @@ fn casblk(store: &Path, args: &[&str]) -> Output {
         .expect("casblk runs")
 }
 
+/// Serialises the tests of this file. A store's lock is a flock on an
+/// open file; a child that another test thread forks inherits that file
+/// until it execs, so a store dropped at that moment stays locked for a
+/// moment and an open right after fails. One test at a time: no fork
+/// overlaps an in-process store.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn opts() -> StoreOptions {
     StoreOptions { background_compaction: false, ..StoreOptions::default() }
 }
@@ -35,6 +46,7 @@ fn build(dir: &Path) {
 
 #[test]
 fn exit_status_says_clean_damaged_or_could_not_run() {
+    let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("store");
     build(&dir);
@@ -77,6 +89,7 @@ fn exit_status_says_clean_damaged_or_could_not_run() {
 
 #[test]
 fn export_writes_every_byte_and_leaves_holes_sparse() {
+    let _serial = serial();
     use std::os::unix::fs::MetadataExt;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("store");
@@ -113,6 +126,7 @@ fn export_writes_every_byte_and_leaves_holes_sparse() {
 
 #[test]
 fn import_then_export_round_trips_a_raw_image() {
+    let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("fresh-store");
     // 2 MiB + 100 bytes: data, a zero MiB, data; the size rounds up.
@@ -164,6 +178,7 @@ fn stdout(out: &Output) -> String {
 
 #[test]
 fn snapshot_clone_info_rollback_and_rm_refusals_from_the_command_line() {
+    let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("store");
     build(&dir);
@@ -217,6 +232,7 @@ fn run(cmd: &str, args: &[&str]) {
 
 #[test]
 fn qcow2_imports_natively_and_exports_through_qemu_img() {
+    let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("store");
     let q = tmp.path().join("disk.qcow2");
