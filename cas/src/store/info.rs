@@ -70,6 +70,7 @@ impl Store {
         let open = self.opened(name);
         let log_bytes = open.map_or(0, |i| i.log_used_bytes());
         let distinct = mine.len() as u64;
+        let (snapshots, clones) = super::snapshot::dependents(&images, name);
         Ok(ImageDetail {
             name: name.to_string(),
             kind: me.kind,
@@ -78,17 +79,9 @@ impl Store {
             unique_bytes: (distinct - shared.len() as u64) * BLOCK_BYTES,
             shared_bytes: shared.len() as u64 * BLOCK_BYTES,
             log_bytes,
-            snapshots: images
-                .iter()
-                .filter(|i| i.kind == ImageKind::Snapshot && i.origin.as_deref() == Some(name))
-                .map(|i| i.name.clone())
-                .collect(),
+            snapshots,
             parent: me.origin.clone(),
-            clones: images
-                .iter()
-                .filter(|i| i.kind == ImageKind::Image && i.origin.as_deref() == Some(name))
-                .map(|i| i.name.clone())
-                .collect(),
+            clones,
         })
     }
 }

@@ -173,16 +173,7 @@ impl Store {
 
     /// Refuses to remove `name` while snapshots of it or clones of it exist.
     pub(crate) fn check_removable(&self, name: &str) -> Result<()> {
-        let mut snapshots = Vec::new();
-        let mut clones = Vec::new();
-        for info in self.list_images()? {
-            if info.origin.as_deref() == Some(name) {
-                match info.kind {
-                    ImageKind::Snapshot => snapshots.push(info.name),
-                    ImageKind::Image => clones.push(info.name),
-                }
-            }
-        }
+        let (snapshots, clones) = dependents(&self.list_images()?, name);
         if !snapshots.is_empty() {
             return Err(Error::Unavailable(
                 format!("image {name}"),
@@ -197,4 +188,16 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// The snapshots of `name` and the clones made from it, among `images`.
+pub(crate) fn dependents(images: &[super::ImageInfo], name: &str) -> (Vec<String>, Vec<String>) {
+    let (mut snapshots, mut clones) = (Vec::new(), Vec::new());
+    for info in images.iter().filter(|i| i.origin.as_deref() == Some(name)) {
+        match info.kind {
+            ImageKind::Snapshot => snapshots.push(info.name.clone()),
+            ImageKind::Image => clones.push(info.name.clone()),
+        }
+    }
+    (snapshots, clones)
 }
