@@ -452,7 +452,7 @@ impl Store {
             return Ok(image);
         }
         let manifest = self.manifest(name)?;
-        let cfg = self.image_config(name, &dir, manifest.covered())?;
+        let cfg = self.image_config(name, manifest.covered())?;
         let view = Arc::new(CompactedView { manifest: manifest.clone(), chunks: self.chunks.clone() });
         let image = Arc::new(Image::open(self.storage.clone(), &dir, cfg, view)?);
         image.attach_compaction(Arc::new(ImageCompaction::new(manifest, image.start_cursor())));
@@ -480,18 +480,14 @@ impl Store {
         if let Some(image) = open.get(name).and_then(Weak::upgrade) {
             return Ok(image);
         }
-        let cfg = self.image_config(name, &dir, 0)?;
+        let cfg = self.image_config(name, 0)?;
         let image = Arc::new(Image::open(self.storage.clone(), &dir, cfg, manifest)?);
         open.insert(name.to_string(), Arc::downgrade(&image));
         Ok(image)
     }
 
-    fn image_config(&self, name: &str, dir: &Path, replay_after_seq: u64) -> Result<ImageConfig> {
-        let header_path = dir.join(IMAGE_FILE);
-        if !self.storage.exists(&header_path) {
-            return Err(Error::NotFound(format!("image {name}")));
-        }
-        let header = ImageHeader::read(&*self.storage, &header_path)?;
+    fn image_config(&self, name: &str, replay_after_seq: u64) -> Result<ImageConfig> {
+        let header = self.header(name)?;
         Ok(ImageConfig {
             name: name.to_string(),
             size_bytes: header.size_bytes,

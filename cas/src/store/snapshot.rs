@@ -39,7 +39,7 @@ pub fn snapshot_name(image: &str, snap: &str) -> String {
 }
 
 impl Store {
-    fn header(&self, name: &str) -> Result<ImageHeader> {
+    pub(crate) fn header(&self, name: &str) -> Result<ImageHeader> {
         let path = self.image_dir(name)?.join(IMAGE_FILE);
         if !self.storage.exists(&path) {
             return Err(Error::NotFound(format!("image {name}")));
