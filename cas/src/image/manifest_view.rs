@@ -13,6 +13,15 @@ pub use crate::units::{ChunkHash, BLOCK_BYTES};
 pub trait ManifestView: Send + Sync {
     /// The chunk holding `block` (image offset / 4096), or None for a hole.
     fn lookup(&self, block: u64) -> Result<Option<ChunkHash>>;
+    /// Looks up `out.len()` consecutive blocks from `first_block`, all from
+    /// one view of the data. The default asks [`ManifestView::lookup`] per
+    /// block; a tree overrides it with one walk per leaf.
+    fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkHash>]) -> Result<()> {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = self.lookup(first_block + i as u64)?;
+        }
+        Ok(())
+    }
     /// Reads the 4096 bytes of chunk `hash` into `out` (`out.len()` is 4096).
     fn read_chunk(&self, hash: &ChunkHash, out: &mut [u8]) -> Result<()>;
 }

@@ -53,6 +53,10 @@ use writeback::Writeback;
 /// Largest payload one write request may carry.
 pub const MAX_WRITE_BYTES: u64 = 64 << 20;
 
+/// Blocks a read looks up per manifest walk (128 KiB of image; the hashes
+/// sit on the stack).
+const LOOKUP_WINDOW_BLOCKS: usize = 32;
+
 /// How an image is opened.
 #[derive(Clone)]
 pub struct ImageConfig {
@@ -593,38 +597,47 @@ impl Image {
         Ok(())
     }
 
-    /// Reads bytes the overlay does not hold, block by block from the
-    /// manifest. Whole blocks are read in place; only partial ones go
-    /// through a scratch block (no 4 KiB allocation per read: those went to
-    /// the allocator's shared arenas, whose locks stalled reads).
+    /// Reads bytes the overlay does not hold from the manifest, looking up
+    /// a window of blocks per tree walk. Whole blocks are read in place;
+    /// only partial ones go through a scratch block on the stack (no
+    /// allocation per read: 4 KiB allocations went to the allocator's
+    /// shared arenas, whose locks stalled reads).
     fn read_compacted(&self, offset: u64, out: &mut [u8], tally: &mut ReadTally) -> Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
         let manifest = read_lock(&self.manifest).clone();
-        let mut chunk = Vec::new();
+        let last_block = (offset + out.len() as u64 - 1) / BLOCK_BYTES;
+        let mut hashes = [None; LOOKUP_WINDOW_BLOCKS];
         let mut done = 0usize;
         while done < out.len() {
-            let at = offset + done as u64;
-            let block = at / BLOCK_BYTES;
-            let in_block = (at % BLOCK_BYTES) as usize;
-            let n = (BLOCK_BYTES as usize - in_block).min(out.len() - done);
-            let dst = &mut out[done..done + n];
-            match manifest.lookup(block)? {
-                None => {
-                    dst.fill(0);
-                    tally.hole += n as u64;
+            let first_block = (offset + done as u64) / BLOCK_BYTES;
+            let window_blocks = ((last_block - first_block + 1) as usize).min(LOOKUP_WINDOW_BLOCKS);
+            let window = &mut hashes[..window_blocks];
+            manifest.lookup_range(first_block, window)?;
+            for hash in window.iter() {
+                let in_block = ((offset + done as u64) % BLOCK_BYTES) as usize;
+                let n = (BLOCK_BYTES as usize - in_block).min(out.len() - done);
+                let dst = &mut out[done..done + n];
+                match hash {
+                    None => {
+                        dst.fill(0);
+                        tally.hole += n as u64;
+                    }
+                    Some(hash) if n == BLOCK_BYTES as usize => {
+                        // A whole block: straight into the caller's buffer.
+                        manifest.read_chunk(hash, dst)?;
+                        tally.chunk += n as u64;
+                    }
+                    Some(hash) => {
+                        let mut scratch = [0u8; BLOCK_BYTES as usize];
+                        manifest.read_chunk(hash, &mut scratch)?;
+                        dst.copy_from_slice(&scratch[in_block..in_block + n]);
+                        tally.chunk += n as u64;
+                    }
                 }
-                Some(hash) if n == BLOCK_BYTES as usize => {
-                    // A whole block: straight into the caller's buffer.
-                    manifest.read_chunk(&hash, dst)?;
-                    tally.chunk += n as u64;
-                }
-                Some(hash) => {
-                    chunk.resize(BLOCK_BYTES as usize, 0);
-                    manifest.read_chunk(&hash, &mut chunk)?;
-                    dst.copy_from_slice(&chunk[in_block..in_block + n]);
-                    tally.chunk += n as u64;
-                }
+                done += n;
             }
-            done += n;
         }
         Ok(())
     }

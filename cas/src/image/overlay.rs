@@ -32,8 +32,16 @@
 //! index over the records of one batch, with sources in its own buffer.
 
 use crate::wal::{Segment, SECTOR_BYTES};
+use smallvec::SmallVec;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+/// Pieces a lookup returns in place: a read mostly meets the manifest, one
+/// log extent, or both with a gap on either side.
+pub const INLINE_PIECES: usize = 4;
+
+/// The result of [`Overlay::lookup`].
+pub type Pieces<S> = SmallVec<[Piece<S>; INLINE_PIECES]>;
 
 /// Where an extent's bytes are.
 #[derive(Clone, Debug)]
@@ -164,10 +172,12 @@ impl<S: Advance> Overlay<S> {
         }
     }
 
-    /// The pieces covering sectors `[start, start + len)`, in order, gaps included.
-    pub fn lookup(&self, start: u64, len: u64) -> Vec<Piece<S>> {
+    /// The pieces covering sectors `[start, start + len)`, in order, gaps
+    /// included. Up to [`INLINE_PIECES`] pieces are returned without a heap
+    /// allocation (a read that crosses more extents than that is rare).
+    pub fn lookup(&self, start: u64, len: u64) -> Pieces<S> {
         let end = start + len;
-        let mut out = Vec::new();
+        let mut out = Pieces::new();
         let mut cur = start;
         let first = self.map.range(..start).next_back().filter(|(&k, e)| k + e.sectors > start);
         for (&k, e) in first.into_iter().chain(self.map.range(start..end)) {

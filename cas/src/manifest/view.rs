@@ -20,6 +20,10 @@ impl ManifestView for CompactedView {
         self.manifest.lookup(block)
     }
 
+    fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkHash>]) -> Result<()> {
+        self.manifest.lookup_range(first_block, out)
+    }
+
     fn read_chunk(&self, hash: &ChunkHash, out: &mut [u8]) -> Result<()> {
         self.chunks.read(hash, out)
     }
