@@ -21,6 +21,8 @@ use std::time::Duration;
 
 /// Worker threads executing requests against the store.
 const WORKERS: usize = 4;
+/// Threads that serve FLUSH and FUA requests (daemon/syncs.rs).
+const SYNC_THREADS: usize = 4;
 /// How long attaching a device may take before it is given up.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(90);
 /// Where the daemons' control sockets live (root-only).
@@ -116,7 +118,7 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
         .map_err(|e| anyhow!("scheduler: {e}"))?;
     let sched = Arc::new(sched::SharedScheduler::new(scheduler, EngineCapacity::default()));
     let registry = Arc::new(Registry::default());
-    let workers = worker::spawn(WORKERS, &sched, &registry);
+    let workers = worker::spawn(WORKERS, SYNC_THREADS, &sched, &registry);
     let socket = socket_path(&store_dir);
     std::fs::create_dir_all(RUN_DIR).with_context(|| format!("creating {RUN_DIR}"))?;
     let daemon = Arc::new(Daemon {

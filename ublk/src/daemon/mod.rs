@@ -7,7 +7,8 @@
 //!   Daemon ── Store (cas) ── Image A, Image B ...
 //!     │                        ^ blocking engine calls
 //!     ├─ per device: ublk queue threads ──submit──> SharedScheduler <──next── worker pool
-//!     │        ^                                                       │
+//!     │        ^                                                       │ FLUSH, FUA
+//!     │        │                                                  sync threads
 //!     │        └────────── eventfd + result ───────────────────────────┘
 //!     └─ stats: per-image Tracer + sched and cas counters
 //! ```
@@ -22,6 +23,7 @@ mod device;
 mod links;
 mod queue;
 mod settings;
+mod syncs;
 mod worker;
 
 pub use control::{serve_store, socket_path, AddImageArgs, Serve};

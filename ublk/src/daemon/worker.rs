@@ -3,7 +3,8 @@
 //! post each result back to the request's queue thread.
 
 use super::bridge::Done;
-use super::device::DeviceCore;
+use super::device::{DeviceCore, Job};
+use super::syncs::SyncPool;
 use super::{Registry, Sched};
 use sched::{Dispatch, Next, Op};
 use std::sync::Arc;
@@ -12,56 +13,102 @@ use std::time::Duration;
 /// How long an idle worker waits before checking for shutdown again.
 const IDLE_WAIT: Duration = Duration::from_millis(200);
 
-pub fn spawn(n: usize, sched: &Arc<Sched>, registry: &Arc<Registry>) -> Vec<std::thread::JoinHandle<()>> {
-    (0..n)
-        .map(|i| {
-            let (sched, registry) = (sched.clone(), registry.clone());
-            std::thread::Builder::new()
-                .name(format!("casblk-worker-{i}"))
-                .spawn(move || run(&sched, &registry))
-                .expect("spawning a worker thread")
-        })
-        .collect()
+/// Starts `n` workers and `syncs` sync threads; the handles of both,
+/// joined after `Sched::shutdown`.
+pub fn spawn(
+    n: usize,
+    syncs: usize,
+    sched: &Arc<Sched>,
+    registry: &Arc<Registry>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    let (pool, mut handles) = SyncPool::spawn(syncs, sched);
+    handles.extend((0..n).map(|i| {
+        let (sched, registry, pool) = (sched.clone(), registry.clone(), pool.clone());
+        std::thread::Builder::new()
+            .name(format!("casblk-worker-{i}"))
+            .spawn(move || run(&sched, &registry, &pool))
+            .expect("spawning a worker thread")
+    }));
+    handles
 }
 
-fn run(sched: &Sched, registry: &Registry) {
+fn run(sched: &Sched, registry: &Registry, syncs: &SyncPool) {
     loop {
         match sched.next_blocking(IDLE_WAIT) {
             Next::Shutdown => return,
             Next::TimedOut => continue,
-            Next::Dispatch(d) => serve(sched, registry, d),
+            Next::Dispatch(d) => {
+                if let Some(started) = start(sched, registry, d) {
+                    if started.waits_for_media() {
+                        // A FLUSH or FUA write waits for fsync: a sync thread
+                        // takes it so this worker stays free for reads.
+                        if let Some(started) = syncs.offer(started) {
+                            started.serve(sched);
+                        }
+                    } else {
+                        started.serve(sched);
+                    }
+                }
+            }
         }
     }
 }
 
-fn serve(sched: &Sched, registry: &Registry, d: Dispatch<cas::image::LogReservation>) {
+/// A dispatched request with its device and per-tag job taken: ready to
+/// execute on whichever thread serves it.
+pub struct Started {
+    core: Arc<DeviceCore>,
+    qid: u16,
+    tag: u16,
+    job: Job,
+    d: Dispatch<cas::image::LogReservation>,
+    begin_ns: u64,
+}
+
+/// Takes the dispatched request's job and records its admission; `None`
+/// when its device went away meanwhile (completed in the scheduler).
+fn start(sched: &Sched, registry: &Registry, d: Dispatch<cas::image::LogReservation>) -> Option<Started> {
     let Some(core) = registry.get(d.image) else {
         // The device went away while this request waited; nothing to answer.
         let _ = sched.complete(d.image, d.request);
-        return;
+        return None;
     };
     let (qid, tag) = DeviceCore::split_request(d.request);
     let mut job = core.take_job(qid, tag).expect("a dispatched request has its job");
     // One clock read marks admission, dispatch and the start of the I/O.
-    let begin = trace::now_ns();
-    d.record_into(&mut job.trace, begin);
+    let begin_ns = trace::now_ns();
+    d.record_into(&mut job.trace, begin_ns);
     if d.waits.log_capacity_ns > 0 {
         // The engine's count of capacity waits is this gate's count.
         core.image.note_capacity_wait();
     }
-    let result = execute(&core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, job.fua);
-    let end = trace::now_ns();
-    if d.op != Op::Read {
-        // Writes, zeroes, discards and flushes go to the image's log. A
-        // read's sources (log, chunk cache, chunks) are not reported per
-        // request by the engine, so its execution is not labelled.
-        job.trace.io_span(trace::IoSource::Log, begin, end);
+    Some(Started { core, qid, tag, job, d, begin_ns })
+}
+
+impl Started {
+    /// True for requests that wait for the media: FLUSH, and anything with FUA.
+    pub fn waits_for_media(&self) -> bool {
+        self.d.op == Op::Flush || self.job.fua
     }
-    job.trace.executed(end);
-    if let Err(e) = sched.complete(d.image, d.request) {
-        tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
+
+    /// Executes the request, completes it in the scheduler and posts the
+    /// result to its queue thread.
+    pub fn serve(self, sched: &Sched) {
+        let Started { core, qid, tag, mut job, d, begin_ns } = self;
+        let result = execute(&core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, job.fua);
+        let end = trace::now_ns();
+        if d.op != Op::Read {
+            // Writes, zeroes, discards and flushes go to the image's log. A
+            // read's sources (log, chunk cache, chunks) are not reported per
+            // request by the engine, so its execution is not labelled.
+            job.trace.io_span(trace::IoSource::Log, begin_ns, end);
+        }
+        job.trace.executed(end);
+        if let Err(e) = sched.complete(d.image, d.request) {
+            tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
+        }
+        core.queues[usize::from(qid)].completions.post(Done { tag, result, trace: job.trace });
     }
-    core.queues[usize::from(qid)].completions.post(Done { tag, result, trace: job.trace });
 }
 
 /// Serves a read admitted in place (`submit_read_in_place`) on the calling
