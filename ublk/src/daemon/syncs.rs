@@ -4,8 +4,10 @@
 //!
 //! A worker that is dispatched a request waiting for media offers it to
 //! the pool's bounded queue and goes back to the scheduler. If the queue
-//! is full (more syncs in flight than [`SYNC_QUEUE`]) the worker serves
-//! the request itself: nothing waits for room, nothing is refused.
+//! is full (more syncs in flight than [`SYNC_QUEUE`]; the scheduler admits
+//! about one FLUSH per image plus its write slots, so this is a backstop)
+//! the worker serves the request itself: nothing waits for room, nothing
+//! is refused.
 //!
 //! Shutdown: each worker holds a sender; when the last worker exits the
 //! queue disconnects, and the sync threads serve what is left and exit.

@@ -62,7 +62,6 @@ pub struct Started {
     tag: u16,
     job: Job,
     d: Dispatch<cas::image::LogReservation>,
-    begin_ns: u64,
 }
 
 /// Takes the dispatched request's job and records its admission; `None`
@@ -75,14 +74,13 @@ fn start(sched: &Sched, registry: &Registry, d: Dispatch<cas::image::LogReservat
     };
     let (qid, tag) = DeviceCore::split_request(d.request);
     let mut job = core.take_job(qid, tag).expect("a dispatched request has its job");
-    // One clock read marks admission, dispatch and the start of the I/O.
-    let begin_ns = trace::now_ns();
-    d.record_into(&mut job.trace, begin_ns);
+    // One clock read marks admission and dispatch.
+    d.record_into(&mut job.trace, trace::now_ns());
     if d.waits.log_capacity_ns > 0 {
         // The engine's count of capacity waits is this gate's count.
         core.image.note_capacity_wait();
     }
-    Some(Started { core, qid, tag, job, d, begin_ns })
+    Some(Started { core, qid, tag, job, d })
 }
 
 impl Started {
@@ -94,7 +92,9 @@ impl Started {
     /// Executes the request, completes it in the scheduler and posts the
     /// result to its queue thread.
     pub fn serve(self, sched: &Sched) {
-        let Started { core, qid, tag, mut job, d, begin_ns } = self;
+        let Started { core, qid, tag, mut job, d } = self;
+        // The I/O starts here: a sync's wait in the sync queue is not I/O.
+        let begin_ns = trace::now_ns();
         let result = execute(&core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, job.fua);
         let end = trace::now_ns();
         if d.op != Op::Read {
@@ -173,8 +173,9 @@ fn execute(
     let reserved = || reservation.expect("write-kind requests are dispatched with a log reservation");
     let result = match op {
         Op::Read => {
-            // SAFETY: this worker alone serves (qid, tag) until it posts the
-            // result; the queue thread and the kernel wait for that post.
+            // SAFETY: this thread (a worker or a sync thread) alone serves
+            // (qid, tag) until it posts the result; the queue thread and the
+            // kernel wait for that post.
             let buf = unsafe { bufs.request_bytes(tag, len as usize) };
             image.read(offset, buf).map(|()| len as i32)
         }
