@@ -27,36 +27,26 @@ done
 # A stopped daemon must not outlive the test (it would hold the device).
 pid=
 trap '[ -z "$pid" ] || kill -KILL "$pid" 2>/dev/null || true' EXIT
-round=1
-missed=0
-while [ "$round" -le "$rounds" ]; do
+# Stopped (SIGSTOP): state T in /proc/PID/stat.
+stopped() { local st; read -r st <"/proc/$1/stat" 2>/dev/null || return 1; st=${st##*) }; [[ $st == T* ]]; }
+for round in $(seq "$rounds"); do
     start_fio_verify "$dev" 64M "$SCRATCH/fio$round.txt"
     sleep 3
     kill_daemon "$(daemon_pid "$dev")"
-    # The recovering daemon names itself in the log as it starts: stop it
-    # there, before it opened the store, and kill it.
+    # The recovering daemon stops itself after naming itself in the log,
+    # before it opens the store (CASBLK_TEST_STOP_AT): kill it there.
     seen=$(grep -c "store daemon starting" /run/casblk/casblk.log)
-    "$CASBLK" recover -n "$id" >"$SCRATCH/recover$round.out" 2>&1 &
+    CASBLK_TEST_STOP_AT=store-open "$CASBLK" recover -n "$id" >"$SCRATCH/recover$round.out" 2>&1 &
     client=$!
     pid=
-    for _ in $(seq 1000); do
+    for _ in $(seq 600); do
         pid=$(grep "store daemon starting" /run/casblk/casblk.log | tail -n +$((seen + 1)) | sed -n 's/.* pid=\([0-9]*\).*/\1/p' | head -n1)
-        [ -n "$pid" ] && break
-        sleep 0.01
+        [ -n "$pid" ] && stopped "$pid" && break
+        sleep 0.05
     done
     [ -n "$pid" ] || fail "round $round: no recovering daemon started"
-    kill -STOP "$pid"
+    stopped "$pid" || fail "round $round: the recovering daemon $pid did not stop at store-open"
     state=$(device_state "$id")
-    if [ "$state" = live ] && [ "$missed" -lt 5 ]; then
-        # The recovery finished before the stop landed (the poll is slow
-        # under emulation): let it serve, and play the round again.
-        kill -CONT "$pid"
-        wait "$client" || fail "round $round: a recovery that finished reported failure"
-        finish_fio "$SCRATCH/fio$round.txt" "a recovery that outran the stop (round $round)"
-        missed=$((missed + 1))
-        note "round $round: the recovery finished before it could be stopped; round played again"
-        continue
-    fi
     [ "$state" = recovering ] || fail "round $round: list says $state while a recovery runs, not recovering"
     kill_daemon "$pid"
     ! wait "$client" || fail "round $round: recover succeeded although its daemon was killed"
@@ -66,7 +56,6 @@ while [ "$round" -le "$rounds" ]; do
     [ "$got" = "$dev" ] || fail "round $round: recover printed '$got', not $dev"
     finish_fio "$SCRATCH/fio$round.txt" "a kill -9 during recover (round $round)"
     note "round $round: recovering daemon $pid killed (list said recovering), recovered again, fio verified"
-    round=$((round + 1))
 done
 grep -q "records_replayed=" /run/casblk/casblk.log || fail "the daemon log does not say what a recovery replayed"
 "$CASBLK" del -a

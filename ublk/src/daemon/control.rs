@@ -111,6 +111,7 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
     let options = settings.options()?;
     let opened = std::time::Instant::now();
     tracing::info!(store = %store_dir.display(), pid = std::process::id(), "store daemon starting");
+    stop_here_for_tests(STOP_AT_STORE_OPEN);
     let store = cas::Store::open(storage, &store_dir, options.clone())
         .with_context(|| format!("opening store {}", store_dir.display()))?;
     tracing::info!(store = %store_dir.display(), ms = opened.elapsed().as_millis() as u64, "store opened");
@@ -175,6 +176,24 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
     }
     tracing::info!(store = %daemon.store_dir.display(), "daemon exiting");
     result
+}
+
+/// `CASBLK_TEST_STOP_AT` names a point where the daemon stops itself
+/// (SIGSTOP) for a test to act on it there, deterministically instead of by
+/// racing a poll against the daemon (t-cas-recover-hard kills a recovering
+/// daemon before it opened the store). Unset in production; a value that
+/// names no point does nothing.
+const STOP_AT_ENV: &str = "CASBLK_TEST_STOP_AT";
+/// After "store daemon starting" is logged, before the store opens.
+const STOP_AT_STORE_OPEN: &str = "store-open";
+
+fn stop_here_for_tests(point: &str) {
+    if std::env::var_os(STOP_AT_ENV).is_some_and(|v| v == point) {
+        tracing::warn!(point, "stopping itself for a test ({STOP_AT_ENV})");
+        if let Err(e) = signal_hook::low_level::raise(libc::SIGSTOP) {
+            tracing::error!("{STOP_AT_ENV}: raising SIGSTOP failed: {e}");
+        }
+    }
 }
 
 fn stop_all_on_signals(daemon: Arc<Daemon>) -> Result<()> {
