@@ -394,6 +394,11 @@ impl Store {
         Ok(self.dir.join("images").join(name))
     }
 
+    /// The directory of image `name`'s log segments.
+    pub fn log_dir(&self, name: &str) -> Result<PathBuf> {
+        Ok(self.image_dir(name)?.join(crate::image::WAL_DIR))
+    }
+
     /// Creates an empty image of `size_bytes` (a multiple of 4096, > 0).
     pub fn create_image(&self, name: &str, size_bytes: u64) -> Result<()> {
         let _maint = lock(&self.maint);

@@ -31,6 +31,9 @@ pub struct ImageCounters {
     /// In-place reads handed back to the workers (`Scheduler::requeue`):
     /// their data was not in memory.
     pub reads_requeued: u64,
+    /// Write-kind requests admitted to be executed on their queue thread
+    /// (see `Scheduler::submit_write_in_place`).
+    pub writes_in_place: u64,
     /// Admission wait of all admitted requests, per gate.
     pub gate_wait_ns_total: GateWaits,
     /// Descriptors waiting now.

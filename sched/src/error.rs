@@ -31,6 +31,10 @@ pub enum Error {
     /// that is not a READ.
     #[error("request {request} on image {image} is not a read")]
     NotARead { image: ImageId, request: RequestId },
+    /// `submit_write_in_place` for a request that is not a WRITE,
+    /// WRITE_ZEROES or DISCARD.
+    #[error("request {request} on image {image} is not a write")]
+    NotAWrite { image: ImageId, request: RequestId },
     /// `remove_image` while requests are still being executed.
     #[error("image {image} still has {inflight} requests in flight")]
     ImageBusy { image: ImageId, inflight: usize },
@@ -53,9 +57,10 @@ impl Error {
             Error::ImageExists(_) => libc::EEXIST,
             Error::Full { .. } => libc::EBUSY,
             Error::DuplicateRequest { .. } => libc::EEXIST,
-            Error::UnknownRequest { .. } | Error::NotDispatched { .. } | Error::NotARead { .. } => {
-                libc::EINVAL
-            }
+            Error::UnknownRequest { .. }
+            | Error::NotDispatched { .. }
+            | Error::NotARead { .. }
+            | Error::NotAWrite { .. } => libc::EINVAL,
             Error::ImageBusy { .. } => libc::EBUSY,
             Error::InvalidDescriptor { .. } | Error::InvalidConfig { .. } => libc::EINVAL,
             Error::ShuttingDown => libc::ESHUTDOWN,
@@ -83,9 +88,10 @@ mod tests {
             Error::InvalidDescriptor { .. } => 8,
             Error::InvalidConfig { .. } => 9,
             Error::ShuttingDown => 10,
+            Error::NotAWrite { .. } => 11,
         }
     }
-    const VARIANTS: usize = 11;
+    const VARIANTS: usize = 12;
 
     #[test]
     fn every_variant_maps_to_a_negative_errno() {
@@ -102,6 +108,7 @@ mod tests {
             Error::InvalidDescriptor { reason: "x" },
             Error::InvalidConfig { reason: "x" },
             Error::ShuttingDown,
+            Error::NotAWrite { image, request },
         ];
         let mut seen = [false; VARIANTS];
         for e in &all {

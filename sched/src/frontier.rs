@@ -281,6 +281,10 @@ impl Frontier {
         self.counters.reads_in_place += 1;
     }
 
+    pub(crate) fn count_write_in_place(&mut self) {
+        self.counters.writes_in_place += 1;
+    }
+
     /// Forgets a completed request; returns its op.
     pub(crate) fn complete(&mut self, request: RequestId) -> Result<Op, Error> {
         let image = self.image;

@@ -173,6 +173,45 @@ impl<C: Clock> Scheduler<C> {
         }
     }
 
+    /// Retains a write-kind request and admits it at once, with its log
+    /// reservation from `cap`, if it is the request a scan of its image
+    /// picks now (no older uncompleted overlapping request or FLUSH, a write
+    /// slot free). The caller executes it on its own thread: for a log
+    /// whose writes are memory copies, the hand-off to a worker and back
+    /// costs more than the write. Like a read in place it is not charged to
+    /// the image's DRR deficit, holds its write slot until
+    /// [`Scheduler::complete`], and orders later requests like any admitted
+    /// write. A refused reservation holds it like any capacity-refused
+    /// write (`Queued`: a worker serves it once capacity returns).
+    pub fn submit_write_in_place<K: Capacity + ?Sized>(
+        &mut self,
+        image: ImageId,
+        desc: Descriptor,
+        cap: &mut K,
+    ) -> Result<InPlace<K::Reservation>, Error> {
+        if !desc.op.is_write_kind() {
+            return Err(Error::NotAWrite { image, request: desc.request });
+        }
+        let now_ns = self.clock.now_ns();
+        let limits = self.scan_limits();
+        let retry_ns = self.config.capacity_retry_ns;
+        let frontier = self.images.get_mut(&image).ok_or(Error::UnknownImage(image))?;
+        let ticket = frontier.submit(desc, now_ns)?;
+        match frontier.scan(now_ns, limits) {
+            Some(pick) if pick.ticket == ticket => match cap.try_reserve(image, desc.op, desc.len_bytes) {
+                Some(r) => {
+                    frontier.count_write_in_place();
+                    Ok(InPlace::Admitted(self.admit(image, pick, Some(r), now_ns)))
+                }
+                None => {
+                    frontier.refuse(ticket, now_ns, retry_ns);
+                    Ok(InPlace::Queued(ticket))
+                }
+            },
+            _ => Ok(InPlace::Queued(ticket)),
+        }
+    }
+
     /// Hands a read admitted by [`Scheduler::submit_read_in_place`] back:
     /// it waits again in its arrival place, for a worker's
     /// [`Scheduler::next`].

@@ -123,6 +123,24 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
         Ok(got)
     }
 
+    /// See [`Scheduler::submit_write_in_place`], with the shared capacity.
+    /// A queued write wakes an idle worker, as `submit` does.
+    pub fn submit_write_in_place(
+        &self,
+        image: ImageId,
+        desc: Descriptor,
+    ) -> Result<InPlace<K::Reservation>, Error> {
+        let mut state = self.lock();
+        if state.shutdown {
+            return Err(Error::ShuttingDown);
+        }
+        let state_ref = &mut *state;
+        let got = state_ref.sched.submit_write_in_place(image, desc, &mut state_ref.cap)?;
+        let wake = matches!(got, InPlace::Queued(_)) && state.idle_workers > 0;
+        self.wake_worker_if(state, wake);
+        Ok(got)
+    }
+
     /// See [`Scheduler::requeue`]; wakes an idle worker for the read.
     pub fn requeue(&self, image: ImageId, request: RequestId) -> Result<(), Error> {
         let mut state = self.lock();

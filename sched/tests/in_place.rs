@@ -123,3 +123,41 @@ fn in_place_calls_refuse_what_they_cannot_serve() {
         Err(Error::UnknownImage(_))
     ));
 }
+
+#[test]
+fn a_write_in_place_takes_its_reservation_and_slot_and_orders_later_requests() {
+    let config = Config { write_slots: 1, ..Config::default() };
+    let (mut s, _clock) = scheduler(config);
+    s.add_image(IMG).unwrap();
+    let mut log = FakeLog::with(&[(IMG, 64 * MIB)]);
+    let w = admitted(s.submit_write_in_place(IMG, Descriptor::write(0, 0, 4096), &mut log));
+    assert!(w.reservation.is_some(), "admitted with its log reservation");
+    // The only write slot is taken: the next write waits, and an overlapping
+    // read waits for the write in flight.
+    queued(s.submit_write_in_place(IMG, Descriptor::write(1, MIB, 4096), &mut log));
+    queued(s.submit_read_in_place(IMG, Descriptor::read(2, 0, 4096)));
+    assert!(s.next(&mut log).is_none());
+    s.complete(IMG, w.request).unwrap();
+    assert_eq!(s.next(&mut log).unwrap().request, RequestId(1));
+    let c = s.counters(IMG).unwrap();
+    assert_eq!(c.writes_in_place, 1);
+    assert!(matches!(
+        s.submit_write_in_place(IMG, Descriptor::read(3, 0, 4096), &mut log),
+        Err(Error::NotAWrite { .. })
+    ));
+}
+
+#[test]
+fn a_write_in_place_the_log_refuses_is_held_not_failed() {
+    let (mut s, _clock) = scheduler(Config::default());
+    s.add_image(IMG).unwrap();
+    let mut log = FakeLog::with(&[(IMG, 0)]);
+    queued(s.submit_write_in_place(IMG, Descriptor::write(0, 0, 4096), &mut log));
+    assert!(s.next(&mut log).is_none(), "held while the log is full");
+    log.release(IMG, 64 * MIB);
+    s.capacity_released(IMG);
+    let w = s.next(&mut log).expect("served once capacity returns");
+    assert_eq!(w.request, RequestId(0));
+    assert!(w.reservation.is_some());
+    assert_eq!(s.counters(IMG).unwrap().writes_in_place, 0);
+}

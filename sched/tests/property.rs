@@ -2,7 +2,8 @@
 //! configs, logs that fill and drain (with and without wakes), random
 //! completions and clock steps; some reads are submitted to be served in
 //! place (`submit_read_in_place`), and some of those handed back
-//! (`requeue`). Every dispatch, in place or not, is checked against the
+//! (`requeue`); some writes are submitted to be executed in place
+//! (`submit_write_in_place`). Every dispatch, in place or not, is checked against the
 //! brute-force [`Contract`]; whenever `next` returns `None` no read or
 //! FLUSH may be admissible (reads are never hidden); once capacity returns
 //! every request is served.
@@ -92,6 +93,9 @@ impl Run {
         if d.op == Op::Read && self.rng.gen_bool(0.5) {
             return self.submit_in_place(image, d);
         }
+        if d.op.is_write_kind() && self.rng.gen_bool(0.5) {
+            return self.submit_write_in_place(image, d);
+        }
         match self.s.submit(image, d) {
             Ok(_) => self.contract.submitted(image, d),
             Err(Error::Full { .. }) => {}
@@ -127,6 +131,23 @@ impl Run {
             }
             Err(Error::Full { .. }) => {}
             Err(e) => panic!("submit_read_in_place failed: {e}"),
+        }
+    }
+
+    /// A write a queue thread tries to execute itself: admitted at once, with
+    /// its reservation, only where the contract allows it; else it waits for
+    /// `next` like any write (held if the log refused it).
+    fn submit_write_in_place(&mut self, image: ImageId, d: Descriptor) {
+        match self.s.submit_write_in_place(image, d, &mut self.log) {
+            Ok(InPlace::Admitted(dispatch)) => {
+                assert!(dispatch.reservation.is_some(), "a write admitted in place without a reservation");
+                self.contract.submitted(image, d);
+                self.contract.dispatched(&dispatch);
+                self.inflight.push(dispatch);
+            }
+            Ok(InPlace::Queued(_)) => self.contract.submitted(image, d),
+            Err(Error::Full { .. }) => {}
+            Err(e) => panic!("submit_write_in_place failed: {e}"),
         }
     }
 

@@ -89,7 +89,8 @@ impl TagBuffers {
     /// # Safety
     /// The caller must be the one party serving `tag`'s current request:
     /// either the queue thread serving a read in place (it stops using the
-    /// buffer before handing the read to a worker), or the one worker (or
+    /// buffer before handing the read to a worker) or a write in place, or
+    /// the one worker (or
     /// sync thread, for FLUSH and FUA) the request went to, until it posts
     /// the result (the queue thread does not touch the buffer meanwhile). The kernel reads or writes the buffer
     /// only before the request is delivered and after its result is

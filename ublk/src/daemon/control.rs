@@ -327,10 +327,13 @@ impl Daemon {
             ),
         )?;
         let sched_id = sched::ImageId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let log_dir = self.store.log_dir(&args.image)?;
+        let log_in_memory = std::fs::File::open(&log_dir).is_ok_and(|d| cas::storage::is_memory_fs(&d));
         let core = Arc::new(DeviceCore::new(
             sched_id,
             &args.image,
             image.clone(),
+            log_in_memory,
             args.queues,
             args.depth,
             args.io_buf_bytes,

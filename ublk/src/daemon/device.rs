@@ -27,6 +27,10 @@ pub struct DeviceCore {
     pub depth: u16,
     pub io_buf_bytes: u32,
     pub queues: Vec<QueueShared>,
+    /// The image's log lives in memory (tmpfs, ramfs): its writes are
+    /// memory copies, so small non-FUA writes are executed on the queue
+    /// thread (`worker::write_in_place`) instead of a worker.
+    pub log_in_memory: bool,
     jobs: Vec<Mutex<Option<Job>>>,
     /// The tag buffers' bytes, lent from the store's memory budget for as
     /// long as the buffers live.
@@ -39,10 +43,12 @@ pub fn tag_buffer_bytes(nr_queues: u16, depth: u16, io_buf_bytes: u32) -> u64 {
 }
 
 impl DeviceCore {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         sched_id: sched::ImageId,
         name: &str,
         image: Arc<cas::image::Image>,
+        log_in_memory: bool,
         nr_queues: u16,
         depth: u16,
         io_buf_bytes: u32,
@@ -69,6 +75,7 @@ impl DeviceCore {
             depth,
             io_buf_bytes,
             queues,
+            log_in_memory,
             jobs: (0..slots).map(|_| Mutex::new(None)).collect(),
             _buffers: buffers,
         })

@@ -5,8 +5,9 @@
 //! for a worker's result; one more task keeps an eventfd read in flight on
 //! the queue's ring and delivers the results workers post (see `bridge`).
 //! A read the scheduler admits at once is served in place when its data is
-//! in memory (`Image::read_nowait`); the queue thread never waits for a
-//! device or a capacity wait.
+//! in memory (`Image::read_nowait`), and so is a small non-FUA write when
+//! the image's log is in memory (tmpfs); the queue thread never waits for
+//! a device or a capacity wait.
 
 use super::bridge::LocalSlots;
 use super::device::{DeviceCore, Job};
@@ -22,6 +23,10 @@ use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Largest write executed on the queue thread when the log is in memory
+/// (as raw mode's inline limit: beyond it the copy outweighs the hand-off).
+const WRITE_IN_PLACE_MAX_BYTES: u64 = 64 << 10;
 
 pub fn queue_thread(qid: u16, dev: &UblkDev, core: &Arc<DeviceCore>, sched: &Arc<Sched>, spin: Duration) {
     ring::init_queue_ring(dev);
@@ -143,7 +148,16 @@ async fn handle(q: &UblkQueue<'_>, tag: u16, core: &DeviceCore, sched: &Sched, s
     // A read whose data is in memory is served here, in place: no hand-off
     // to a worker and back (two thread wakes). Anything else, or a read
     // that would wait for a device, goes to the workers.
-    let submitted = if op == sched::Op::Read {
+    let submitted = if op == sched::Op::Write && !fua && core.log_in_memory && len <= WRITE_IN_PLACE_MAX_BYTES
+    {
+        // A log in memory makes the write a memory copy: executed here when
+        // the scheduler admits it at once, like a read in place.
+        match sched.submit_write_in_place(core.sched_id, desc) {
+            Ok(sched::InPlace::Admitted(d)) => return worker::write_in_place(sched, core, qid, tag, d),
+            Ok(sched::InPlace::Queued(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    } else if op == sched::Op::Read {
         match sched.submit_read_in_place(core.sched_id, desc) {
             Ok(sched::InPlace::Admitted(d)) => {
                 if let Some(result) = worker::read_in_place(sched, core, qid, tag, d) {

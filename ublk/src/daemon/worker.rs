@@ -157,6 +157,34 @@ pub fn read_in_place(
     Some(result)
 }
 
+/// Executes a write admitted in place (`submit_write_in_place`) on the
+/// calling queue thread and returns the result to commit, with the request
+/// traced and completed in the scheduler. Only for images whose log is in
+/// memory: the append is a memory copy, and the capacity was reserved at
+/// admission, so nothing here waits for a device or for capacity (the
+/// publish waits at most for the image's other writes in flight, which are
+/// memory copies too).
+pub fn write_in_place(
+    sched: &Sched,
+    core: &DeviceCore,
+    qid: u16,
+    tag: u16,
+    d: Dispatch<cas::image::LogReservation>,
+) -> i32 {
+    let begin = d.admitted_ns;
+    let mut job = core.take_job(qid, tag).expect("a request served in place has its job");
+    d.record_into(&mut job.trace, begin);
+    let result = execute(core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, job.fua);
+    let end = trace::now_ns();
+    if let Err(e) = sched.complete(d.image, d.request) {
+        tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
+    }
+    job.trace.io_span(trace::IoSource::Log, begin, end);
+    job.trace.executed(end);
+    core.tracer.finish(&job.trace, end, result.min(0));
+    result
+}
+
 #[allow(clippy::too_many_arguments)]
 fn execute(
     core: &DeviceCore,
@@ -175,7 +203,8 @@ fn execute(
         Op::Read => {
             // SAFETY: this thread (a worker or a sync thread) alone serves
             // (qid, tag) until it posts the result; the queue thread and the
-            // kernel wait for that post.
+            // kernel wait for that post. (Writes in place: the queue thread
+            // itself, which commits only after this returns.)
             let buf = unsafe { bufs.request_bytes(tag, len as usize) };
             image.read(offset, buf).map(|()| len as i32)
         }
