@@ -113,14 +113,7 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
         image: ImageId,
         desc: Descriptor,
     ) -> Result<InPlace<K::Reservation>, Error> {
-        let mut state = self.lock();
-        if state.shutdown {
-            return Err(Error::ShuttingDown);
-        }
-        let got = state.sched.submit_read_in_place(image, desc)?;
-        let wake = matches!(got, InPlace::Queued(_)) && state.idle_workers > 0;
-        self.wake_worker_if(state, wake);
-        Ok(got)
+        self.submit_in_place(|st| st.sched.submit_read_in_place(image, desc))
     }
 
     /// See [`Scheduler::submit_write_in_place`], with the shared capacity.
@@ -130,12 +123,20 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
         image: ImageId,
         desc: Descriptor,
     ) -> Result<InPlace<K::Reservation>, Error> {
+        self.submit_in_place(|st| st.sched.submit_write_in_place(image, desc, &mut st.cap))
+    }
+
+    /// Runs an in-place submission under the lock; a request it queued
+    /// wakes an idle worker.
+    fn submit_in_place(
+        &self,
+        submit: impl FnOnce(&mut State<C, K>) -> Result<InPlace<K::Reservation>, Error>,
+    ) -> Result<InPlace<K::Reservation>, Error> {
         let mut state = self.lock();
         if state.shutdown {
             return Err(Error::ShuttingDown);
         }
-        let state_ref = &mut *state;
-        let got = state_ref.sched.submit_write_in_place(image, desc, &mut state_ref.cap)?;
+        let got = submit(&mut state)?;
         let wake = matches!(got, InPlace::Queued(_)) && state.idle_workers > 0;
         self.wake_worker_if(state, wake);
         Ok(got)
