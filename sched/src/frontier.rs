@@ -79,6 +79,7 @@ pub(crate) struct Frontier {
     limit: usize,
     inflight: usize,
     reads_inflight: u32,
+    writes_inflight: u32,
     writes_waiting: u32,
     flushes_uncompleted: u32,
     /// A write of this image was refused log capacity and no wake came yet.
@@ -103,6 +104,7 @@ impl Frontier {
             limit: config.frontier_limit(),
             inflight: 0,
             reads_inflight: 0,
+            writes_inflight: 0,
             writes_waiting: 0,
             flushes_uncompleted: 0,
             capacity_blocked: false,
@@ -236,6 +238,7 @@ impl Frontier {
             Op::Flush => {}
             _ => {
                 self.writes_waiting -= 1;
+                self.writes_inflight += 1;
                 // A reservation succeeded: the log has room again.
                 self.capacity_blocked = false;
             }
@@ -300,7 +303,7 @@ impl Frontier {
         match op {
             Op::Read => self.reads_inflight -= 1,
             Op::Flush => self.flushes_uncompleted -= 1,
-            _ => {}
+            _ => self.writes_inflight -= 1,
         }
         self.counters.completed_requests += 1;
         Ok(op)
@@ -321,6 +324,16 @@ impl Frontier {
 
     pub(crate) fn inflight(&self) -> usize {
         self.inflight
+    }
+
+    /// Write-kind requests of this image in flight now.
+    pub(crate) fn writes_inflight(&self) -> u32 {
+        self.writes_inflight
+    }
+
+    /// Write-kind requests of this image waiting for admission now.
+    pub(crate) fn writes_waiting(&self) -> u32 {
+        self.writes_waiting
     }
 
     /// Drops every waiting descriptor (image removal, with nothing in

@@ -176,13 +176,21 @@ impl<C: Clock> Scheduler<C> {
     /// Retains a write-kind request and admits it at once, with its log
     /// reservation from `cap`, if it is the request a scan of its image
     /// picks now (no older uncompleted overlapping request or FLUSH, a write
-    /// slot free). The caller executes it on its own thread: for a log
-    /// whose writes are memory copies, the hand-off to a worker and back
-    /// costs more than the write. Like a read in place it is not charged to
-    /// the image's DRR deficit, holds its write slot until
-    /// [`Scheduler::complete`], and orders later requests like any admitted
-    /// write. A refused reservation holds it like any capacity-refused
-    /// write (`Queued`: a worker serves it once capacity returns).
+    /// slot free), no other write of its image is in flight, and no other
+    /// image has a write waiting. The caller executes it on its own thread:
+    /// for a log whose writes are memory copies, the hand-off to a worker
+    /// and back costs more than the write.
+    ///
+    /// The two extra conditions keep the caller from waiting and keep DRR
+    /// fair. With no earlier write of the image in flight, the caller's
+    /// publish never waits for another thread's append. Write slots are
+    /// shared by every image and DRR shares them out, while a write in
+    /// place is not charged to a deficit: admitting it only when no other
+    /// image's write waits means it never takes a slot DRR would give
+    /// elsewhere. It holds its write slot until [`Scheduler::complete`] and
+    /// orders later requests like any admitted write. A refused reservation
+    /// holds it like any capacity-refused write (`Queued`: a worker serves
+    /// it once capacity returns).
     pub fn submit_write_in_place<K: Capacity + ?Sized>(
         &mut self,
         image: ImageId,
@@ -195,8 +203,12 @@ impl<C: Clock> Scheduler<C> {
         let now_ns = self.clock.now_ns();
         let limits = self.scan_limits();
         let retry_ns = self.config.capacity_retry_ns;
+        let others_wait = self.images.iter().any(|(&id, f)| id != image && f.writes_waiting() > 0);
         let frontier = self.images.get_mut(&image).ok_or(Error::UnknownImage(image))?;
         let ticket = frontier.submit(desc, now_ns)?;
+        if others_wait || frontier.writes_inflight() > 0 {
+            return Ok(InPlace::Queued(ticket));
+        }
         match frontier.scan(now_ns, limits) {
             Some(pick) if pick.ticket == ticket => match cap.try_reserve(image, desc.op, desc.len_bytes) {
                 Some(r) => {

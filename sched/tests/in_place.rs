@@ -161,3 +161,37 @@ fn a_write_in_place_the_log_refuses_is_held_not_failed() {
     assert!(w.reservation.is_some());
     assert_eq!(s.counters(IMG).unwrap().writes_in_place, 0);
 }
+
+#[test]
+fn a_write_goes_in_place_only_alone_in_its_image_and_with_no_other_image_waiting() {
+    let (mut s, _clock) = scheduler(Config::default());
+    let other = ImageId(2);
+    s.add_image(IMG).unwrap();
+    s.add_image(other).unwrap();
+    let mut log = FakeLog::with(&[(IMG, 64 * MIB), (other, 64 * MIB)]);
+    // A write of the image in flight on a worker: the next one is queued,
+    // so a publish on the caller's thread never waits for that append.
+    s.submit(IMG, Descriptor::write(0, 0, 4096)).unwrap();
+    let w0 = s.next(&mut log).unwrap();
+    queued(s.submit_write_in_place(IMG, Descriptor::write(1, MIB, 4096), &mut log));
+    s.complete(IMG, w0.request).unwrap();
+    let w1 = s.next(&mut log).unwrap();
+    s.complete(IMG, w1.request).unwrap();
+    // Another image's write waits for a shared slot: DRR gives it out, so
+    // this image's write does not go in place past it.
+    let mut full = FakeLog::with(&[(IMG, 64 * MIB), (other, 0)]);
+    s.submit(other, Descriptor::write(2, 0, 4096)).unwrap();
+    assert!(s.next(&mut full).is_none(), "the other image's write is held by its log");
+    queued(s.submit_write_in_place(IMG, Descriptor::write(3, 2 * MIB, 4096), &mut log));
+    s.capacity_released(other);
+    let a = s.next(&mut log).expect("both served by workers, through DRR");
+    let b = s.next(&mut log).expect("both served by workers, through DRR");
+    let mut got = [a.request, b.request];
+    got.sort();
+    assert_eq!(got, [RequestId(2), RequestId(3)]);
+    s.complete(a.image, a.request).unwrap();
+    s.complete(b.image, b.request).unwrap();
+    // Alone: in place.
+    let w5 = admitted(s.submit_write_in_place(IMG, Descriptor::write(5, 3 * MIB, 4096), &mut log));
+    assert!(w5.reservation.is_some());
+}
