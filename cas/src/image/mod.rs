@@ -57,6 +57,10 @@ pub const MAX_WRITE_BYTES: u64 = 64 << 20;
 /// sit on the stack).
 const LOOKUP_WINDOW_BLOCKS: usize = 32;
 
+/// Times a read looks a block up again after its chunk was swept between
+/// the lookup and the read (see `Image::read_block`).
+const REMAPPED_READ_TRIES: usize = 8;
+
 /// How an image is opened.
 #[derive(Clone)]
 pub struct ImageConfig {
@@ -201,6 +205,11 @@ impl Image {
     /// What replaying the log found when this image was opened.
     pub fn recovery(&self) -> &RecoveryReport {
         &self.recovery
+    }
+
+    /// The compacted-data view reads go through now.
+    pub fn manifest_view(&self) -> Arc<dyn ManifestView> {
+        read_lock(&self.manifest).clone()
     }
 
     /// Replaces the compacted-data view (the manifest side sets it).
@@ -615,7 +624,7 @@ impl Image {
             let window_blocks = ((last_block - first_block + 1) as usize).min(LOOKUP_WINDOW_BLOCKS);
             let window = &mut hashes[..window_blocks];
             manifest.lookup_range(first_block, window)?;
-            for hash in window.iter() {
+            for (block, hash) in (first_block..).zip(window.iter()) {
                 let in_block = ((offset + done as u64) % BLOCK_BYTES) as usize;
                 let n = (BLOCK_BYTES as usize - in_block).min(out.len() - done);
                 let dst = &mut out[done..done + n];
@@ -626,20 +635,58 @@ impl Image {
                     }
                     Some(hash) if n == BLOCK_BYTES as usize => {
                         // A whole block: straight into the caller's buffer.
-                        manifest.read_chunk(hash, dst)?;
-                        tally.chunk += n as u64;
+                        tally.count(self.read_block(&manifest, block, *hash, dst)?, n);
                     }
                     Some(hash) => {
                         let mut scratch = [0u8; BLOCK_BYTES as usize];
-                        manifest.read_chunk(hash, &mut scratch)?;
+                        let found = self.read_block(&manifest, block, *hash, &mut scratch)?;
                         dst.copy_from_slice(&scratch[in_block..in_block + n]);
-                        tally.chunk += n as u64;
+                        tally.count(found, n);
                     }
                 }
                 done += n;
             }
         }
         Ok(())
+    }
+
+    /// Reads block `block`'s 4096 bytes, which `view` maps to `hash`, into
+    /// `out`. The lookup and the read are not atomic: a compaction commit
+    /// may remap the block in between (a partial write merged into a new
+    /// chunk; the sectors this read wants are the same in both) and a GC
+    /// pass may then sweep the old chunk. So a chunk that is gone is looked
+    /// up again in the newest view, a bounded number of times; a block
+    /// still mapped to a missing chunk is damage and fails the read.
+    /// Returns what was read: a chunk, or zeros for a block that became a
+    /// hole.
+    fn read_block(
+        &self,
+        view: &Arc<dyn ManifestView>,
+        block: u64,
+        hash: ChunkHash,
+        out: &mut [u8],
+    ) -> Result<Found> {
+        let (mut view, mut hash) = (view.clone(), hash);
+        for _ in 0..REMAPPED_READ_TRIES {
+            match view.read_chunk(&hash, out) {
+                Err(Error::NotFound(what)) => {
+                    view = read_lock(&self.manifest).clone();
+                    match view.lookup(block)? {
+                        Some(now) if now == hash => return Err(Error::NotFound(what)),
+                        Some(now) => hash = now,
+                        None => {
+                            out.fill(0);
+                            return Ok(Found::Hole);
+                        }
+                    }
+                }
+                result => return result.map(|()| Found::Chunk),
+            }
+        }
+        Err(Error::Unavailable(
+            format!("block {block} of image {}", self.name),
+            format!("its chunk was swept {REMAPPED_READ_TRIES} times between lookup and read"),
+        ))
     }
 
     /// Counters and state, as a plain struct.
@@ -670,6 +717,22 @@ struct ReadTally {
     log: u64,
     hole: u64,
     chunk: u64,
+}
+
+impl ReadTally {
+    fn count(&mut self, found: Found, bytes: usize) {
+        match found {
+            Found::Chunk => self.chunk += bytes as u64,
+            Found::Hole => self.hole += bytes as u64,
+        }
+    }
+}
+
+/// What a block the manifest mapped turned out to hold.
+#[derive(Clone, Copy)]
+enum Found {
+    Chunk,
+    Hole,
 }
 
 impl std::fmt::Debug for Image {
