@@ -25,8 +25,9 @@ use crate::Gate;
 
 /// The most I/O spans one trace stores. Further spans merge into a stored
 /// span (see [`RequestTrace::io_span`]), so a trace never allocates. Four:
-/// one per source (cache, log, manifest, chunk); the engine reports at most
-/// one span per request today, and a smaller trace is cheaper to move.
+/// one per source (cache, log, manifest, chunk); the engine merges runs of
+/// one source before it reports them (`cas::observe`), and a smaller trace
+/// is cheaper to move.
 pub const MAX_IO_SPANS: usize = 4;
 
 /// Timestamp value meaning "not marked".

@@ -85,6 +85,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use trace::IoSource;
 
 /// Shards of the clean chunk cache: every read takes one shard's mutex
 /// (twice on a miss), so a thread descheduled while holding one stalls
@@ -299,8 +300,10 @@ impl ChunkStore {
             )));
         }
         let key = Key(*hash);
+        let begun = crate::observe::begin();
         if let Some(bytes) = self.cache.get(&key) {
             out.copy_from_slice(&bytes);
+            crate::observe::end(IoSource::Cache, begun);
             return Ok(());
         }
         let (loc, file) = {
@@ -315,7 +318,9 @@ impl ChunkStore {
             (loc, file)
         };
         let offset = pack::slot_offset(loc.slot);
-        file.read_exact_at(out, offset)?;
+        let read = file.read_exact_at(out, offset);
+        crate::observe::end(IoSource::Chunk, begun);
+        read?;
         let actual = format::crc32c(out);
         if actual != loc.crc {
             out.fill(0);

@@ -39,6 +39,7 @@ pub use stats::ImageStats;
 use crate::background::BackgroundCpu;
 use crate::compact::ImageCompaction;
 use crate::error::{Error, Result};
+use crate::observe;
 use crate::storage::Storage;
 use crate::wal::segment::{SEGMENT_BYTES_MIN, SEGMENT_HEADER_BYTES};
 use crate::wal::{Log, RecordHeader, RecordKind, RecoveryReport, Slot, RECORD_HEADER_BYTES, SECTOR_BYTES};
@@ -48,6 +49,7 @@ use overlay::{Overlay, Source};
 use stats::{bump, Counters};
 use std::path::Path;
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use trace::IoSource;
 use writeback::Writeback;
 
 /// Largest payload one write request may carry.
@@ -505,7 +507,10 @@ impl Image {
     /// usable); if even that fails, the image fails.
     fn append(&self, slot: &Slot, header: &RecordHeader, payload: &[u8]) -> Result<()> {
         bump(&self.counters.log_bytes_written, u64::from(slot.record_bytes()));
-        match self.log.write_record(slot, header, payload) {
+        let begun = observe::begin();
+        let written = self.log.write_record(slot, header, payload);
+        observe::end(IoSource::Log, begun);
+        match written {
             Ok(()) => {
                 self.durability.complete(slot.seq);
                 Ok(())
@@ -527,8 +532,13 @@ impl Image {
         }
     }
 
+    /// Makes the log durable through `target`: a sync, or the wait for
+    /// another thread's (group commit). Either is log I/O of the request.
     fn make_durable(&self, target: u64) -> Result<()> {
-        let work = self.durability.make_durable(target, &|upto| self.log.group_sync(upto))?;
+        let begun = observe::begin();
+        let work = self.durability.make_durable(target, &|upto| self.log.group_sync(upto));
+        observe::end(IoSource::Log, begun);
+        let work = work?;
         bump(&self.counters.sync_rounds, work.rounds);
         bump(&self.counters.syncs, work.files);
         Ok(())
@@ -597,7 +607,10 @@ impl Image {
                     tally.zero += out.len() as u64;
                 }
                 Some(Source::Log { segment, position }) => {
-                    segment.file.read_exact_at(out, position)?;
+                    let begun = observe::begin();
+                    let read = segment.file.read_exact_at(out, position);
+                    observe::end(IoSource::Log, begun);
+                    read?;
                     tally.log += out.len() as u64;
                 }
                 None => self.read_compacted(p.start_sector * SECTOR_BYTES, out, tally)?,
@@ -623,7 +636,10 @@ impl Image {
             let first_block = (offset + done as u64) / BLOCK_BYTES;
             let window_blocks = ((last_block - first_block + 1) as usize).min(LOOKUP_WINDOW_BLOCKS);
             let window = &mut hashes[..window_blocks];
-            manifest.lookup_range(first_block, window)?;
+            let begun = observe::begin();
+            let looked_up = manifest.lookup_range(first_block, window);
+            observe::end(IoSource::Manifest, begun);
+            looked_up?;
             for (block, hash) in (first_block..).zip(window.iter()) {
                 let in_block = ((offset + done as u64) % BLOCK_BYTES) as usize;
                 let n = (BLOCK_BYTES as usize - in_block).min(out.len() - done);
@@ -671,7 +687,10 @@ impl Image {
             match view.read_chunk(&hash, out) {
                 Err(Error::NotFound(what)) => {
                     view = read_lock(&self.manifest).clone();
-                    match view.lookup(block)? {
+                    let begun = observe::begin();
+                    let now = view.lookup(block);
+                    observe::end(IoSource::Manifest, begun);
+                    match now? {
                         Some(now) if now == hash => return Err(Error::NotFound(what)),
                         Some(now) => hash = now,
                         None => {
