@@ -93,17 +93,13 @@ impl Started {
     /// result to its queue thread.
     pub fn serve(self, sched: &Sched) {
         let Started { core, qid, tag, mut job, d } = self;
-        // The I/O starts here: a sync's wait in the sync queue is not I/O.
-        let begin_ns = trace::now_ns();
-        let result = execute(&core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, job.fua);
-        let end = trace::now_ns();
-        if d.op != Op::Read {
-            // Writes, zeroes, discards and flushes go to the image's log. A
-            // read's sources (log, chunk cache, chunks) are not reported per
-            // request by the engine, so its execution is not labelled.
-            job.trace.io_span(trace::IoSource::Log, begin_ns, end);
-        }
-        job.trace.executed(end);
+        // The engine records its I/O spans (log, manifest, chunk cache,
+        // chunks) into the trace; the rest of the execution is `execute`.
+        let fua = job.fua;
+        let result = cas::observe::into(&mut job.trace, || {
+            execute(&core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, fua)
+        });
+        job.trace.executed(trace::now_ns());
         if let Err(e) = sched.complete(d.image, d.request) {
             tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
         }
@@ -130,7 +126,8 @@ pub fn read_in_place(
     // SAFETY: the queue thread alone serves (qid, tag) here; on a hand-off
     // below it stops using the buffer before the worker can get the read.
     let buf = unsafe { core.queues[usize::from(qid)].bufs.request_bytes(tag, len) };
-    let result = match core.image.read_nowait(d.offset_bytes, buf) {
+    let (read, spans) = cas::observe::observed(|| core.image.read_nowait(d.offset_bytes, buf));
+    let result = match read {
         Ok(true) => len as i32,
         Ok(false) => match sched.requeue(d.image, d.request) {
             Ok(()) => return None,
@@ -150,6 +147,7 @@ pub fn read_in_place(
     }
     let mut job = core.take_job(qid, tag).expect("a request served in place has its job");
     d.record_into(&mut job.trace, begin);
+    cas::observe::record(&mut job.trace, &spans);
     job.trace.executed(end);
     // Completed as it executed: the commit follows at once on this thread
     // (one clock read for both).
@@ -174,12 +172,14 @@ pub fn write_in_place(
     let begin = d.admitted_ns;
     let mut job = core.take_job(qid, tag).expect("a request served in place has its job");
     d.record_into(&mut job.trace, begin);
-    let result = execute(core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, job.fua);
+    let fua = job.fua;
+    let result = cas::observe::into(&mut job.trace, || {
+        execute(core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, fua)
+    });
     let end = trace::now_ns();
     if let Err(e) = sched.complete(d.image, d.request) {
         tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
     }
-    job.trace.io_span(trace::IoSource::Log, begin, end);
     job.trace.executed(end);
     core.tracer.finish(&job.trace, end, result.min(0));
     result

@@ -12,7 +12,7 @@
 //!  stamp payload, RequestTrace::new(seen)
 //!  submit(desc) ------------------------->  next_blocking
 //!                                           record_into(trace, now)   gates, admitted, dispatched
-//!                                           cas read / write_reserved (io_span Log for non-reads)
+//!                                           cas read / write_reserved (observe::into: the engine's I/O spans)
 //!                                           executed(now); complete(image, request)
 //!  Tracer::finish(trace, now, result) <-- mailbox --'
 //! ```
@@ -42,7 +42,7 @@ use sched::{
     Config, Descriptor, Dispatch, ImageCounters, ImageId, InPlace, MonotonicClock, Next, Op, RequestId,
     Scheduler, SharedScheduler,
 };
-use trace::{IoSource, RequestTrace, Tracer};
+use trace::{RequestTrace, Tracer};
 
 use crate::engine::{Engine, EngineCapacity};
 use crate::mailbox::Mailbox;
@@ -367,7 +367,13 @@ fn read_in_place(
     // The scheduler runs on the trace clock: its admission time is this
     // read's admission, dispatch and start, as in the daemon.
     let begin_ns = trace.is_some().then_some(d.admitted_ns);
+    let mut spans = cas::observe::Spans::new();
     let read = match ss.stream.spin_rounds {
+        0 if trace.is_some() => {
+            let (read, observed) = cas::observe::observed(|| image.read_nowait(d.offset_bytes, buf));
+            spans = observed;
+            read
+        }
         0 => image.read_nowait(d.offset_bytes, buf),
         rounds => {
             crate::floor::spin(rounds);
@@ -388,6 +394,7 @@ fn read_in_place(
     // execution's end (one clock read for both).
     if let (Some(t), Some(begin_ns), Some(tracer)) = (trace.as_mut(), begin_ns, &ss.tracer) {
         d.record_into(t, begin_ns);
+        cas::observe::record(t, &spans);
         let end_ns = trace::now_ns();
         t.executed(end_ns);
         tracer.finish(t, end_ns, if result.is_ok() { 0 } else { -5 });
@@ -430,7 +437,7 @@ fn worker(
             if let (Some(t), Some(now)) = (&mut trace, begin_ns) {
                 d.record_into(t, now);
             }
-            let result = match d.op {
+            let run = || match d.op {
                 Op::Read => image
                     .read(d.offset_bytes, buf)
                     .map_err(|e| e.to_string())
@@ -441,13 +448,15 @@ fn worker(
                 }
                 other => Err(format!("the load generator sends no {other:?}")),
             };
-            if let (Some(t), Some(begin_ns)) = (&mut trace, begin_ns) {
-                let end_ns = trace::now_ns();
-                if d.op != Op::Read {
-                    t.io_span(IoSource::Log, begin_ns, end_ns);
+            // As the daemon's worker: the engine's I/O spans go into the trace.
+            let result = match &mut trace {
+                Some(t) => {
+                    let result = cas::observe::into(t, run);
+                    t.executed(trace::now_ns());
+                    result
                 }
-                t.executed(end_ns);
-            }
+                None => run(),
+            };
             (result, trace)
         };
         if let Err(e) = &result {

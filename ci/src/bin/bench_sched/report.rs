@@ -81,8 +81,19 @@ pub fn describe(name: &str, arm: &ArmResult, d: &EngineDelta, cpu_secs: f64) {
             if s.count == 0 {
                 continue;
             }
-            // A write's execution is one log span; a read's is unlabelled.
-            let exec = if op == "write" { &s.phases.io_log } else { &s.phases.execute };
+            // Execution: the engine's I/O spans by source, and the rest.
+            let p = &s.phases;
+            let exec: Vec<String> = [
+                ("io_cache", &p.io_cache),
+                ("io_log", &p.io_log),
+                ("io_manifest", &p.io_manifest),
+                ("io_chunk", &p.io_chunk),
+                ("execute", &p.execute),
+            ]
+            .iter()
+            .filter(|(_, l)| l.count > 0)
+            .map(|(phase, l)| format!("{phase} {:.1} (max {:.1})", l.latency_us_p99, l.latency_us_max))
+            .collect();
             let gates: Vec<String> = s
                 .gates
                 .iter()
@@ -91,13 +102,12 @@ pub fn describe(name: &str, arm: &ArmResult, d: &EngineDelta, cpu_secs: f64) {
                 .collect();
             println!(
                 "  {name}: trace image {image} {op}: {} traced, p99 {:.1} us (phase p99s: admission {:.1}, \
-                 execute {:.1} (max {:.1}), complete {:.1} us), waited on: {}",
+                 {}, complete {:.1} us), waited on: {}",
                 s.count,
                 s.latency.latency_us_p99,
-                s.phases.admission.latency_us_p99,
-                exec.latency_us_p99,
-                exec.latency_us_max,
-                s.phases.complete.latency_us_p99,
+                p.admission.latency_us_p99,
+                exec.join(", "),
+                p.complete.latency_us_p99,
                 if gates.is_empty() { "nothing".to_string() } else { gates.join(", ") }
             );
         }
