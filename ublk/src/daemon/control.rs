@@ -1,9 +1,8 @@
 //! The daemon's lifecycle and its control socket: attaching and detaching
 //! devices, image management, and stats.
 
-use super::device::{self, DeviceCore};
 use super::links;
-use super::{queue, worker, EngineCapacity, Registry, Sched};
+use super::{bridge, queue, DeviceCore, Registry, Sched};
 use crate::launch::Ready;
 use crate::params::device_params;
 use crate::protocol::Command;
@@ -13,6 +12,7 @@ use libublk::ctrl::UblkCtrl;
 use libublk::io::UblkDev;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use serve::{worker, EngineCapacity};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -318,7 +318,7 @@ impl Daemon {
             ms = opening.elapsed().as_millis() as u64,
             "image opened"
         );
-        let buffer_bytes = device::tag_buffer_bytes(args.queues, args.depth, args.io_buf_bytes);
+        let buffer_bytes = serve::tag_buffer_bytes(args.queues, args.depth, args.io_buf_bytes);
         let buffers = self.store.lend_memory(
             buffer_bytes,
             &format!(
@@ -329,18 +329,24 @@ impl Daemon {
         let sched_id = sched::ImageId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let log_dir = self.store.log_dir(&args.image)?;
         let log_in_memory = std::fs::File::open(&log_dir).is_ok_and(|d| cas::storage::is_memory_fs(&d));
-        let core = Arc::new(DeviceCore::new(
-            sched_id,
-            &args.image,
-            image.clone(),
-            log_in_memory,
-            args.queues,
-            args.depth,
-            args.io_buf_bytes,
-            buffers,
-        )?);
+        let bufs = (0..args.queues)
+            .map(|_| bridge::TagBuffers::new(usize::from(args.depth), args.io_buf_bytes as usize))
+            .collect();
+        let core = Arc::new(
+            DeviceCore::new(
+                sched_id,
+                &args.image,
+                image.clone(),
+                log_in_memory,
+                bufs,
+                args.depth,
+                args.io_buf_bytes,
+                buffers,
+            )
+            .context("creating a queue eventfd")?,
+        );
         self.sched.add_image(sched_id).map_err(|e| anyhow!("scheduler: {e}"))?;
-        self.sched.with_capacity(|k| k.images.insert(sched_id, image.clone()));
+        self.sched.with_capacity(|k| k.insert(sched_id, image.clone()));
         let weak = Arc::downgrade(&self.sched);
         image.set_capacity_listener(Arc::new(move || {
             if let Some(s) = weak.upgrade() {
@@ -453,7 +459,7 @@ impl Daemon {
         if let Err(e) = self.sched.remove_image(core.sched_id) {
             tracing::error!(image = %core.name, "removing the image from the scheduler failed: {e}");
         }
-        self.sched.with_capacity(|k| k.images.remove(&core.sched_id));
+        self.sched.with_capacity(|k| k.remove(core.sched_id));
         self.registry.remove(core.sched_id);
         let mut table = self.lock();
         if table.attached.get(&core.name).is_some_and(|a| a.sched_id == core.sched_id) {

@@ -10,14 +10,14 @@
 //! a device or a capacity wait.
 
 use super::bridge::LocalSlots;
-use super::device::{DeviceCore, Job};
-use super::{worker, Sched};
+use super::{DeviceCore, Sched};
 use crate::params::SECTOR_SHIFT;
 use crate::ring;
 use io_uring::{opcode, types};
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::uring_async::ublk_submit_sqe_async;
 use libublk::{BufDesc, UblkError, UblkUringData};
+use serve::{worker, Job};
 use std::cell::Cell;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
@@ -139,12 +139,8 @@ async fn handle(q: &UblkQueue<'_>, tag: u16, core: &DeviceCore, sched: &Sched, s
     let mut trace = trace::RequestTrace::new(trace_op, seen_ns);
     trace.set_location(qid, tag, offset, len.min(u64::from(u32::MAX)) as u32);
     core.put_job(qid, tag, Job { trace, fua });
-    let desc = sched::Descriptor {
-        request: DeviceCore::request_id(qid, tag),
-        op,
-        offset_bytes: offset,
-        len_bytes: len,
-    };
+    let desc =
+        sched::Descriptor { request: serve::request_id(qid, tag), op, offset_bytes: offset, len_bytes: len };
     // A read whose data is in memory is served here, in place: no hand-off
     // to a worker and back (two thread wakes). Anything else, or a read
     // that would wait for a device, goes to the workers.

@@ -1,7 +1,7 @@
 //! The engine the benchmark drives: a real `cas::Store` on `FsStorage` in a
 //! scratch directory under `target/bench`, with background compaction on,
-//! and the adapter that gives the scheduler its [`Capacity`] exactly as the
-//! daemon's `EngineCapacity` (ublk/src/daemon/mod.rs) does.
+//! and the daemon's own capacity adapter for the scheduler
+//! (`serve::EngineCapacity`).
 //!
 //! ```text
 //!  target/bench/scratch-sched-ARM-PID/   (one per arm, removed after it)
@@ -18,34 +18,14 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use cas::image::Image;
-use cas::{ImageStats, RecordKind, Store, StoreOptions};
+use cas::{ImageStats, Store, StoreOptions};
 use casblk_ci::Scratch;
-use sched::{Capacity, ImageId, Op};
+use sched::ImageId;
+pub use serve::EngineCapacity;
 
 const MIB: u64 = 1 << 20;
 /// The most a settle (flush, then compaction catching up) may take.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The scheduler's view of log capacity: each image's non-blocking
-/// reservation (the daemon's `EngineCapacity`).
-pub struct EngineCapacity {
-    images: HashMap<ImageId, Arc<Image>>,
-}
-
-impl Capacity for EngineCapacity {
-    type Reservation = cas::LogReservation;
-
-    fn try_reserve(&mut self, image: ImageId, op: Op, len_bytes: u64) -> Option<cas::LogReservation> {
-        let img = self.images.get(&image)?;
-        let kind = match op {
-            Op::Write => RecordKind::Write,
-            Op::WriteZeroes => RecordKind::WriteZeroes,
-            Op::Discard => RecordKind::Discard,
-            Op::Read | Op::Flush => unreachable!("sched reserves only for write kinds"),
-        };
-        img.try_reserve(img.log_bytes_needed(kind, len_bytes))
-    }
-}
 
 /// The store and its two images. Fields drop in order: the store (and its
 /// compactor) before the scratch directory it lives in.
@@ -76,9 +56,13 @@ impl Engine {
         &self.images[&id]
     }
 
-    /// A capacity adapter over every image, for a new scheduler.
+    /// The daemon's capacity adapter over every image, for a new scheduler.
     pub fn capacity(&self) -> EngineCapacity {
-        EngineCapacity { images: self.images.clone() }
+        let mut capacity = EngineCapacity::default();
+        for (&id, image) in &self.images {
+            capacity.insert(id, image.clone());
+        }
+        capacity
     }
 
     /// Points every image's reclamation listener at `sched`'s

@@ -2,10 +2,8 @@
 //! scheduler, run them against the store (blocking calls into `cas`), and
 //! post each result back to the request's queue thread.
 
-use super::bridge::Done;
-use super::device::{DeviceCore, Job};
-use super::syncs::SyncPool;
-use super::{Registry, Sched};
+use crate::syncs::SyncPool;
+use crate::{DeviceCore, Done, Job, Registry, Sched, TagBuffers};
 use sched::{Dispatch, Next, Op};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,11 +13,11 @@ const IDLE_WAIT: Duration = Duration::from_millis(200);
 
 /// Starts `n` workers and `syncs` sync threads; the handles of both,
 /// joined after `Sched::shutdown`.
-pub fn spawn(
+pub fn spawn<B: TagBuffers>(
     n: usize,
     syncs: usize,
     sched: &Arc<Sched>,
-    registry: &Arc<Registry>,
+    registry: &Arc<Registry<B>>,
 ) -> Vec<std::thread::JoinHandle<()>> {
     let (pool, mut handles) = SyncPool::spawn(syncs, sched);
     handles.extend((0..n).map(|i| {
@@ -32,7 +30,7 @@ pub fn spawn(
     handles
 }
 
-fn run(sched: &Sched, registry: &Registry, syncs: &SyncPool) {
+fn run<B: TagBuffers>(sched: &Sched, registry: &Registry<B>, syncs: &SyncPool<B>) {
     loop {
         match sched.next_blocking(IDLE_WAIT) {
             Next::Shutdown => return,
@@ -56,8 +54,8 @@ fn run(sched: &Sched, registry: &Registry, syncs: &SyncPool) {
 
 /// A dispatched request with its device and per-tag job taken: ready to
 /// execute on whichever thread serves it.
-pub struct Started {
-    core: Arc<DeviceCore>,
+pub struct Started<B> {
+    core: Arc<DeviceCore<B>>,
     qid: u16,
     tag: u16,
     job: Job,
@@ -66,13 +64,17 @@ pub struct Started {
 
 /// Takes the dispatched request's job and records its admission; `None`
 /// when its device went away meanwhile (completed in the scheduler).
-fn start(sched: &Sched, registry: &Registry, d: Dispatch<cas::image::LogReservation>) -> Option<Started> {
+fn start<B: TagBuffers>(
+    sched: &Sched,
+    registry: &Registry<B>,
+    d: Dispatch<cas::image::LogReservation>,
+) -> Option<Started<B>> {
     let Some(core) = registry.get(d.image) else {
         // The device went away while this request waited; nothing to answer.
         let _ = sched.complete(d.image, d.request);
         return None;
     };
-    let (qid, tag) = DeviceCore::split_request(d.request);
+    let (qid, tag) = crate::split_request(d.request);
     let mut job = core.take_job(qid, tag).expect("a dispatched request has its job");
     // One clock read marks admission and dispatch.
     d.record_into(&mut job.trace, trace::now_ns());
@@ -83,7 +85,7 @@ fn start(sched: &Sched, registry: &Registry, d: Dispatch<cas::image::LogReservat
     Some(Started { core, qid, tag, job, d })
 }
 
-impl Started {
+impl<B: TagBuffers> Started<B> {
     /// True for requests that wait for the media: FLUSH, and anything with FUA.
     pub fn waits_for_media(&self) -> bool {
         self.d.op == Op::Flush || self.job.fua
@@ -112,9 +114,9 @@ impl Started {
 /// with the request traced and completed in the scheduler. Returns `None`
 /// after handing the read back to the workers (its data must come from a
 /// device); the caller then waits for a worker's result as usual.
-pub fn read_in_place(
+pub fn read_in_place<B: TagBuffers>(
     sched: &Sched,
-    core: &DeviceCore,
+    core: &DeviceCore<B>,
     qid: u16,
     tag: u16,
     d: Dispatch<cas::image::LogReservation>,
@@ -162,9 +164,9 @@ pub fn read_in_place(
 /// admission, so nothing here waits for a device or for capacity (the
 /// publish waits at most for the image's other writes in flight, which are
 /// memory copies too).
-pub fn write_in_place(
+pub fn write_in_place<B: TagBuffers>(
     sched: &Sched,
-    core: &DeviceCore,
+    core: &DeviceCore<B>,
     qid: u16,
     tag: u16,
     d: Dispatch<cas::image::LogReservation>,
@@ -186,8 +188,8 @@ pub fn write_in_place(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn execute(
-    core: &DeviceCore,
+fn execute<B: TagBuffers>(
+    core: &DeviceCore<B>,
     qid: u16,
     tag: u16,
     op: Op,

@@ -1,7 +1,10 @@
 //! One attached image: what its queue threads and the workers share.
+//!
+//! Requests are named `qid << 16 | tag` in the scheduler; each queue has
+//! its own table of per-tag jobs (a request's trace and flags while the
+//! scheduler and a worker hold it), its tag buffers and its completions.
 
-use super::bridge::{Completions, TagBuffers};
-use anyhow::{Context, Result};
+use crate::{Completions, TagBuffers};
 use std::sync::{Arc, Mutex};
 
 /// A request between its queue thread and the worker that serves it.
@@ -10,15 +13,17 @@ pub struct Job {
     pub fua: bool,
 }
 
-/// Per hardware queue: where workers find payloads and post results.
-pub struct QueueShared {
+/// Per hardware queue: where workers find payloads and post results, and
+/// the jobs of its tags.
+pub struct QueueShared<B> {
     pub completions: Completions,
-    pub bufs: TagBuffers,
+    pub bufs: B,
+    jobs: Vec<Mutex<Option<Job>>>,
 }
 
 /// The state of one attached image shared by its queue threads and the
 /// worker pool. Requests are named `qid << 16 | tag` in the scheduler.
-pub struct DeviceCore {
+pub struct DeviceCore<B> {
     /// The image's id in the scheduler (unique per attachment).
     pub sched_id: sched::ImageId,
     pub name: String,
@@ -26,15 +31,24 @@ pub struct DeviceCore {
     pub tracer: Arc<trace::Tracer>,
     pub depth: u16,
     pub io_buf_bytes: u32,
-    pub queues: Vec<QueueShared>,
+    pub queues: Vec<QueueShared<B>>,
     /// The image's log lives in memory (tmpfs, ramfs): its writes are
     /// memory copies, so small non-FUA writes are executed on the queue
     /// thread (`worker::write_in_place`) instead of a worker.
     pub log_in_memory: bool,
-    jobs: Vec<Mutex<Option<Job>>>,
     /// The tag buffers' bytes, lent from the store's memory budget for as
     /// long as the buffers live.
     _buffers: cas::store::MemoryLoan,
+}
+
+/// The scheduler's name of queue `qid`'s tag `tag`.
+pub fn request_id(qid: u16, tag: u16) -> sched::RequestId {
+    sched::RequestId((u64::from(qid) << 16) | u64::from(tag))
+}
+
+/// The queue and tag of a scheduler request name (see [`request_id`]).
+pub fn split_request(id: sched::RequestId) -> (u16, u16) {
+    ((id.0 >> 16) as u16, id.0 as u16)
 }
 
 /// Bytes of a device's tag buffers: one request's largest size per tag.
@@ -42,31 +56,34 @@ pub fn tag_buffer_bytes(nr_queues: u16, depth: u16, io_buf_bytes: u32) -> u64 {
     u64::from(nr_queues) * u64::from(depth) * u64::from(io_buf_bytes)
 }
 
-impl DeviceCore {
+impl<B: TagBuffers> DeviceCore<B> {
+    /// A device of one queue per element of `bufs` (each with `depth`
+    /// tags of up to `io_buf_bytes`), its buffers' memory lent by `loan`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         sched_id: sched::ImageId,
         name: &str,
         image: Arc<cas::image::Image>,
         log_in_memory: bool,
-        nr_queues: u16,
+        bufs: Vec<B>,
         depth: u16,
         io_buf_bytes: u32,
-        buffers: cas::store::MemoryLoan,
-    ) -> Result<DeviceCore> {
+        loan: cas::store::MemoryLoan,
+    ) -> std::io::Result<DeviceCore<B>> {
+        let nr_queues = u16::try_from(bufs.len()).expect("at most u16::MAX queues");
         assert_eq!(
-            buffers.bytes(),
+            loan.bytes(),
             tag_buffer_bytes(nr_queues, depth, io_buf_bytes),
             "the loan covers the buffers"
         );
-        let mut queues = Vec::with_capacity(usize::from(nr_queues));
-        for _ in 0..nr_queues {
+        let mut queues = Vec::with_capacity(bufs.len());
+        for bufs in bufs {
             queues.push(QueueShared {
-                completions: Completions::new().context("creating a queue eventfd")?,
-                bufs: TagBuffers::new(usize::from(depth), io_buf_bytes as usize),
+                completions: Completions::new()?,
+                bufs,
+                jobs: (0..depth).map(|_| Mutex::new(None)).collect(),
             });
         }
-        let slots = usize::from(nr_queues) * usize::from(depth);
         Ok(DeviceCore {
             sched_id,
             name: name.to_string(),
@@ -76,21 +93,12 @@ impl DeviceCore {
             io_buf_bytes,
             queues,
             log_in_memory,
-            jobs: (0..slots).map(|_| Mutex::new(None)).collect(),
-            _buffers: buffers,
+            _buffers: loan,
         })
     }
 
-    pub fn request_id(qid: u16, tag: u16) -> sched::RequestId {
-        sched::RequestId((u64::from(qid) << 16) | u64::from(tag))
-    }
-
-    pub fn split_request(id: sched::RequestId) -> (u16, u16) {
-        ((id.0 >> 16) as u16, id.0 as u16)
-    }
-
     fn slot(&self, qid: u16, tag: u16) -> &Mutex<Option<Job>> {
-        &self.jobs[usize::from(qid) * usize::from(self.depth) + usize::from(tag)]
+        &self.queues[usize::from(qid)].jobs[usize::from(tag)]
     }
 
     pub fn put_job(&self, qid: u16, tag: u16, job: Job) {

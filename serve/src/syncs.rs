@@ -12,8 +12,8 @@
 //! Shutdown: each worker holds a sender; when the last worker exits the
 //! queue disconnects, and the sync threads serve what is left and exit.
 
-use super::worker::Started;
-use super::Sched;
+use crate::worker::Started;
+use crate::{Sched, TagBuffers};
 use crossbeam::channel::{bounded, Receiver, Sender, TrySendError};
 use std::sync::Arc;
 
@@ -21,21 +21,26 @@ use std::sync::Arc;
 pub const SYNC_QUEUE: usize = 256;
 
 /// The sending side, one clone per worker.
-#[derive(Clone)]
-pub struct SyncPool {
-    tx: Option<Sender<Started>>,
+pub struct SyncPool<B> {
+    tx: Option<Sender<Started<B>>>,
 }
 
-impl SyncPool {
+impl<B> Clone for SyncPool<B> {
+    fn clone(&self) -> Self {
+        SyncPool { tx: self.tx.clone() }
+    }
+}
+
+impl<B: TagBuffers> SyncPool<B> {
     /// Starts `threads` sync threads (0: workers serve syncs themselves).
-    pub fn spawn(threads: usize, sched: &Arc<Sched>) -> (SyncPool, Vec<std::thread::JoinHandle<()>>) {
+    pub fn spawn(threads: usize, sched: &Arc<Sched>) -> (SyncPool<B>, Vec<std::thread::JoinHandle<()>>) {
         if threads == 0 {
             return (SyncPool { tx: None }, Vec::new());
         }
         let (tx, rx) = bounded(SYNC_QUEUE);
         let handles = (0..threads)
             .map(|i| {
-                let (rx, sched): (Receiver<Started>, _) = (rx.clone(), sched.clone());
+                let (rx, sched): (Receiver<Started<B>>, _) = (rx.clone(), sched.clone());
                 std::thread::Builder::new()
                     .name(format!("casblk-sync-{i}"))
                     .spawn(move || {
@@ -51,7 +56,7 @@ impl SyncPool {
 
     /// Queues `started` for a sync thread, or gives it back when the queue
     /// is full (the caller serves it).
-    pub fn offer(&self, started: Started) -> Option<Started> {
+    pub fn offer(&self, started: Started<B>) -> Option<Started<B>> {
         let Some(tx) = &self.tx else { return Some(started) };
         match tx.try_send(started) {
             Ok(()) => None,

@@ -1,0 +1,42 @@
+//! The request path of casblk's store daemon, from a tag's descriptor to
+//! its completion, without ublk: a frontend (the `casblk` binary's ublk
+//! queue threads, or a benchmark's load generator) feeds it requests and
+//! commits the results it posts back.
+//!
+//! ```text
+//!  frontend queue thread              serve                                    cas
+//!  put_job(qid, tag, Job) ──────────> SharedScheduler (sched) <──next── worker pool ──> Image
+//!  submit / submit_*_in_place         read_in_place, write_in_place               │ FLUSH, FUA
+//!       ^                             (on the queue thread, data in memory)   sync threads
+//!       └──── Completions (eventfd) <── Done { tag, result, trace } ──────────┘
+//! ```
+//!
+//! What it owns, one concept per file:
+//! - `capacity.rs`: the scheduler's view of each image's log capacity;
+//! - `registry.rs`: the attached images by scheduler id;
+//! - `device.rs`: one attached image: its per-tag jobs (one table per
+//!   queue), tracer, tag buffers and completion mailboxes;
+//! - `buffers.rs`: the per-tag payload buffers a frontend provides;
+//! - `completions.rs`: results on their way back to their queue thread;
+//! - `worker.rs`: the worker pool and requests served in place;
+//! - `syncs.rs`: the sync threads that FLUSH and FUA requests run on.
+//!
+//! On kernels before 6.16 only a queue's own thread may commit its tags,
+//! so every result goes back to that thread through its [`Completions`].
+
+mod buffers;
+mod capacity;
+mod completions;
+mod device;
+mod registry;
+mod syncs;
+pub mod worker;
+
+pub use buffers::TagBuffers;
+pub use capacity::EngineCapacity;
+pub use completions::{Completions, Done};
+pub use device::{request_id, split_request, tag_buffer_bytes, DeviceCore, Job, QueueShared};
+pub use registry::Registry;
+
+/// The scheduler shared by every device of a daemon.
+pub type Sched = sched::SharedScheduler<sched::MonotonicClock, EngineCapacity>;
