@@ -1,6 +1,6 @@
-//! Where a request's time goes inside the engine: the storage I/O spans
-//! (log, manifest, chunk cache, chunk store) of the engine calls a thread
-//! makes while it observes them, for that request's trace.
+//! Where a request's time goes inside the engine: the storage I/O (log,
+//! manifest, chunk cache, chunk store) of the engine calls a thread makes
+//! while it observes them, for that request's trace.
 //!
 //! The request path wraps the engine call that serves one request:
 //!
@@ -13,62 +13,99 @@
 //!                                                        write and the group-commit sync
 //! ```
 //!
-//! The spans collect in a thread-local buffer (no allocation, no lock),
-//! bounded at [`SPANS`]: consecutive spans of one source merge into one
-//! (a read of 32 cached chunks is one cache span), and past the bound a
-//! span widens the last one of its source, as `RequestTrace` does. Code
+//! The I/O adds up per source in a thread-local [`IoTimes`] (no
+//! allocation, no lock, the same size however many I/Os a request makes):
+//! how many, and their total time. [`record`] turns it into at most one
+//! trace span per source, laid end to end from the first I/O's start, each
+//! as long as its source's total, so the trace's phases get every
+//! source's exact time and no gap between I/Os is counted as I/O. Code
 //! that does not observe pays one thread-local check per I/O: `begin`
 //! returns `None` and reads no clock.
 //!
-//! What is not a span is the request's execution (`execute` in the trace):
+//! What is not I/O is the request's execution (`execute` in the trace):
 //! CPU, locks, waiting for earlier writes to publish, waiting for capacity.
 
-use smallvec::SmallVec;
 use std::cell::RefCell;
-use trace::{IoSource, IoSpan, RequestTrace};
+use trace::{IoSource, RequestTrace};
 
-/// The most spans one observation keeps: as many as a trace stores.
-pub const SPANS: usize = trace::MAX_IO_SPANS;
-
-/// The spans one observation recorded, in order.
-pub type Spans = SmallVec<[IoSpan; SPANS]>;
-
-thread_local! {
-    /// The spans of the observation running on this thread, if any.
-    static OBSERVING: RefCell<Option<Spans>> = const { RefCell::new(None) };
+/// The I/O one observation recorded, per source.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoTimes {
+    first_begin_ns: Option<u64>,
+    ns: [u64; IoSource::COUNT],
+    ios: [u32; IoSource::COUNT],
 }
 
-/// Runs `f`, returning what it returned and the I/O spans the engine
-/// recorded on this thread meanwhile. Observations do not nest: an inner
-/// one takes the spans recorded inside it, the outer one keeps the rest.
-pub fn observed<R>(f: impl FnOnce() -> R) -> (R, Spans) {
-    /// Restores the outer observation even if `f` unwinds.
-    struct Restore(Option<Spans>);
+impl IoTimes {
+    /// The sources used, in [`IoSource::ALL`] order.
+    pub fn sources(&self) -> impl Iterator<Item = IoSource> + '_ {
+        IoSource::ALL.into_iter().filter(|s| self.ios[s.index()] > 0)
+    }
+
+    /// I/Os of `source`.
+    pub fn ios(&self, source: IoSource) -> u32 {
+        self.ios[source.index()]
+    }
+
+    /// Total time of `source`'s I/Os.
+    pub fn ns(&self, source: IoSource) -> u64 {
+        self.ns[source.index()]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.first_begin_ns.is_none()
+    }
+
+    fn add(&mut self, source: IoSource, begin_ns: u64, end_ns: u64) {
+        self.first_begin_ns.get_or_insert(begin_ns);
+        let i = source.index();
+        self.ns[i] += end_ns.saturating_sub(begin_ns);
+        self.ios[i] = self.ios[i].saturating_add(1);
+    }
+}
+
+thread_local! {
+    /// The I/O of the observation running on this thread, if any.
+    static OBSERVING: RefCell<Option<IoTimes>> = const { RefCell::new(None) };
+}
+
+/// Runs `f`, returning what it returned and the I/O the engine did on this
+/// thread meanwhile. Observations do not nest: an inner one takes the I/O
+/// done inside it, the outer one keeps the rest.
+pub fn observed<R>(f: impl FnOnce() -> R) -> (R, IoTimes) {
+    /// Restores the outer observation, also if `f` unwinds.
+    struct Restore(Option<IoTimes>);
     impl Drop for Restore {
         fn drop(&mut self) {
             let outer = self.0.take();
             OBSERVING.with(|o| *o.borrow_mut() = outer);
         }
     }
-    let outer = OBSERVING.with(|o| o.borrow_mut().replace(Spans::new()));
+    let outer = OBSERVING.with(|o| o.borrow_mut().replace(IoTimes::default()));
     let restore = Restore(outer);
     let result = f();
-    let spans = OBSERVING.with(|o| o.borrow_mut().take());
+    let times = OBSERVING.with(|o| o.borrow_mut().take());
     drop(restore);
-    (result, spans.unwrap_or_default())
+    (result, times.unwrap_or_default())
 }
 
-/// [`observed`], with the spans recorded into `trace`.
+/// [`observed`], with the I/O recorded into `trace`.
 pub fn into<R>(trace: &mut RequestTrace, f: impl FnOnce() -> R) -> R {
-    let (result, spans) = observed(f);
-    record(trace, &spans);
+    let (result, times) = observed(f);
+    record(trace, &times);
     result
 }
 
-/// Records `spans` (from [`observed`]) into `trace`.
-pub fn record(trace: &mut RequestTrace, spans: &[IoSpan]) {
-    for s in spans {
-        trace.io_span(s.source, s.begin_ns, s.end_ns);
+/// Records `times` into `trace`: one span per source used, end to end
+/// from the first I/O's start, each as long as its source's total (the
+/// I/Os ran one after another on one thread, so the spans end no later
+/// than the last I/O did).
+pub fn record(trace: &mut RequestTrace, times: &IoTimes) {
+    let Some(mut at) = times.first_begin_ns else { return };
+    for source in times.sources() {
+        let end = at + times.ns(source);
+        trace.io_span(source, at, end);
+        at = end;
     }
 }
 
@@ -88,30 +125,10 @@ pub(crate) fn end(source: IoSource, begun: Option<u64>) {
     if let Some(begin_ns) = begun {
         let end_ns = trace::now_ns();
         OBSERVING.with(|o| {
-            if let Some(spans) = o.borrow_mut().as_mut() {
-                push(spans, IoSpan { source, begin_ns, end_ns });
+            if let Some(times) = o.borrow_mut().as_mut() {
+                times.add(source, begin_ns, end_ns);
             }
         });
-    }
-}
-
-/// Adds `span`: merged into the last span if that is of the same source,
-/// else appended, else (full) widening the last span of its source.
-fn push(spans: &mut Spans, span: IoSpan) {
-    if let Some(last) = spans.last_mut().filter(|l| l.source == span.source) {
-        last.end_ns = last.end_ns.max(span.end_ns);
-        return;
-    }
-    if spans.len() < SPANS {
-        spans.push(span);
-        return;
-    }
-    let i = spans.iter().rposition(|s| s.source == span.source).unwrap_or(SPANS - 1);
-    let into = &mut spans[i];
-    into.begin_ns = into.begin_ns.min(span.begin_ns);
-    into.end_ns = into.end_ns.max(span.end_ns);
-    if span.source.index() > into.source.index() {
-        into.source = span.source;
     }
 }
 
@@ -128,46 +145,44 @@ mod tests {
     fn nothing_is_recorded_without_an_observer() {
         assert_eq!(begin(), None);
         io(IoSource::Chunk);
-        let ((), spans) = observed(|| ());
-        assert!(spans.is_empty());
+        let ((), times) = observed(|| ());
+        assert!(times.is_empty());
     }
 
     #[test]
-    fn runs_of_one_source_merge_and_sources_alternate() {
-        let ((), spans) = observed(|| {
-            io(IoSource::Manifest);
-            io(IoSource::Cache);
-            io(IoSource::Cache);
-            io(IoSource::Chunk);
-            io(IoSource::Cache);
-        });
-        let sources: Vec<_> = spans.iter().map(|s| s.source).collect();
-        assert_eq!(sources, [IoSource::Manifest, IoSource::Cache, IoSource::Chunk, IoSource::Cache]);
-        assert!(spans.windows(2).all(|w| w[0].end_ns <= w[1].begin_ns));
-    }
-
-    #[test]
-    fn spans_stay_bounded() {
-        let ((), spans) = observed(|| {
+    fn io_adds_up_per_source_and_records_one_span_each() {
+        let ((), times) = observed(|| {
             for _ in 0..100 {
+                io(IoSource::Manifest);
                 io(IoSource::Cache);
                 io(IoSource::Chunk);
             }
         });
-        assert_eq!(spans.len(), SPANS);
-        assert!(!spans.spilled());
+        assert_eq!(
+            times.sources().collect::<Vec<_>>(),
+            [IoSource::Cache, IoSource::Manifest, IoSource::Chunk]
+        );
+        assert_eq!((times.ios(IoSource::Cache), times.ios(IoSource::Log)), (100, 0));
+        let mut t = RequestTrace::new(trace::Op::Read, 0);
+        record(&mut t, &times);
+        let spans = t.io_spans();
+        assert_eq!(spans.len(), 3);
+        assert!(spans.windows(2).all(|w| w[0].end_ns == w[1].begin_ns), "end to end");
+        for s in spans {
+            assert_eq!(s.end_ns - s.begin_ns, times.ns(s.source));
+        }
     }
 
     #[test]
-    fn an_inner_observation_takes_its_own_spans_and_the_outer_goes_on() {
+    fn an_inner_observation_takes_its_own_io_and_the_outer_goes_on() {
         let ((inner, ()), outer) = observed(|| {
             io(IoSource::Log);
             let (_, inner) = observed(|| io(IoSource::Chunk));
             io(IoSource::Manifest);
             (inner, ())
         });
-        assert_eq!(inner.iter().map(|s| s.source).collect::<Vec<_>>(), [IoSource::Chunk]);
-        assert_eq!(outer.iter().map(|s| s.source).collect::<Vec<_>>(), [IoSource::Log, IoSource::Manifest]);
+        assert_eq!(inner.sources().collect::<Vec<_>>(), [IoSource::Chunk]);
+        assert_eq!(outer.sources().collect::<Vec<_>>(), [IoSource::Log, IoSource::Manifest]);
         assert_eq!(begin(), None, "the observation ended");
     }
 }

@@ -1,4 +1,4 @@
-//! The engine's I/O spans as the request path records them into a trace:
+//! The engine's I/O by source, as the request path records it into a trace:
 //! each source a request really used, and nothing for work that is not I/O.
 
 mod common;
@@ -7,8 +7,8 @@ use cas::observe::observed;
 use common::*;
 use trace::IoSource;
 
-fn sources(spans: &[trace::IoSpan]) -> Vec<IoSource> {
-    spans.iter().map(|s| s.source).collect()
+fn sources(times: &cas::observe::IoTimes) -> Vec<IoSource> {
+    times.sources().collect()
 }
 
 #[test]
@@ -18,21 +18,22 @@ fn each_request_reports_the_sources_it_used() {
     let image = store.open_image("a").unwrap();
 
     // A write appends one log record; with FUA it also syncs the log.
-    let (r, spans) = observed(|| image.write(0, &payload(1, 0, 16), false));
+    let (r, io) = observed(|| image.write(0, &payload(1, 0, 16), false));
     r.unwrap();
-    assert_eq!(sources(&spans), [IoSource::Log]);
-    let (r, spans) = observed(|| image.write(8192, &payload(2, 16, 8), true));
+    assert_eq!(sources(&io), [IoSource::Log]);
+    let (r, io) = observed(|| image.write(8192, &payload(2, 16, 8), true));
     r.unwrap();
-    assert_eq!(sources(&spans), [IoSource::Log], "record write and sync merge into one log span");
-    let (r, spans) = observed(|| image.flush());
+    assert_eq!(sources(&io), [IoSource::Log]);
+    assert_eq!(io.ios(IoSource::Log), 2, "the record write and the sync");
+    let (r, io) = observed(|| image.flush());
     r.unwrap();
-    assert_eq!(sources(&spans), [IoSource::Log]);
+    assert_eq!(sources(&io), [IoSource::Log]);
 
     // Uncompacted data comes from the log.
     let mut buf = vec![0u8; 4096];
-    let (r, spans) = observed(|| image.read(0, &mut buf));
+    let (r, io) = observed(|| image.read(0, &mut buf));
     r.unwrap();
-    assert_eq!(sources(&spans), [IoSource::Log]);
+    assert_eq!(sources(&io), [IoSource::Log]);
 
     // Compacted, after a reopen (empty chunk cache): the manifest, then the
     // chunk store; the same read again hits the cache.
@@ -40,22 +41,21 @@ fn each_request_reports_the_sources_it_used() {
     drop((image, store));
     let store = reopen(&mem, small_opts()).unwrap();
     let image = store.open_image("a").unwrap();
-    let (r, spans) = observed(|| image.read(0, &mut buf));
+    let (r, io) = observed(|| image.read(0, &mut buf));
     r.unwrap();
-    assert_eq!(sources(&spans), [IoSource::Manifest, IoSource::Chunk]);
-    assert!(spans.iter().all(|s| s.begin_ns <= s.end_ns));
-    let (r, spans) = observed(|| image.read(0, &mut buf));
+    assert_eq!(sources(&io), [IoSource::Manifest, IoSource::Chunk]);
+    let (r, io) = observed(|| image.read(0, &mut buf));
     r.unwrap();
-    assert_eq!(sources(&spans), [IoSource::Manifest, IoSource::Cache]);
+    assert_eq!(sources(&io), [IoSource::Cache, IoSource::Manifest]);
     assert_eq!(decode_sector(&buf[..SECTOR], 0), Ok(1));
 
     // A hole reads no chunk; an unobserved read records nothing.
-    let (r, spans) = observed(|| image.read(65536, &mut buf));
+    let (r, io) = observed(|| image.read(65536, &mut buf));
     r.unwrap();
-    assert_eq!(sources(&spans), [IoSource::Manifest]);
+    assert_eq!(sources(&io), [IoSource::Manifest]);
     image.read(0, &mut buf).unwrap();
-    let ((), spans) = observed(|| ());
-    assert!(spans.is_empty());
+    let ((), io) = observed(|| ());
+    assert!(io.is_empty());
 }
 
 #[test]
@@ -67,5 +67,5 @@ fn spans_recorded_into_a_trace_become_its_io_phases() {
     t.dispatched(trace::now_ns());
     cas::observe::into(&mut t, || image.write(0, &payload(1, 0, 8), true)).unwrap();
     t.executed(trace::now_ns());
-    assert_eq!(sources(t.io_spans()), [IoSource::Log]);
+    assert_eq!(t.io_spans().iter().map(|s| s.source).collect::<Vec<_>>(), [IoSource::Log]);
 }

@@ -21,16 +21,18 @@ run_fio() {
         --output="$SCRATCH/$name.txt" "$@" || { cat "$SCRATCH/$name.txt"; fail "fio $name failed"; }
     grep -q "err= 0" "$SCRATCH/$name.txt" || { cat "$SCRATCH/$name.txt"; fail "fio $name reported an error"; }
 }
-# Requests that had each phase so far (cumulative): reads with a chunk,
-# manifest and cache span, writes with a log span, and whether any retained
+# Requests so far (cumulative): reads, reads with a chunk, manifest and
+# cache phase, writes, writes with a log phase, and whether any retained
 # slowest read spent time reading a chunk.
 phase_counts() {
     "$CASBLK" stats -n "$(dev_id "$dev")" --json | python3 -c '
 import json, sys
 i = json.load(sys.stdin)["images"][0]
-r, w = i["ops"]["read"]["phases"], i["ops"]["write"]["phases"]
+r, w = i["ops"]["read"], i["ops"]["write"]
+p = r["phases"]
 slow = int(any(s["phases"]["io_chunk_ns"] > 0 for s in i["slowest_reads"]))
-print(r["io_chunk"]["count"], r["io_manifest"]["count"], r["io_cache"]["count"], w["io_log"]["count"], slow)'
+print(r["count"], p["io_chunk"]["count"], p["io_manifest"]["count"], p["io_cache"]["count"],
+      w["count"], w["phases"]["io_log"]["count"], slow)'
 }
 in_place_counters() {
     "$CASBLK" stats -n "$(dev_id "$dev")" --json | python3 -c '
@@ -43,17 +45,21 @@ wait_compacted "$store"
 sync
 echo 3 > /proc/sys/vm/drop_caches
 read -r in0 req0 <<<"$(in_place_counters)"
-read -r chunk0 manifest0 cache0 log0 _ <<<"$(phase_counts)"
-[ "$log0" -ge 16384 ] || fail "only $log0 of 16384 writes have a log I/O phase"
+read -r reads0 chunk0 manifest0 cache0 writes0 log0 _ <<<"$(phase_counts)"
+[ "$writes0" -ge 16384 ] && [ "$log0" = "$writes0" ] || fail "only $log0 of $writes0 writes have a log I/O phase"
 run_fio cold --verify_only
 read -r in1 req1 <<<"$(in_place_counters)"
 note "cold verify: $((in1 - in0)) reads in place, $((req1 - req0)) handed to workers"
 [ $((req1 - req0)) -gt 0 ] || fail "no read was handed to a worker with the page cache dropped"
 # The engine's I/O spans reach the device's trace: every read of compacted
 # data looked the manifest up, the cold ones read chunks from the store.
-read -r chunk1 manifest1 cache1 _ slow1 <<<"$(phase_counts)"
-note "cold verify phases: io_chunk $((chunk1 - chunk0)), io_manifest $((manifest1 - manifest0)), io_cache $((cache1 - cache0)) reads; a slowest read with io_chunk: $slow1"
-[ $((manifest1 - manifest0)) -ge 16384 ] || fail "only $((manifest1 - manifest0)) of 16384 reads have a manifest phase"
+read -r reads1 chunk1 manifest1 cache1 _ _ slow1 <<<"$(phase_counts)"
+reads=$((reads1 - reads0))
+note "cold verify phases of $reads reads: io_chunk $((chunk1 - chunk0)), io_manifest $((manifest1 - manifest0)), io_cache $((cache1 - cache0)); a slowest read with io_chunk: $slow1"
+[ "$reads" -ge 16384 ] || fail "the cold verify made $reads reads, not 16384"
+# All but a handful (a read served from the log just before its overlay
+# extent was reclaimed) looked the manifest up.
+[ $((manifest1 - manifest0)) -ge $((reads - reads / 100)) ] || fail "only $((manifest1 - manifest0)) of $reads reads have a manifest phase"
 [ $((chunk1 - chunk0)) -gt 0 ] || fail "no cold read has a chunk-read phase"
 [ "$slow1" = 1 ] || fail "no retained slowest read has a chunk-read phase"
 run_fio warm --verify_only

@@ -672,7 +672,8 @@ impl Image {
     /// chunk; the sectors this read wants are the same in both) and a GC
     /// pass may then sweep the old chunk. So a chunk that is gone is looked
     /// up again in the newest view, a bounded number of times; a block
-    /// still mapped to a missing chunk is damage and fails the read.
+    /// still mapped to a chunk that is missing twice is damage and fails
+    /// the read.
     /// Returns what was read: a chunk, or zeros for a block that became a
     /// hole.
     fn read_block(
@@ -683,6 +684,10 @@ impl Image {
         out: &mut [u8],
     ) -> Result<Found> {
         let (mut view, mut hash) = (view.clone(), hash);
+        // Set once the newest view still maps the block to the missing
+        // chunk: a chunk swept and inserted again (content-addressed, so a
+        // block can go C1 -> C2 -> C1) is read once more, then it is damage.
+        let mut still_mapped = false;
         for _ in 0..REMAPPED_READ_TRIES {
             match view.read_chunk(&hash, out) {
                 Err(Error::NotFound(what)) => {
@@ -691,8 +696,9 @@ impl Image {
                     let now = view.lookup(block);
                     observe::end(IoSource::Manifest, begun);
                     match now? {
-                        Some(now) if now == hash => return Err(Error::NotFound(what)),
-                        Some(now) => hash = now,
+                        Some(now) if now == hash && still_mapped => return Err(Error::NotFound(what)),
+                        Some(now) if now == hash => still_mapped = true,
+                        Some(now) => (hash, still_mapped) = (now, false),
                         None => {
                             out.fill(0);
                             return Ok(Found::Hole);

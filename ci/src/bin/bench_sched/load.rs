@@ -367,7 +367,7 @@ fn read_in_place(
     // The scheduler runs on the trace clock: its admission time is this
     // read's admission, dispatch and start, as in the daemon.
     let begin_ns = trace.is_some().then_some(d.admitted_ns);
-    let mut spans = cas::observe::Spans::new();
+    let mut spans = cas::observe::IoTimes::default();
     let read = match ss.stream.spin_rounds {
         0 if trace.is_some() => {
             let (read, observed) = cas::observe::observed(|| image.read_nowait(d.offset_bytes, buf));
