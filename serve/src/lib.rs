@@ -14,6 +14,8 @@
 //! What it owns, one concept per file:
 //! - `capacity.rs`: the scheduler's view of each image's log capacity;
 //! - `registry.rs`: the attached images by scheduler id;
+//! - `submit.rs`: a delivered request checked, recorded and submitted
+//!   (in place when it can be);
 //! - `device.rs`: one attached image: its per-tag jobs (one table per
 //!   queue), tracer, tag buffers and completion mailboxes;
 //! - `buffers.rs`: the per-tag payload buffers a frontend provides;
@@ -29,6 +31,7 @@ mod capacity;
 mod completions;
 mod device;
 mod registry;
+mod submit;
 mod syncs;
 pub mod worker;
 
@@ -37,6 +40,7 @@ pub use capacity::EngineCapacity;
 pub use completions::{Completions, Done};
 pub use device::{request_id, split_request, tag_buffer_bytes, DeviceCore, Job, QueueShared};
 pub use registry::Registry;
+pub use submit::{finish, submit, trace_op, Request, Submitted, WRITE_IN_PLACE_MAX_BYTES};
 
 /// The scheduler shared by every device of a daemon.
 pub type Sched = sched::SharedScheduler<sched::MonotonicClock, EngineCapacity>;

@@ -17,16 +17,11 @@ use io_uring::{opcode, types};
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::uring_async::ublk_submit_sqe_async;
 use libublk::{BufDesc, UblkError, UblkUringData};
-use serve::{worker, Job};
 use std::cell::Cell;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Largest write executed on the queue thread when the log is in memory
-/// (as raw mode's inline limit: beyond it the copy outweighs the hand-off).
-const WRITE_IN_PLACE_MAX_BYTES: u64 = 64 << 10;
 
 pub fn queue_thread(qid: u16, dev: &UblkDev, core: &Arc<DeviceCore>, sched: &Arc<Sched>, spin: Duration) {
     ring::init_queue_ring(dev);
@@ -105,14 +100,14 @@ async fn serve_tag(
     }
 }
 
-/// The scheduler's and the tracer's names for a ublk operation.
-fn classify(op: u32) -> Option<(sched::Op, trace::Op)> {
+/// The scheduler's name for a ublk operation.
+fn classify(op: u32) -> Option<sched::Op> {
     Some(match op {
-        libublk::sys::UBLK_IO_OP_READ => (sched::Op::Read, trace::Op::Read),
-        libublk::sys::UBLK_IO_OP_WRITE => (sched::Op::Write, trace::Op::Write),
-        libublk::sys::UBLK_IO_OP_FLUSH => (sched::Op::Flush, trace::Op::Flush),
-        libublk::sys::UBLK_IO_OP_DISCARD => (sched::Op::Discard, trace::Op::Discard),
-        libublk::sys::UBLK_IO_OP_WRITE_ZEROES => (sched::Op::WriteZeroes, trace::Op::WriteZeroes),
+        libublk::sys::UBLK_IO_OP_READ => sched::Op::Read,
+        libublk::sys::UBLK_IO_OP_WRITE => sched::Op::Write,
+        libublk::sys::UBLK_IO_OP_FLUSH => sched::Op::Flush,
+        libublk::sys::UBLK_IO_OP_DISCARD => sched::Op::Discard,
+        libublk::sys::UBLK_IO_OP_WRITE_ZEROES => sched::Op::WriteZeroes,
         _ => return None,
     })
 }
@@ -120,59 +115,18 @@ fn classify(op: u32) -> Option<(sched::Op, trace::Op)> {
 async fn handle(q: &UblkQueue<'_>, tag: u16, core: &DeviceCore, sched: &Sched, slots: &LocalSlots) -> i32 {
     let seen_ns = trace::now_ns();
     let iod = q.get_iod(tag);
-    let Some((op, trace_op)) = classify(iod.op_flags & 0xff) else {
+    let Some(op) = classify(iod.op_flags & 0xff) else {
         return -libc::EOPNOTSUPP;
     };
     let fua = iod.op_flags & libublk::sys::UBLK_IO_F_FUA != 0;
-    let (offset, len) = if op == sched::Op::Flush {
+    let (offset_bytes, len_bytes) = if op == sched::Op::Flush {
         (0, 0)
     } else {
         (iod.start_sector << SECTOR_SHIFT, u64::from(iod.nr_sectors) << SECTOR_SHIFT)
     };
-    let data_op = matches!(op, sched::Op::Read | sched::Op::Write);
-    if offset.checked_add(len).is_none_or(|end| end > core.image.size_bytes())
-        || (data_op && len > u64::from(core.io_buf_bytes))
-    {
-        return -libc::EINVAL;
+    let request = serve::Request { qid: q.get_qid(), tag, op, offset_bytes, len_bytes, fua, seen_ns };
+    match serve::submit(sched, core, request) {
+        serve::Submitted::Completed(result) => result,
+        serve::Submitted::Pending => serve::finish(core, &slots.wait(tag).await),
     }
-    let qid = q.get_qid();
-    let mut trace = trace::RequestTrace::new(trace_op, seen_ns);
-    trace.set_location(qid, tag, offset, len.min(u64::from(u32::MAX)) as u32);
-    core.put_job(qid, tag, Job { trace, fua });
-    let desc =
-        sched::Descriptor { request: serve::request_id(qid, tag), op, offset_bytes: offset, len_bytes: len };
-    // A read whose data is in memory is served here, in place: no hand-off
-    // to a worker and back (two thread wakes). Anything else, or a read
-    // that would wait for a device, goes to the workers.
-    let submitted = if op == sched::Op::Write && !fua && core.log_in_memory && len <= WRITE_IN_PLACE_MAX_BYTES
-    {
-        // A log in memory makes the write a memory copy: executed here when
-        // the scheduler admits it at once, like a read in place.
-        match sched.submit_write_in_place(core.sched_id, desc) {
-            Ok(sched::InPlace::Admitted(d)) => return worker::write_in_place(sched, core, qid, tag, d),
-            Ok(sched::InPlace::Queued(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
-    } else if op == sched::Op::Read {
-        match sched.submit_read_in_place(core.sched_id, desc) {
-            Ok(sched::InPlace::Admitted(d)) => {
-                if let Some(result) = worker::read_in_place(sched, core, qid, tag, d) {
-                    return result;
-                }
-                Ok(())
-            }
-            Ok(sched::InPlace::Queued(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
-    } else {
-        sched.submit(core.sched_id, desc).map(|_| ())
-    };
-    if let Err(e) = submitted {
-        core.take_job(qid, tag);
-        tracing::warn!(qid, tag, image = %core.name, "scheduler refused a request: {e}");
-        return e.errno();
-    }
-    let done = slots.wait(tag).await;
-    core.tracer.finish(&done.trace, trace::now_ns(), done.result.min(0));
-    done.result
 }
