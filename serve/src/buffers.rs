@@ -20,3 +20,31 @@ pub trait TagBuffers: Send + Sync + 'static {
     #[allow(clippy::mut_from_ref)]
     unsafe fn request_bytes(&self, tag: u16, len: usize) -> &mut [u8];
 }
+
+/// Tag buffers on the heap, for frontends that share no memory with a
+/// kernel (native tests, the benchmark's load generator).
+pub struct HeapBuffers {
+    bufs: Vec<std::cell::UnsafeCell<Box<[u8]>>>,
+}
+
+// SAFETY: each buffer is accessed only by the one party serving its tag
+// (the contract of `request_bytes`), so sharing the set between threads
+// never lets two threads touch one buffer at once.
+unsafe impl Sync for HeapBuffers {}
+
+impl HeapBuffers {
+    /// `tags` buffers of `bytes` each, zeroed.
+    pub fn new(tags: usize, bytes: usize) -> HeapBuffers {
+        HeapBuffers { bufs: (0..tags).map(|_| std::cell::UnsafeCell::new(vec![0; bytes].into())).collect() }
+    }
+}
+
+impl TagBuffers for HeapBuffers {
+    unsafe fn request_bytes(&self, tag: u16, len: usize) -> &mut [u8] {
+        // SAFETY: the caller is the one party serving `tag` (this method's
+        // contract), so no other reference to this buffer is live.
+        let buf = unsafe { &mut *self.bufs[usize::from(tag)].get() };
+        assert!(len <= buf.len(), "request of {len} bytes exceeds the {} byte buffer", buf.len());
+        &mut buf[..len]
+    }
+}

@@ -12,6 +12,8 @@
 //! ```
 //!
 //! What it owns, one concept per file:
+//! - `server.rs`: the running path (scheduler, registry, threads) and
+//!   attaching and detaching a device;
 //! - `capacity.rs`: the scheduler's view of each image's log capacity;
 //! - `registry.rs`: the attached images by scheduler id;
 //! - `submit.rs`: a delivered request checked, recorded and submitted
@@ -31,15 +33,17 @@ mod capacity;
 mod completions;
 mod device;
 mod registry;
+mod server;
 mod submit;
 mod syncs;
 pub mod worker;
 
-pub use buffers::TagBuffers;
+pub use buffers::{HeapBuffers, TagBuffers};
 pub use capacity::EngineCapacity;
 pub use completions::{Completions, Done};
 pub use device::{request_id, split_request, tag_buffer_bytes, DeviceCore, Job, QueueShared};
 pub use registry::Registry;
+pub use server::Server;
 pub use submit::{finish, submit, trace_op, Request, Submitted, WRITE_IN_PLACE_MAX_BYTES};
 
 /// The scheduler shared by every device of a daemon.

@@ -12,7 +12,6 @@ use libublk::ctrl::UblkCtrl;
 use libublk::io::UblkDev;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use serve::{worker, EngineCapacity};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -76,6 +75,9 @@ struct Daemon {
     socket: PathBuf,
     sched: Arc<Sched>,
     registry: Arc<Registry>,
+    /// The request path (`serve`): its scheduler and registry are the two
+    /// fields above.
+    path: Arc<serve::Server<bridge::TagBuffers>>,
     table: Mutex<Table>,
     changed: Condvar,
     next_id: AtomicU32,
@@ -115,11 +117,10 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
     let store = cas::Store::open(storage, &store_dir, options.clone())
         .with_context(|| format!("opening store {}", store_dir.display()))?;
     tracing::info!(store = %store_dir.display(), ms = opened.elapsed().as_millis() as u64, "store opened");
-    let scheduler = sched::Scheduler::new(sched::Config::default(), sched::MonotonicClock::new())
-        .map_err(|e| anyhow!("scheduler: {e}"))?;
-    let sched = Arc::new(sched::SharedScheduler::new(scheduler, EngineCapacity::default()));
-    let registry = Arc::new(Registry::default());
-    let workers = worker::spawn(WORKERS, SYNC_THREADS, &sched, &registry);
+    let path = Arc::new(
+        serve::Server::start(sched::Config::default(), WORKERS, SYNC_THREADS)
+            .map_err(|e| anyhow!("scheduler: {e}"))?,
+    );
     let socket = socket_path(&store_dir);
     std::fs::create_dir_all(RUN_DIR).with_context(|| format!("creating {RUN_DIR}"))?;
     let daemon = Arc::new(Daemon {
@@ -128,8 +129,9 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
         settings,
         store_dir,
         socket: socket.clone(),
-        sched: sched.clone(),
-        registry,
+        sched: path.sched.clone(),
+        registry: path.registry.clone(),
+        path: path.clone(),
         table: Mutex::new(Table::default()),
         changed: Condvar::new(),
         next_id: AtomicU32::new(1),
@@ -170,10 +172,7 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
         }
     };
     drop(server);
-    sched.shutdown();
-    for w in workers {
-        let _ = w.join();
-    }
+    path.shutdown();
     tracing::info!(store = %daemon.store_dir.display(), "daemon exiting");
     result
 }
@@ -345,15 +344,7 @@ impl Daemon {
             )
             .context("creating a queue eventfd")?,
         );
-        self.sched.add_image(sched_id).map_err(|e| anyhow!("scheduler: {e}"))?;
-        self.sched.with_capacity(|k| k.insert(sched_id, image.clone()));
-        let weak = Arc::downgrade(&self.sched);
-        image.set_capacity_listener(Arc::new(move || {
-            if let Some(s) = weak.upgrade() {
-                s.capacity_released(sched_id);
-            }
-        }));
-        self.registry.insert(core.clone());
+        self.path.attach(core.clone()).map_err(|e| anyhow!("scheduler: {e}"))?;
         table.attached.insert(args.image.clone(), Attached { sched_id, dev_id: None, path: None });
         drop(table);
 
@@ -455,12 +446,9 @@ impl Daemon {
         if let Err(e) = core.image.flush() {
             tracing::error!(image = %core.name, "flush at detach failed: {e}");
         }
-        core.image.set_capacity_listener(Arc::new(|| {}));
-        if let Err(e) = self.sched.remove_image(core.sched_id) {
+        if let Err(e) = self.path.detach(core) {
             tracing::error!(image = %core.name, "removing the image from the scheduler failed: {e}");
         }
-        self.sched.with_capacity(|k| k.remove(core.sched_id));
-        self.registry.remove(core.sched_id);
         let mut table = self.lock();
         if table.attached.get(&core.name).is_some_and(|a| a.sched_id == core.sched_id) {
             table.attached.remove(&core.name);
