@@ -1,0 +1,227 @@
+//! Attaching an image as a ublk device (or taking one over in user
+//! recovery), serving it until it stops, and detaching it.
+
+use super::{AddImageArgs, Attached, Daemon, ATTACH_TIMEOUT};
+use crate::daemon::{bridge, links, queue, DeviceCore};
+use crate::params::device_params;
+use crate::raw;
+use anyhow::{anyhow, bail, Context, Result};
+use libublk::ctrl::UblkCtrl;
+use libublk::io::UblkDev;
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+impl Daemon {
+    /// Serves again every quiesced device of this store that has a state
+    /// file; returns how many were recovered and how many failed.
+    pub(super) fn recover_quiesced(self: &Arc<Self>) -> (usize, usize) {
+        let (mut recovered, mut failed) = (0, 0);
+        for id in crate::state::DeviceState::ids() {
+            let Ok(state) = crate::state::DeviceState::load(id) else { continue };
+            let crate::state::Target::Cas { store, image, .. } = &state.target else { continue };
+            if store.canonicalize().ok().as_deref() != Some(self.store_dir.as_path()) {
+                continue;
+            }
+            if !crate::control::is_quiesced(id) {
+                continue;
+            }
+            let args = AddImageArgs {
+                image: image.clone(),
+                id: id as i32,
+                queues: state.queues,
+                depth: state.depth,
+                io_buf_bytes: state.io_buf_bytes,
+                poll_us: state.poll_us,
+                settings: self.settings.clone(),
+                recover: true,
+            };
+            // attach logs the recovery, with the time it took.
+            let _mark = crate::recovering::RecoveringMark::new(id);
+            match self.attach(&args) {
+                Ok(_) => recovered += 1,
+                Err(e) => {
+                    failed += 1;
+                    tracing::error!(image = %image, dev = id, "recovery failed: {e:#}");
+                }
+            }
+        }
+        (recovered, failed)
+    }
+
+    /// Attaches an image as a new ublk device; returns its path once usable.
+    pub(super) fn attach(self: &Arc<Self>, args: &AddImageArgs) -> Result<String> {
+        raw::validate_queue_args(args.queues, args.depth, args.io_buf_bytes)?;
+        // A recovered device joins whatever daemon serves its store now:
+        // the settings are the store's, not the device's.
+        if !args.recover {
+            if let Some(why) = args.settings.conflict(&self.options) {
+                bail!(why);
+            }
+            crate::control::require_free_id(args.id)?;
+        }
+        let frontier = sched::Config::default().frontier_limit();
+        if usize::from(args.queues) * usize::from(args.depth) > frontier {
+            bail!("queues x depth must be at most {frontier} (the scheduler's descriptor quota)");
+        }
+        let mut table = self.lock();
+        if table.shutting_down {
+            bail!("the store daemon is shutting down; retry");
+        }
+        if let Some(a) = table.attached.get(&args.image) {
+            let at = a.path.clone().unwrap_or_else(|| "a device being attached".into());
+            bail!("image {} is already attached as {at}", args.image);
+        }
+        let opening = std::time::Instant::now();
+        let image =
+            self.store.open_image(&args.image).with_context(|| format!("opening image {}", args.image))?;
+        let replay = image.recovery();
+        tracing::info!(
+            image = %args.image,
+            records_replayed = replay.replayed_records,
+            segments = replay.segments,
+            torn_tail_bytes = replay.torn_tail_bytes,
+            ms = opening.elapsed().as_millis() as u64,
+            "image opened"
+        );
+        let buffer_bytes = serve::tag_buffer_bytes(args.queues, args.depth, args.io_buf_bytes);
+        let buffers = self.store.lend_memory(
+            buffer_bytes,
+            &format!(
+                "the tag buffers of image {} ({} queues x depth {} x --io-buf-bytes {})",
+                args.image, args.queues, args.depth, args.io_buf_bytes
+            ),
+        )?;
+        let sched_id = sched::ImageId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let log_dir = self.store.log_dir(&args.image)?;
+        let log_in_memory = std::fs::File::open(&log_dir).is_ok_and(|d| cas::storage::is_memory_fs(&d));
+        let bufs = (0..args.queues)
+            .map(|_| bridge::TagBuffers::new(usize::from(args.depth), args.io_buf_bytes as usize))
+            .collect();
+        let core = Arc::new(
+            DeviceCore::new(
+                sched_id,
+                &args.image,
+                image.clone(),
+                log_in_memory,
+                bufs,
+                args.depth,
+                args.io_buf_bytes,
+                buffers,
+            )
+            .context("creating a queue eventfd")?,
+        );
+        self.path.attach(core.clone()).map_err(|e| anyhow!("scheduler: {e}"))?;
+        table.attached.insert(args.image.clone(), Attached { sched_id, dev_id: None, path: None });
+        drop(table);
+
+        let (tx, rx) = mpsc::channel::<Result<(u32, String)>>();
+        let (d, a) = (self.clone(), args.clone());
+        std::thread::Builder::new()
+            .name(format!("casblk-dev-{}", args.image))
+            .spawn(move || d.run_device(core, &a, tx))
+            .context("spawning the device thread")?;
+        let (dev_id, path) = match rx.recv_timeout(ATTACH_TIMEOUT) {
+            Ok(r) => r?,
+            Err(_) => bail!("the device for image {} did not start within {:?}", args.image, ATTACH_TIMEOUT),
+        };
+        if let Some(a) = self.lock().attached.get_mut(&args.image) {
+            a.dev_id = Some(dev_id);
+            a.path = Some(path.clone());
+        }
+        links::make(&self.store_dir, &args.image, &path);
+        let how = if args.recover { "recovered" } else { "attached" };
+        tracing::info!(image = %args.image, dev = %path, ms = opening.elapsed().as_millis() as u64, "{how}");
+        Ok(path)
+    }
+
+    /// The device thread: serves the device until it is stopped, then
+    /// detaches the image. Reports start-up through `ready`.
+    pub(super) fn run_device(
+        self: Arc<Self>,
+        core: Arc<DeviceCore>,
+        args: &AddImageArgs,
+        ready: mpsc::Sender<Result<(u32, String)>>,
+    ) {
+        let served = self.serve_device(&core, args, ready.clone());
+        if let Err(e) = served {
+            let _ = ready.send(Err(e));
+        }
+        self.detach(&core);
+    }
+
+    pub(super) fn serve_device(
+        &self,
+        core: &Arc<DeviceCore>,
+        args: &AddImageArgs,
+        ready: mpsc::Sender<Result<(u32, String)>>,
+    ) -> Result<()> {
+        let start = if args.recover { raw::Start::Recover } else { raw::Start::Add };
+        let ctrl = raw::new_device("casblk", args.id, args.queues, args.depth, args.io_buf_bytes, start)?;
+        let dev_id = ctrl.dev_info().dev_id;
+        raw::save_state(
+            &ctrl,
+            (args.queues, args.depth, args.io_buf_bytes, args.poll_us),
+            crate::state::Target::Cas {
+                store: self.store_dir.clone(),
+                image: core.name.clone(),
+                settings: self.settings.clone(),
+            },
+        )?;
+        let size = core.image.size_bytes();
+        // A snapshot: the kernel refuses writes before they reach us.
+        let read_only = core.image.is_read_only();
+        let io_buf_bytes = args.io_buf_bytes;
+        let target_json = json!({ "cas": {
+            "store": self.store_dir.display().to_string(),
+            "image": core.name,
+            "socket": self.socket.display().to_string(),
+        }});
+        let tgt_init = move |dev: &mut UblkDev| {
+            dev.tgt.dev_size = size;
+            // The store serves DISCARD and WRITE_ZEROES as log records.
+            dev.tgt.params = device_params(size, io_buf_bytes, true, read_only);
+            dev.set_target_json(target_json);
+            Ok(())
+        };
+        let (qcore, qsched, spin) = (core.clone(), self.sched.clone(), Duration::from_micros(args.poll_us));
+        let queue_fn = move |qid: u16, dev: &UblkDev| queue::queue_thread(qid, dev, &qcore, &qsched, spin);
+        let on_started = move |c: &UblkCtrl| {
+            let path = c.get_bdev_path();
+            match raw::wait_for_node(&path) {
+                Ok(()) => {
+                    let _ = ready.send(Ok((dev_id, path)));
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                    let _ = c.kill_dev();
+                }
+            }
+        };
+        let served = ctrl.run_target(tgt_init, queue_fn, on_started);
+        // The device stopped (deleted, or failed to start): nothing to recover.
+        drop(ctrl);
+        raw::delete_if_recovered(dev_id, start);
+        links::remove(&self.store_dir, &core.name, &format!("/dev/ublkb{dev_id}"));
+        crate::state::DeviceState::remove(dev_id)?;
+        served.map_err(|e| raw::ctrl_error(dev_id as i32, e))?;
+        Ok(())
+    }
+
+    /// After the device stopped: make everything durable, and forget it.
+    pub(super) fn detach(&self, core: &DeviceCore) {
+        if let Err(e) = core.image.flush() {
+            tracing::error!(image = %core.name, "flush at detach failed: {e}");
+        }
+        if let Err(e) = self.path.detach(core) {
+            tracing::error!(image = %core.name, "removing the image from the scheduler failed: {e}");
+        }
+        let mut table = self.lock();
+        if table.attached.get(&core.name).is_some_and(|a| a.sched_id == core.sched_id) {
+            table.attached.remove(&core.name);
+        }
+        self.changed.notify_all();
+        tracing::info!(image = %core.name, "detached");
+    }
+}

@@ -1,0 +1,249 @@
+//! The store daemon's lifecycle: starting it (store, request path, control
+//! socket, signals), what it serves, and when it exits. Attaching and
+//! detaching devices (`devices.rs`), the control socket's commands
+//! (`commands.rs`) and the stats snapshot (`snapshot.rs`) are beside it.
+
+mod commands;
+mod devices;
+mod snapshot;
+
+use super::links;
+use super::{bridge, Registry, Sched};
+use crate::launch::Ready;
+use anyhow::{anyhow, Context, Result};
+use libublk::ctrl::UblkCtrl;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// Worker threads executing requests against the store.
+const WORKERS: usize = 4;
+/// Threads that serve FLUSH and FUA requests (serve/src/syncs.rs).
+const SYNC_THREADS: usize = 4;
+/// How long attaching a device may take before it is given up.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(90);
+/// Where the daemons' control sockets live (root-only).
+pub const RUN_DIR: &str = "/run/casblk";
+
+/// What `casblk add --image` asks of the daemon.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AddImageArgs {
+    pub image: String,
+    pub id: i32,
+    pub queues: u16,
+    pub depth: u16,
+    pub io_buf_bytes: u32,
+    pub poll_us: u64,
+    /// Store daemon settings: used if this request starts the daemon,
+    /// checked against the running daemon's otherwise.
+    #[serde(default)]
+    pub settings: super::StoreSettings,
+    /// Take over device `id`, whose daemon died, instead of adding one.
+    #[serde(default)]
+    pub recover: bool,
+}
+
+/// The control socket of the daemon serving `store_dir` (which must be
+/// canonical): one per store, named by a hash of the path so any path
+/// length fits a socket address.
+pub fn socket_path(store_dir: &Path) -> PathBuf {
+    PathBuf::from(RUN_DIR).join(format!("store-{}.sock", links::store_id(store_dir)))
+}
+
+struct Attached {
+    sched_id: sched::ImageId,
+    dev_id: Option<u32>,
+    path: Option<String>,
+}
+
+#[derive(Default)]
+struct Table {
+    attached: HashMap<String, Attached>,
+    shutting_down: bool,
+}
+
+struct Daemon {
+    store: Arc<cas::Store>,
+    /// What the store was opened with (`add`'s settings flags).
+    options: cas::StoreOptions,
+    /// The flags that gave `options`, recorded in each device's state so a
+    /// daemon started to recover it opens the store the same way.
+    settings: super::StoreSettings,
+    store_dir: PathBuf,
+    socket: PathBuf,
+    sched: Arc<Sched>,
+    registry: Arc<Registry>,
+    /// The request path (`serve`): its scheduler and registry are the two
+    /// fields above.
+    path: Arc<serve::Server<bridge::TagBuffers>>,
+    table: Mutex<Table>,
+    changed: Condvar,
+    next_id: AtomicU32,
+    /// A stop signal came: every device is being stopped.
+    stop_requested: std::sync::atomic::AtomicBool,
+    /// Run by `casblk daemon` for a service manager.
+    service: bool,
+}
+
+/// Exit status of a service daemon after a handoff (EX_TEMPFAIL): a
+/// failure to the service manager, which then restarts it.
+const HANDOFF_EXIT_SERVICE: i32 = 75;
+
+/// What a store daemon is started for.
+pub enum Serve {
+    /// `casblk add` or `recover`: serve this device, and exit once no device
+    /// is left.
+    First(AddImageArgs),
+    /// `casblk daemon`: recover every quiesced device of the store (from
+    /// `/run/casblk`), tell the service manager it is ready, and serve until
+    /// SIGTERM, with or without devices.
+    Service(super::StoreSettings),
+}
+
+/// Runs the store daemon of `store_dir`: opens the store, serves the
+/// control socket and the devices, as `what` says.
+pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> {
+    let settings = match &what {
+        Serve::First(first) => first.settings.clone(),
+        Serve::Service(settings) => settings.clone(),
+    };
+    let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
+    let options = settings.options()?;
+    let opened = std::time::Instant::now();
+    tracing::info!(store = %store_dir.display(), pid = std::process::id(), "store daemon starting");
+    stop_here_for_tests(STOP_AT_STORE_OPEN);
+    let store = cas::Store::open(storage, &store_dir, options.clone())
+        .with_context(|| format!("opening store {}", store_dir.display()))?;
+    tracing::info!(store = %store_dir.display(), ms = opened.elapsed().as_millis() as u64, "store opened");
+    let path = Arc::new(
+        serve::Server::start(sched::Config::default(), WORKERS, SYNC_THREADS)
+            .map_err(|e| anyhow!("scheduler: {e}"))?,
+    );
+    let socket = socket_path(&store_dir);
+    std::fs::create_dir_all(RUN_DIR).with_context(|| format!("creating {RUN_DIR}"))?;
+    let daemon = Arc::new(Daemon {
+        store,
+        options,
+        settings,
+        store_dir,
+        socket: socket.clone(),
+        sched: path.sched.clone(),
+        registry: path.registry.clone(),
+        path: path.clone(),
+        table: Mutex::new(Table::default()),
+        changed: Condvar::new(),
+        next_id: AtomicU32::new(1),
+        stop_requested: std::sync::atomic::AtomicBool::new(false),
+        service: matches!(what, Serve::Service(_)),
+    });
+    let provider = {
+        let d = daemon.clone();
+        move |req: &trace::stats::Request| d.answer(req)
+    };
+    let server = trace::stats::Server::spawn(&socket, provider).context("starting the control socket")?;
+    stop_all_on_signals(daemon.clone())?;
+    let result = match what {
+        Serve::First(first) => {
+            let started = daemon.attach(&first);
+            match &started {
+                Ok(path) => ready.ok(path),
+                Err(e) => ready.fail(e),
+            }
+            if started.is_ok() {
+                daemon.wait_until_idle();
+            }
+            started.map(|_| ())
+        }
+        Serve::Service(_) => {
+            let (recovered, failed) = daemon.recover_quiesced();
+            let line = format!(
+                "serving store {} ({recovered} devices recovered, {failed} could not be)",
+                daemon.store_dir.display()
+            );
+            tracing::info!("{line}");
+            println!("{line}");
+            if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+                tracing::warn!("telling the service manager we are ready failed: {e}");
+            }
+            daemon.wait_until_stopped();
+            Ok(())
+        }
+    };
+    drop(server);
+    path.shutdown();
+    tracing::info!(store = %daemon.store_dir.display(), "daemon exiting");
+    result
+}
+
+/// `CASBLK_TEST_STOP_AT` names a point where the daemon stops itself
+/// (SIGSTOP) for a test to act on it there, deterministically instead of by
+/// racing a poll against the daemon (t-cas-recover-hard kills a recovering
+/// daemon before it opened the store). Unset in production; a value that
+/// names no point does nothing.
+const STOP_AT_ENV: &str = "CASBLK_TEST_STOP_AT";
+/// After "store daemon starting" is logged, before the store opens.
+const STOP_AT_STORE_OPEN: &str = "store-open";
+
+fn stop_here_for_tests(point: &str) {
+    if std::env::var_os(STOP_AT_ENV).is_some_and(|v| v == point) {
+        tracing::warn!(point, "stopping itself for a test ({STOP_AT_ENV})");
+        if let Err(e) = signal_hook::low_level::raise(libc::SIGSTOP) {
+            tracing::error!("{STOP_AT_ENV}: raising SIGSTOP failed: {e}");
+        }
+    }
+}
+
+fn stop_all_on_signals(daemon: Arc<Daemon>) -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .context("installing signal handlers")?;
+    std::thread::Builder::new()
+        .name("casblk-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                tracing::info!(sig, "stopping every device on signal");
+                daemon.stop_requested.store(true, Ordering::Release);
+                daemon.changed.notify_all();
+                for id in daemon.device_ids() {
+                    if let Ok(ctrl) = UblkCtrl::new_simple(id as i32) {
+                        let _ = ctrl.kill_dev();
+                    }
+                }
+            }
+        })
+        .context("spawning the signal thread")?;
+    Ok(())
+}
+
+impl Daemon {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn device_ids(&self) -> Vec<u32> {
+        self.lock().attached.values().filter_map(|a| a.dev_id).collect()
+    }
+
+    /// Blocks until a stop signal came and no device is left (service mode:
+    /// having no device is no reason to exit), then refuses attachments.
+    fn wait_until_stopped(&self) {
+        let mut table = self.lock();
+        while !(self.stop_requested.load(Ordering::Acquire) && table.attached.is_empty()) {
+            table =
+                self.changed.wait_timeout(table, Duration::from_secs(1)).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        table.shutting_down = true;
+    }
+
+    /// Blocks until no device is attached, then refuses new attachments.
+    fn wait_until_idle(&self) {
+        let mut table = self.lock();
+        while !table.attached.is_empty() {
+            table = self.changed.wait(table).unwrap_or_else(|p| p.into_inner());
+        }
+        table.shutting_down = true;
+    }
+}
