@@ -36,10 +36,22 @@ pub struct DeviceCore<B> {
     /// memory copies, so small non-FUA writes are executed on the queue
     /// thread (`worker::write_in_place`) instead of a worker.
     pub log_in_memory: bool,
+    /// Requests are traced (the daemon always traces; a benchmark turns it
+    /// off to measure what tracing costs): without it no clock is read, no
+    /// I/O observed, nothing recorded in `tracer`.
+    pub traced: bool,
+    /// Stands in for the engine in reads served in place (see
+    /// [`ReadStandIn`]); the daemon has none.
+    pub read_stand_in: Option<ReadStandIn>,
     /// The tag buffers' bytes, lent from the store's memory budget for as
     /// long as the buffers live.
     _buffers: cas::store::MemoryLoan,
 }
+
+/// What a read served in place calls instead of `Image::read_nowait`, with
+/// the read's offset and buffer, answering as it does: a benchmark's
+/// interference floor reads nothing and takes as long as an engine read.
+pub type ReadStandIn = Box<dyn Fn(u64, &mut [u8]) -> cas::Result<bool> + Send + Sync>;
 
 /// The scheduler's name of queue `qid`'s tag `tag`.
 pub fn request_id(qid: u16, tag: u16) -> sched::RequestId {
@@ -93,6 +105,8 @@ impl<B: TagBuffers> DeviceCore<B> {
             io_buf_bytes,
             queues,
             log_in_memory,
+            traced: true,
+            read_stand_in: None,
             _buffers: loan,
         })
     }

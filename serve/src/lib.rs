@@ -41,7 +41,7 @@ pub mod worker;
 pub use buffers::{HeapBuffers, TagBuffers};
 pub use capacity::EngineCapacity;
 pub use completions::{Completions, Done};
-pub use device::{request_id, split_request, tag_buffer_bytes, DeviceCore, Job, QueueShared};
+pub use device::{request_id, split_request, tag_buffer_bytes, DeviceCore, Job, QueueShared, ReadStandIn};
 pub use registry::Registry;
 pub use server::Server;
 pub use submit::{finish, submit, trace_op, Request, Submitted, WRITE_IN_PLACE_MAX_BYTES};

@@ -110,6 +110,8 @@ pub fn submit<B: TagBuffers>(sched: &Sched, core: &DeviceCore<B>, r: Request) ->
 
 /// Ends the trace of a request a worker served; returns its result.
 pub fn finish<B: TagBuffers>(core: &DeviceCore<B>, done: &Done) -> i32 {
-    core.tracer.finish(&done.trace, trace::now_ns(), done.result.min(0));
+    if core.traced {
+        core.tracer.finish(&done.trace, trace::now_ns(), done.result.min(0));
+    }
     done.result
 }

@@ -76,8 +76,10 @@ fn start<B: TagBuffers>(
     };
     let (qid, tag) = crate::split_request(d.request);
     let mut job = core.take_job(qid, tag).expect("a dispatched request has its job");
-    // One clock read marks admission and dispatch.
-    d.record_into(&mut job.trace, trace::now_ns());
+    if core.traced {
+        // One clock read marks admission and dispatch.
+        d.record_into(&mut job.trace, trace::now_ns());
+    }
     if d.waits.log_capacity_ns > 0 {
         // The engine's count of capacity waits is this gate's count.
         core.image.note_capacity_wait();
@@ -98,10 +100,14 @@ impl<B: TagBuffers> Started<B> {
         // The engine records its I/O spans (log, manifest, chunk cache,
         // chunks) into the trace; the rest of the execution is `execute`.
         let fua = job.fua;
-        let result = cas::observe::into(&mut job.trace, || {
-            execute(&core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, fua)
-        });
-        job.trace.executed(trace::now_ns());
+        let run = || execute(&core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, fua);
+        let result = if core.traced {
+            let result = cas::observe::into(&mut job.trace, run);
+            job.trace.executed(trace::now_ns());
+            result
+        } else {
+            run()
+        };
         if let Err(e) = sched.complete(d.image, d.request) {
             tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
         }
@@ -128,7 +134,12 @@ pub fn read_in_place<B: TagBuffers>(
     // SAFETY: the queue thread alone serves (qid, tag) here; on a hand-off
     // below it stops using the buffer before the worker can get the read.
     let buf = unsafe { core.queues[usize::from(qid)].bufs.request_bytes(tag, len) };
-    let (read, spans) = cas::observe::observed(|| core.image.read_nowait(d.offset_bytes, buf));
+    let mut read_nowait = || match &core.read_stand_in {
+        Some(stand_in) => stand_in(d.offset_bytes, buf),
+        None => core.image.read_nowait(d.offset_bytes, buf),
+    };
+    let (read, io) =
+        if core.traced { cas::observe::observed(read_nowait) } else { (read_nowait(), Default::default()) };
     let result = match read {
         Ok(true) => len as i32,
         Ok(false) => match sched.requeue(d.image, d.request) {
@@ -143,17 +154,19 @@ pub fn read_in_place<B: TagBuffers>(
             e.errno()
         }
     };
-    let end = trace::now_ns();
+    let end = core.traced.then(trace::now_ns);
     if let Err(e) = sched.complete(d.image, d.request) {
         tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
     }
     let mut job = core.take_job(qid, tag).expect("a request served in place has its job");
-    d.record_into(&mut job.trace, begin);
-    cas::observe::record(&mut job.trace, &spans);
-    job.trace.executed(end);
-    // Completed as it executed: the commit follows at once on this thread
-    // (one clock read for both).
-    core.tracer.finish(&job.trace, end, result.min(0));
+    if let Some(end) = end {
+        d.record_into(&mut job.trace, begin);
+        cas::observe::record(&mut job.trace, &io);
+        job.trace.executed(end);
+        // Completed as it executed: the commit follows at once on this
+        // thread (one clock read for both).
+        core.tracer.finish(&job.trace, end, result.min(0));
+    }
     Some(result)
 }
 
@@ -171,15 +184,23 @@ pub fn write_in_place<B: TagBuffers>(
     tag: u16,
     d: Dispatch<cas::image::LogReservation>,
 ) -> i32 {
-    let begin = d.admitted_ns;
     let mut job = core.take_job(qid, tag).expect("a request served in place has its job");
-    d.record_into(&mut job.trace, begin);
     let fua = job.fua;
-    let result = cas::observe::into(&mut job.trace, || {
-        execute(core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, fua)
-    });
+    if core.traced {
+        d.record_into(&mut job.trace, d.admitted_ns);
+    }
+    let (image, request) = (d.image, d.request);
+    let run = || execute(core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, fua);
+    if !core.traced {
+        let result = run();
+        if let Err(e) = sched.complete(image, request) {
+            tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
+        }
+        return result;
+    }
+    let result = cas::observe::into(&mut job.trace, run);
     let end = trace::now_ns();
-    if let Err(e) = sched.complete(d.image, d.request) {
+    if let Err(e) = sched.complete(image, request) {
         tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
     }
     job.trace.executed(end);

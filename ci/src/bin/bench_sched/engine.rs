@@ -1,7 +1,6 @@
 //! The engine the benchmark drives: a real `cas::Store` on `FsStorage` in a
-//! scratch directory under `target/bench`, with background compaction on,
-//! and the daemon's own capacity adapter for the scheduler
-//! (`serve::EngineCapacity`).
+//! scratch directory under `target/bench`, with background compaction on.
+//! The request path (`serve`) attaches its images as the daemon does.
 //!
 //! ```text
 //!  target/bench/scratch-sched-ARM-PID/   (one per arm, removed after it)
@@ -14,14 +13,13 @@
 //! ```
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cas::image::Image;
 use cas::{ImageStats, Store, StoreOptions};
 use casblk_ci::Scratch;
 use sched::ImageId;
-pub use serve::EngineCapacity;
 
 const MIB: u64 = 1 << 20;
 /// The most a settle (flush, then compaction catching up) may take.
@@ -56,33 +54,10 @@ impl Engine {
         &self.images[&id]
     }
 
-    /// The daemon's capacity adapter over every image, for a new scheduler.
-    pub fn capacity(&self) -> EngineCapacity {
-        let mut capacity = EngineCapacity::default();
-        for (&id, image) in &self.images {
-            capacity.insert(id, image.clone());
-        }
-        capacity
-    }
-
-    /// Points every image's reclamation listener at `sched`'s
-    /// `capacity_released` (held weakly, as the daemon does).
-    pub fn listen<S: Send + Sync + 'static>(&self, sched: &Arc<S>, released: fn(&S, ImageId)) {
-        for (&id, image) in &self.images {
-            let weak: Weak<S> = Arc::downgrade(sched);
-            image.set_capacity_listener(Arc::new(move || {
-                if let Some(s) = weak.upgrade() {
-                    released(&s, id);
-                }
-            }));
-        }
-    }
-
-    /// Detaches the listeners (the daemon does this when a device goes).
-    pub fn unlisten(&self) {
-        for image in self.images.values() {
-            image.set_capacity_listener(Arc::new(|| {}));
-        }
+    /// Lends `bytes` of the store's memory budget for a device's tag
+    /// buffers, as the daemon does when it attaches an image.
+    pub fn lend(&self, bytes: u64) -> cas::store::MemoryLoan {
+        self.store.lend_memory(bytes, "the benchmark's tag buffers").expect("tag buffers within the budget")
     }
 
     /// Writes `fill(offset, block)` over the first `bytes` of image `id` in
