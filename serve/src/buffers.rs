@@ -15,8 +15,12 @@ pub trait TagBuffers: Send + Sync + 'static {
     /// using the buffer before handing a read to a worker), or the one
     /// worker (or sync thread, for FLUSH and FUA) the request went to,
     /// until it posts the result (the queue thread does not touch the
-    /// buffer meanwhile). The kernel reads or writes the buffer only
-    /// before the request is delivered and after its result is committed.
+    /// buffer meanwhile), or the frontend while the tag has no request in
+    /// flight (before it submits one, after its result arrived). The kernel
+    /// reads or writes the buffer only before the request is delivered and
+    /// after its result is committed. Hand-offs between these parties go
+    /// through the scheduler's and the completions' locks, which order
+    /// their accesses.
     #[allow(clippy::mut_from_ref)]
     unsafe fn request_bytes(&self, tag: u16, len: usize) -> &mut [u8];
 }

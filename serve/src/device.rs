@@ -37,8 +37,9 @@ pub struct DeviceCore<B> {
     /// thread (`worker::write_in_place`) instead of a worker.
     pub log_in_memory: bool,
     /// Requests are traced (the daemon always traces; a benchmark turns it
-    /// off to measure what tracing costs): without it no clock is read, no
-    /// I/O observed, nothing recorded in `tracer`.
+    /// off to measure what tracing costs): without it no trace clock is
+    /// read (the scheduler still reads its own), no I/O observed, nothing
+    /// recorded in `tracer`.
     pub traced: bool,
     /// Stands in for the engine in reads served in place (see
     /// [`ReadStandIn`]); the daemon has none.

@@ -2,16 +2,20 @@
 //! queue threads drive it: `serve::submit`, then the queue's completions
 //! and `serve::finish`. Random streams of reads, writes, FUA writes,
 //! flushes, discards and write-zeroes run against several images at once,
-//! through the real scheduler, workers, sync threads and in-place serving,
-//! on the real engine over `MemStorage`, with logs small enough that
-//! writers are held for capacity while background compaction reclaims.
+//! two queues each, through the real scheduler, workers, sync threads and
+//! in-place serving, on the real engine over `MemStorage`, with logs small
+//! enough that writers are held for capacity while background compaction
+//! reclaims.
 //!
 //! The scheduler's ordering contract (docs/design.md) makes each image
 //! behave as if its requests ran one at a time in arrival order, so a
 //! model disk updated at submission predicts every read exactly. After
 //! each round the storage crashes (unsynced bytes lost) and every sector
 //! must hold what the last completed FLUSH made durable, or something
-//! written after that FLUSH arrived.
+//! written after that FLUSH arrived; a sector a completed FUA request
+//! wrote after that FLUSH holds that request's data or something later.
+//! Read buffers are poisoned before each read, so a read that copies
+//! nothing fails.
 //!
 //! `SERVE_PATH_SEEDS` (default 3) seeds of `SERVE_PATH_REQUESTS` (default
 //! 1200) requests per image per round, two rounds each. A failure names its
@@ -31,7 +35,9 @@ use std::time::{Duration, Instant};
 const SECTOR: u64 = 512;
 const IMAGE_BYTES: u64 = 8 << 20;
 const IMAGES: usize = 3;
-const DEPTH: u16 = 16;
+/// Two hardware queues per image, driven by one thread (one arrival order).
+const QUEUES: u16 = 2;
+const DEPTH: u16 = 8;
 const IO_BUF_BYTES: u32 = 128 << 10;
 /// A request that has not completed by then is a hang.
 const COMPLETION_TIMEOUT: Duration = Duration::from_secs(60);
@@ -95,11 +101,23 @@ struct Model {
     /// `log` had arrived before it.
     durable: Vec<u64>,
     durable_log: usize,
+    /// Per sector, the `log` index of the newest completed FUA request
+    /// covering it: durable, with everything that arrived before it.
+    fua: Vec<Option<usize>>,
 }
 
 impl Model {
     fn new(current: Vec<u64>) -> Model {
-        Model { durable: current.clone(), current, log: Vec::new(), durable_log: 0 }
+        let fua = vec![None; current.len()];
+        Model { durable: current.clone(), current, log: Vec::new(), durable_log: 0, fua }
+    }
+
+    /// The FUA request at `log` index `at` completed.
+    fn fua_completed(&mut self, at: usize) {
+        let w = &self.log[at];
+        for f in &mut self.fua[w.first as usize..(w.first + w.sectors) as usize] {
+            *f = Some(f.map_or(at, |old| old.max(at)));
+        }
     }
 
     fn write(&mut self, first: u64, sectors: u64, token: u64) {
@@ -107,12 +125,15 @@ impl Model {
         self.log.push(Written { first, sectors, token });
     }
 
-    /// May sector `s` hold `token` after a crash?
+    /// May sector `s` hold `token` after a crash? What the last completed
+    /// FLUSH made durable, or a later write; after a completed FUA request
+    /// newer than that FLUSH, only that request's data or a later write.
     fn may_hold(&self, s: u64, token: u64) -> bool {
-        self.durable[s as usize] == token
-            || self.log[self.durable_log..]
-                .iter()
-                .any(|w| w.token == token && (w.first..w.first + w.sectors).contains(&s))
+        let covers = |w: &Written| w.token == token && (w.first..w.first + w.sectors).contains(&s);
+        match self.fua[s as usize].filter(|&at| at >= self.durable_log) {
+            Some(at) => self.log[at..].iter().any(covers),
+            None => self.durable[s as usize] == token || self.log[self.durable_log..].iter().any(covers),
+        }
     }
 }
 
@@ -126,16 +147,22 @@ enum Expect {
     Zero,
 }
 
+/// What a write-kind request's completion tells the model: a FUA
+/// request's `log` index.
+type FuaAt = Option<usize>;
+
 struct Frontend {
     core: Arc<DeviceCore<HeapBuffers>>,
     model: Model,
-    expect: Vec<Option<(Request, Expect)>>,
+    /// By `qid * DEPTH + tag`.
+    expect: Vec<Option<(Request, Expect, FuaAt)>>,
     tokens: u64,
 }
 
 impl Frontend {
-    /// A random request on free tag `tag`, recorded in the model.
-    fn next(&mut self, rng: &mut StdRng, tag: u16) -> Request {
+    /// A random request on free tag `tag` of queue `qid`, recorded in the
+    /// model.
+    fn next(&mut self, rng: &mut StdRng, qid: u16, tag: u16) -> Request {
         let image_sectors = IMAGE_BYTES / SECTOR;
         let sectors = if rng.gen_bool(0.7) { 8 * rng.gen_range(1..=16u64) } else { rng.gen_range(1..=64u64) };
         let first = if rng.gen_bool(0.7) {
@@ -153,16 +180,23 @@ impl Frontend {
         };
         let (offset_bytes, len_bytes) =
             if op == Op::Flush { (0, 0) } else { (first * SECTOR, sectors * SECTOR) };
+        let bufs = &self.core.queues[usize::from(qid)].bufs;
         let expect = match op {
-            Op::Read => Expect::Data {
-                first,
-                tokens: Some(self.model.current[first as usize..(first + sectors) as usize].to_vec()),
-            },
+            Op::Read => {
+                // Poison the buffer: a read that copies nothing must not
+                // find the tag's last payload there and pass.
+                // SAFETY: the tag is free: no one else serves it until submit.
+                unsafe { bufs.request_bytes(tag, len_bytes as usize) }.fill(0xA5);
+                Expect::Data {
+                    first,
+                    tokens: Some(self.model.current[first as usize..(first + sectors) as usize].to_vec()),
+                }
+            }
             Op::Write => {
                 self.tokens += 1;
                 let token = self.tokens;
                 // SAFETY: the tag is free: no one else serves it until submit.
-                let buf = unsafe { self.core.queues[0].bufs.request_bytes(tag, len_bytes as usize) };
+                let buf = unsafe { bufs.request_bytes(tag, len_bytes as usize) };
                 for (i, s) in buf.chunks_mut(SECTOR as usize).enumerate() {
                     fill_sector(s, token, first + i as u64);
                 }
@@ -175,14 +209,17 @@ impl Frontend {
                 Expect::Zero
             }
         };
-        let r = Request { qid: 0, tag, op, offset_bytes, len_bytes, fua, seen_ns: trace::now_ns() };
-        self.expect[usize::from(tag)] = Some((r, expect));
+        let fua_at = (fua && op != Op::Flush).then(|| self.model.log.len() - 1);
+        let r = Request { qid, tag, op, offset_bytes, len_bytes, fua, seen_ns: trace::now_ns() };
+        self.expect[slot(qid, tag)] = Some((r, expect, fua_at));
         r
     }
 
-    /// Checks the result of `tag`'s request; the tag is free again.
-    fn completed(&mut self, tag: u16, result: i32, seed: u64) {
-        let (r, expect) = self.expect[usize::from(tag)].take().expect("a request in flight on this tag");
+    /// Checks the result of queue `qid`'s `tag`'s request; the tag is free
+    /// again.
+    fn completed(&mut self, qid: u16, tag: u16, result: i32, seed: u64) {
+        let (r, expect, fua_at) =
+            self.expect[slot(qid, tag)].take().expect("a request in flight on this tag");
         let what = format!(
             "seed {seed}: {} {:?} at {}+{} (fua {})",
             self.core.name, r.op, r.offset_bytes, r.len_bytes, r.fua
@@ -192,7 +229,9 @@ impl Frontend {
                 assert_eq!(result, r.len_bytes as i32, "{what}");
                 if let Some(tokens) = tokens {
                     // SAFETY: completed: the queue thread serves the tag again.
-                    let buf = unsafe { self.core.queues[0].bufs.request_bytes(tag, r.len_bytes as usize) };
+                    let buf = unsafe {
+                        self.core.queues[usize::from(qid)].bufs.request_bytes(tag, r.len_bytes as usize)
+                    };
                     for (i, (s, want)) in buf.chunks(SECTOR as usize).zip(tokens).enumerate() {
                         let sector = first + i as u64;
                         let got = decode_sector(s, sector);
@@ -208,24 +247,32 @@ impl Frontend {
             }
             Expect::Zero => assert_eq!(result, 0, "{what}"),
         }
+        if let Some(at) = fua_at {
+            self.model.fua_completed(at);
+        }
     }
 }
 
+fn slot(qid: u16, tag: u16) -> usize {
+    usize::from(qid) * usize::from(DEPTH) + usize::from(tag)
+}
+
 /// Runs `requests` random requests on one image through the path, at most
-/// `DEPTH` in flight, like one ublk queue thread.
+/// `DEPTH` in flight on each of its queues, like the image's ublk queue
+/// threads (here one thread, so that arrival order is the model's order).
 fn drive(server: &Server<HeapBuffers>, f: &mut Frontend, requests: usize, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed ^ u64::from(f.core.sched_id.0) << 32);
-    let mut free: Vec<u16> = (0..DEPTH).rev().collect();
+    let mut free: Vec<(u16, u16)> = (0..QUEUES).flat_map(|q| (0..DEPTH).map(move |t| (q, t))).collect();
     let (mut submitted, mut pending) = (0usize, 0usize);
     while submitted < requests || pending > 0 {
-        while submitted < requests {
-            let Some(tag) = free.pop() else { break };
-            let r = f.next(&mut rng, tag);
+        while submitted < requests && !free.is_empty() {
+            let (qid, tag) = free.swap_remove(rng.gen_range(0..free.len()));
+            let r = f.next(&mut rng, qid, tag);
             submitted += 1;
             match serve::submit(&server.sched, &f.core, r) {
                 Submitted::Completed(result) => {
-                    f.completed(tag, result, seed);
-                    free.push(tag);
+                    f.completed(qid, tag, result, seed);
+                    free.push((qid, tag));
                 }
                 Submitted::Pending => pending += 1,
             }
@@ -235,17 +282,21 @@ fn drive(server: &Server<HeapBuffers>, f: &mut Frontend, requests: usize, seed: 
         }
         let waited = Instant::now();
         let done = loop {
-            let done = f.core.queues[0].completions.drain();
+            let done: Vec<(u16, serve::Done)> = (0..QUEUES)
+                .flat_map(|q| {
+                    f.core.queues[usize::from(q)].completions.drain().into_iter().map(move |d| (q, d))
+                })
+                .collect();
             if !done.is_empty() {
                 break done;
             }
             assert!(waited.elapsed() < COMPLETION_TIMEOUT, "seed {seed}: {pending} requests never completed");
             std::thread::sleep(Duration::from_micros(200));
         };
-        for d in done {
+        for (qid, d) in done {
             let result = serve::finish(&f.core, &d);
-            f.completed(d.tag, result, seed);
-            free.push(d.tag);
+            f.completed(qid, d.tag, result, seed);
+            free.push((qid, d.tag));
             pending -= 1;
         }
     }
@@ -253,11 +304,11 @@ fn drive(server: &Server<HeapBuffers>, f: &mut Frontend, requests: usize, seed: 
 
 fn attach(server: &Server<HeapBuffers>, store: &Store, i: usize, seed: u64) -> Arc<DeviceCore<HeapBuffers>> {
     let image = store.open_image(&name(i)).unwrap();
-    let bytes = serve::tag_buffer_bytes(1, DEPTH, IO_BUF_BYTES);
+    let bytes = serve::tag_buffer_bytes(QUEUES, DEPTH, IO_BUF_BYTES);
     let loan = store.lend_memory(bytes, "test tag buffers").unwrap();
     // Half the seeds serve small writes in place, as for a log on tmpfs.
     let log_in_memory = (seed + i as u64).is_multiple_of(2);
-    let bufs = vec![HeapBuffers::new(usize::from(DEPTH), IO_BUF_BYTES as usize)];
+    let bufs = (0..QUEUES).map(|_| HeapBuffers::new(usize::from(DEPTH), IO_BUF_BYTES as usize)).collect();
     let id = ImageId(u32::try_from(seed * 16 + i as u64).expect("small seeds"));
     let core = Arc::new(
         DeviceCore::new(id, &name(i), image, log_in_memory, bufs, DEPTH, IO_BUF_BYTES, loan).unwrap(),
@@ -311,7 +362,7 @@ fn run_seed(seed: u64, requests: usize) -> [u64; 3] {
             .enumerate()
             .map(|(i, model)| Frontend {
                 core: attach(&server, &store, i, round_seed),
-                expect: (0..DEPTH).map(|_| None).collect(),
+                expect: (0..QUEUES * DEPTH).map(|_| None).collect(),
                 model,
                 tokens: (round + 1) << 40 | (i as u64) << 32,
             })
@@ -335,7 +386,8 @@ fn run_seed(seed: u64, requests: usize) -> [u64; 3] {
             refused_turns += c.refused_turns;
             reads_in_place += c.reads_in_place;
             writes_in_place += c.writes_in_place;
-            server.detach(&f.core).unwrap();
+            let waiting = server.detach(&f.core).unwrap();
+            assert!(waiting.is_empty(), "seed {seed}: {} requests left waiting", waiting.len());
         }
         server.shutdown();
         models = frontends.into_iter().map(|f| f.model).collect();
