@@ -28,23 +28,9 @@ impl fmt::Display for RequestId {
     }
 }
 
-/// A block operation, as ublk delivers it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum Op {
-    Read,
-    Write,
-    WriteZeroes,
-    Discard,
-    Flush,
-}
-
-impl Op {
-    /// WRITE, WRITE_ZEROES and DISCARD change the image: they reserve log
-    /// capacity, keep FIFO order among themselves and order overlapping reads.
-    pub fn is_write_kind(self) -> bool {
-        matches!(self, Op::Write | Op::WriteZeroes | Op::Discard)
-    }
-}
+/// A block operation, as ublk delivers it: the one `Op` of the request
+/// path, defined by `trace` (the lowest crate) and shared with it.
+pub use trace::Op;
 
 /// The arrival order of a request within its image (0, 1, 2, ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]

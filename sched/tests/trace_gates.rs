@@ -13,16 +13,6 @@ use sched::{Clock, Config, Descriptor, Gate, ImageId, Op};
 const IMG: ImageId = ImageId(1);
 const MIB: u64 = 1 << 20;
 
-fn trace_op(op: Op) -> trace::Op {
-    match op {
-        Op::Read => trace::Op::Read,
-        Op::Write => trace::Op::Write,
-        Op::WriteZeroes => trace::Op::WriteZeroes,
-        Op::Discard => trace::Op::Discard,
-        Op::Flush => trace::Op::Flush,
-    }
-}
-
 #[test]
 fn blocked_writer_shows_log_capacity_and_the_bypassing_read_shows_no_gate() {
     let (mut s, clock) = scheduler(Config::default());
@@ -34,7 +24,7 @@ fn blocked_writer_shows_log_capacity_and_the_bypassing_read_shows_no_gate() {
     s.submit(IMG, Descriptor::write(1, 8 * MIB, MIB)).unwrap(); // waits: the log holds one MiB
     s.submit(IMG, Descriptor::read(2, 32 * MIB, 4096)).unwrap(); // independent of both writes
     let finish = |d: sched::Dispatch<common::FakeReservation>, clock: &sched::FakeClock| {
-        let mut t = trace::RequestTrace::new(trace_op(d.op), d.arrival_ns);
+        let mut t = trace::RequestTrace::new(d.op, d.arrival_ns);
         d.record_into(&mut t, clock.now_ns());
         tracer.finish(&t, clock.now_ns() + 1_000, 0);
         d

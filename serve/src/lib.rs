@@ -44,7 +44,7 @@ pub use completions::{Completions, Done};
 pub use device::{request_id, split_request, tag_buffer_bytes, DeviceCore, Job, QueueShared, ReadStandIn};
 pub use registry::Registry;
 pub use server::Server;
-pub use submit::{finish, submit, trace_op, Request, Submitted, WRITE_IN_PLACE_MAX_BYTES};
+pub use submit::{finish, submit, Request, Submitted, WRITE_IN_PLACE_MAX_BYTES};
 
 /// The scheduler shared by every device of a daemon.
 pub type Sched = sched::SharedScheduler<sched::MonotonicClock, EngineCapacity>;

@@ -46,17 +46,6 @@ pub enum Submitted {
     Pending,
 }
 
-/// The tracer's name for a scheduler operation.
-pub fn trace_op(op: sched::Op) -> trace::Op {
-    match op {
-        sched::Op::Read => trace::Op::Read,
-        sched::Op::Write => trace::Op::Write,
-        sched::Op::Flush => trace::Op::Flush,
-        sched::Op::Discard => trace::Op::Discard,
-        sched::Op::WriteZeroes => trace::Op::WriteZeroes,
-    }
-}
-
 /// Checks `r` against the device, records its job and submits it (see the
 /// module docs).
 pub fn submit<B: TagBuffers>(sched: &Sched, core: &DeviceCore<B>, r: Request) -> Submitted {
@@ -67,7 +56,7 @@ pub fn submit<B: TagBuffers>(sched: &Sched, core: &DeviceCore<B>, r: Request) ->
     {
         return Submitted::Completed(-libc::EINVAL);
     }
-    let mut trace = trace::RequestTrace::new(trace_op(op), seen_ns);
+    let mut trace = trace::RequestTrace::new(op, seen_ns);
     trace.set_location(qid, tag, offset, len.min(u64::from(u32::MAX)) as u32);
     core.put_job(qid, tag, Job { trace, fua });
     let desc =

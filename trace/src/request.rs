@@ -33,7 +33,8 @@ pub const MAX_IO_SPANS: usize = 4;
 /// Timestamp value meaning "not marked".
 const UNSET: u64 = u64::MAX;
 
-/// The block operation a request performs.
+/// The block operation a request performs: the one `Op` of the request
+/// path (`sched` and `serve` use this type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
@@ -52,6 +53,13 @@ impl Op {
     /// Position in [`Op::ALL`].
     pub fn index(self) -> usize {
         self as usize
+    }
+
+    /// WRITE, WRITE_ZEROES and DISCARD change the image: they reserve log
+    /// capacity, keep FIFO order among themselves and order overlapping
+    /// reads (the scheduler's ordering contract).
+    pub fn is_write_kind(self) -> bool {
+        matches!(self, Op::Write | Op::WriteZeroes | Op::Discard)
     }
 
     /// Stable snake_case name used in JSON and tables.
