@@ -108,9 +108,7 @@ impl<B: TagBuffers> Started<B> {
         } else {
             run()
         };
-        if let Err(e) = sched.complete(d.image, d.request) {
-            tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
-        }
+        complete(sched, &core.name, d.image, d.request);
         core.queues[usize::from(qid)].completions.post(Done { tag, result, trace: job.trace });
     }
 }
@@ -155,9 +153,7 @@ pub fn read_in_place<B: TagBuffers>(
         }
     };
     let end = core.traced.then(trace::now_ns);
-    if let Err(e) = sched.complete(d.image, d.request) {
-        tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
-    }
+    complete(sched, &core.name, d.image, d.request);
     let mut job = core.take_job(qid, tag).expect("a request served in place has its job");
     if let Some(end) = end {
         d.record_into(&mut job.trace, begin);
@@ -193,16 +189,12 @@ pub fn write_in_place<B: TagBuffers>(
     let run = || execute(core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, fua);
     if !core.traced {
         let result = run();
-        if let Err(e) = sched.complete(image, request) {
-            tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
-        }
+        complete(sched, &core.name, image, request);
         return result;
     }
     let result = cas::observe::into(&mut job.trace, run);
     let end = trace::now_ns();
-    if let Err(e) = sched.complete(image, request) {
-        tracing::error!(image = %core.name, "completing a request in the scheduler failed: {e}");
-    }
+    complete(sched, &core.name, image, request);
     job.trace.executed(end);
     core.tracer.finish(&job.trace, end, result.min(0));
     result
@@ -247,4 +239,12 @@ fn execute<B: TagBuffers>(
         tracing::warn!(image = %core.name, ?op, offset, len, "request failed: {e}");
         e.errno()
     })
+}
+
+/// Completes a request in the scheduler; a refusal (the image went away)
+/// is logged, the request's result still goes to its queue.
+fn complete(sched: &Sched, name: &str, image: sched::ImageId, request: sched::RequestId) {
+    if let Err(e) = sched.complete(image, request) {
+        tracing::error!(image = %name, "completing a request in the scheduler failed: {e}");
+    }
 }
