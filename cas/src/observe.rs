@@ -109,6 +109,16 @@ pub fn record(trace: &mut RequestTrace, times: &IoTimes) {
     }
 }
 
+/// Runs the I/O `f`, attributing its time to `source` if this thread
+/// observes.
+#[inline]
+pub(crate) fn io<R>(source: IoSource, f: impl FnOnce() -> R) -> R {
+    let begun = begin();
+    let result = f();
+    end(source, begun);
+    result
+}
+
 /// Starts an I/O: the time now if this thread observes, else `None`.
 #[inline]
 pub(crate) fn begin() -> Option<u64> {

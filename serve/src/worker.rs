@@ -101,13 +101,10 @@ impl<B: TagBuffers> Started<B> {
         // chunks) into the trace; the rest of the execution is `execute`.
         let fua = job.fua;
         let run = || execute(&core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, fua);
-        let result = if core.traced {
-            let result = cas::observe::into(&mut job.trace, run);
+        let result = observed(core.traced, &mut job.trace, run);
+        if core.traced {
             job.trace.executed(trace::now_ns());
-            result
-        } else {
-            run()
-        };
+        }
         complete(sched, &core.name, d.image, d.request);
         core.queues[usize::from(qid)].completions.post(Done { tag, result, trace: job.trace });
     }
@@ -187,16 +184,13 @@ pub fn write_in_place<B: TagBuffers>(
     }
     let (image, request) = (d.image, d.request);
     let run = || execute(core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, fua);
-    if !core.traced {
-        let result = run();
-        complete(sched, &core.name, image, request);
-        return result;
-    }
-    let result = cas::observe::into(&mut job.trace, run);
-    let end = trace::now_ns();
+    let result = observed(core.traced, &mut job.trace, run);
+    let end = core.traced.then(trace::now_ns);
     complete(sched, &core.name, image, request);
-    job.trace.executed(end);
-    core.tracer.finish(&job.trace, end, result.min(0));
+    if let Some(end) = end {
+        job.trace.executed(end);
+        core.tracer.finish(&job.trace, end, result.min(0));
+    }
     result
 }
 
@@ -246,5 +240,15 @@ fn execute<B: TagBuffers>(
 fn complete(sched: &Sched, name: &str, image: sched::ImageId, request: sched::RequestId) {
     if let Err(e) = sched.complete(image, request) {
         tracing::error!(image = %name, "completing a request in the scheduler failed: {e}");
+    }
+}
+
+/// Runs the engine call `f`, its I/O recorded into `trace` when the device
+/// is traced (`cas::observe`), without observing it otherwise.
+fn observed<R>(traced: bool, trace: &mut trace::RequestTrace, f: impl FnOnce() -> R) -> R {
+    if traced {
+        cas::observe::into(trace, f)
+    } else {
+        f()
     }
 }

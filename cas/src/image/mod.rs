@@ -507,10 +507,7 @@ impl Image {
     /// usable); if even that fails, the image fails.
     fn append(&self, slot: &Slot, header: &RecordHeader, payload: &[u8]) -> Result<()> {
         bump(&self.counters.log_bytes_written, u64::from(slot.record_bytes()));
-        let begun = observe::begin();
-        let written = self.log.write_record(slot, header, payload);
-        observe::end(IoSource::Log, begun);
-        match written {
+        match observe::io(IoSource::Log, || self.log.write_record(slot, header, payload)) {
             Ok(()) => {
                 self.durability.complete(slot.seq);
                 Ok(())
@@ -535,10 +532,9 @@ impl Image {
     /// Makes the log durable through `target`: a sync, or the wait for
     /// another thread's (group commit). Either is log I/O of the request.
     fn make_durable(&self, target: u64) -> Result<()> {
-        let begun = observe::begin();
-        let work = self.durability.make_durable(target, &|upto| self.log.group_sync(upto));
-        observe::end(IoSource::Log, begun);
-        let work = work?;
+        let work = observe::io(IoSource::Log, || {
+            self.durability.make_durable(target, &|upto| self.log.group_sync(upto))
+        })?;
         bump(&self.counters.sync_rounds, work.rounds);
         bump(&self.counters.syncs, work.files);
         Ok(())
@@ -607,10 +603,7 @@ impl Image {
                     tally.zero += out.len() as u64;
                 }
                 Some(Source::Log { segment, position }) => {
-                    let begun = observe::begin();
-                    let read = segment.file.read_exact_at(out, position);
-                    observe::end(IoSource::Log, begun);
-                    read?;
+                    observe::io(IoSource::Log, || segment.file.read_exact_at(out, position))?;
                     tally.log += out.len() as u64;
                 }
                 None => self.read_compacted(p.start_sector * SECTOR_BYTES, out, tally)?,
@@ -636,10 +629,7 @@ impl Image {
             let first_block = (offset + done as u64) / BLOCK_BYTES;
             let window_blocks = ((last_block - first_block + 1) as usize).min(LOOKUP_WINDOW_BLOCKS);
             let window = &mut hashes[..window_blocks];
-            let begun = observe::begin();
-            let looked_up = manifest.lookup_range(first_block, window);
-            observe::end(IoSource::Manifest, begun);
-            looked_up?;
+            observe::io(IoSource::Manifest, || manifest.lookup_range(first_block, window))?;
             for (block, hash) in (first_block..).zip(window.iter()) {
                 let in_block = ((offset + done as u64) % BLOCK_BYTES) as usize;
                 let n = (BLOCK_BYTES as usize - in_block).min(out.len() - done);
@@ -692,10 +682,7 @@ impl Image {
             match view.read_chunk(&hash, out) {
                 Err(Error::NotFound(what)) => {
                     view = read_lock(&self.manifest).clone();
-                    let begun = observe::begin();
-                    let now = view.lookup(block);
-                    observe::end(IoSource::Manifest, begun);
-                    match now? {
+                    match observe::io(IoSource::Manifest, || view.lookup(block))? {
                         Some(now) if now == hash && still_mapped => return Err(Error::NotFound(what)),
                         Some(now) if now == hash => still_mapped = true,
                         Some(now) => (hash, still_mapped) = (now, false),
