@@ -205,6 +205,17 @@ pub struct AddArgs {
     pub store_settings: StoreSettings,
 }
 
+impl AddArgs {
+    pub fn shape(&self) -> crate::device::Shape {
+        crate::device::Shape {
+            queues: self.queues,
+            depth: self.depth,
+            io_buf_bytes: self.io_buf_bytes,
+            poll_us: self.poll_us,
+        }
+    }
+}
+
 /// Settings of the store daemon (content-addressed mode). They take effect
 /// when this `add` starts the store's daemon; an `add` that reaches a
 /// running daemon is refused if it asks for a different value. The same

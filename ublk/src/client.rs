@@ -4,10 +4,9 @@
 //! management opens the store directly and `add` starts the daemon.
 
 use crate::cli::{AddArgs, ImageCommand, StatsArgs};
-use crate::daemon::{self, AddImageArgs};
-use crate::launch;
+use crate::device::launch::{self, DAEMON_LOG};
 use crate::protocol::Command;
-use crate::raw::DAEMON_LOG;
+use crate::targets::cas::{self as daemon, AddImageArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -74,10 +73,7 @@ pub fn add_image(store: &Path, args: AddArgs) -> Result<()> {
     let req = AddImageArgs {
         image,
         id: args.id,
-        queues: args.queues,
-        depth: args.depth,
-        io_buf_bytes: args.io_buf_bytes,
-        poll_us: args.poll_us,
+        shape: args.shape(),
         settings: args.store_settings.clone(),
         recover: false,
     };
@@ -89,18 +85,15 @@ pub fn add_image(store: &Path, args: AddArgs) -> Result<()> {
 /// Serves CAS device `state.id` again after its daemon died: through the
 /// store's running daemon, or a new one (which opens the store, replaying
 /// every image's log, before it takes the device over).
-pub fn recover_image(state: &crate::state::DeviceState, foreground: bool) -> Result<()> {
-    let crate::state::Target::Cas { store, image, settings } = &state.target else {
+pub fn recover_image(state: &crate::device::state::DeviceState, foreground: bool) -> Result<()> {
+    let crate::device::state::Target::Cas { store, image, settings } = &state.target else {
         bail!("ublk device {} is not a store device", state.id);
     };
     let dir = store_dir(store, false)?;
     let req = AddImageArgs {
         image: image.clone(),
         id: state.id as i32,
-        queues: state.queues,
-        depth: state.depth,
-        io_buf_bytes: state.io_buf_bytes,
-        poll_us: state.poll_us,
+        shape: state.shape,
         settings: settings.clone(),
         recover: true,
     };
@@ -113,9 +106,9 @@ fn serve_via_daemon(dir: &Path, req: &AddImageArgs, foreground: bool) -> Result<
     if let Some(socket) = running_daemon(dir) {
         return attach_via(&socket, req);
     }
-    crate::control::require_driver()?;
+    crate::device::driver::require_driver()?;
     if !req.recover {
-        crate::control::require_free_id(req.id)?;
+        crate::device::driver::require_free_id(req.id)?;
     }
     let (d, r) = (dir.to_path_buf(), req.clone());
     match launch::launch(foreground, Path::new(DAEMON_LOG), move |ready| {
@@ -140,13 +133,13 @@ fn serve_via_daemon(dir: &Path, req: &AddImageArgs, foreground: bool) -> Result<
 
 /// `casblk daemon`: the store daemon in the foreground, for a service
 /// manager (see `daemon::Serve::Service`).
-pub fn service(store: &Path, settings: crate::daemon::StoreSettings) -> Result<()> {
+pub fn service(store: &Path, settings: crate::targets::cas::StoreSettings) -> Result<()> {
     settings.options()?;
     let dir = store_dir(store, false)?;
     if running_daemon(&dir).is_some() {
         bail!("a casblk daemon already serves store {}", dir.display());
     }
-    crate::control::require_driver()?;
+    crate::device::driver::require_driver()?;
     launch::launch(true, Path::new(DAEMON_LOG), move |ready| {
         daemon::serve_store(dir, daemon::Serve::Service(settings), ready)
     })
@@ -385,7 +378,7 @@ fn stats_target(store: &Path, id: Option<u32>) -> Result<(PathBuf, Option<String
             Ok((socket, None))
         }
         Some(id) => {
-            let target = crate::control::target_data(id)?;
+            let target = crate::devices::target_data(id)?;
             let cas = target.get("cas").ok_or_else(|| {
                 anyhow!("ublk device {id} is not a casblk store device (raw mode has no stats)")
             })?;

@@ -1,24 +1,21 @@
 //! `casblk`: a ublk userspace block driver that serves VM disk images.
 //!
-//! The binary owns the command line, the device lifecycle (add, del, list,
-//! features) and the per-queue io threads. Storage lives in the `cas`
-//! crate; this crate only moves requests between the kernel and a target.
+//! The binary owns the command line (`cli`, `client`, `devices`, offline
+//! commands), the device layer every target shares (`device`), and the
+//! targets (`targets::raw`, `targets::cas`). Storage lives in the `cas`
+//! crate and the request path of CAS mode in `serve`; this crate only moves
+//! requests between the kernel and a target.
 
 mod cli;
 mod client;
-mod control;
-mod daemon;
+mod device;
+mod devices;
 mod fsck;
 mod image_io;
-mod launch;
 mod logging;
-mod params;
 mod protocol;
 mod qcow2;
-mod raw;
-mod recovering;
-mod ring;
-mod state;
+mod targets;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -82,18 +79,18 @@ fn usage_error(e: clap::Error) -> ExitCode {
 fn run(cli: cli::Cli) -> anyhow::Result<()> {
     match cli.command {
         cli::Command::Add(args) => match args.backing.clone() {
-            Some(backing) => raw::add(args, &backing),
+            Some(backing) => targets::raw::add(args, &backing),
             None => client::add_image(&cli.store, args),
         },
         cli::Command::Image(cmd) => client::image(&cli.store, cmd),
         cli::Command::Stats(args) => client::stats(&cli.store, &args),
         cli::Command::Gc { json } => client::gc(&cli.store, json),
-        cli::Command::Del(args) => control::del(&args),
-        cli::Command::Recover(args) => control::recover(&args),
-        cli::Command::Upgrade(args) => control::upgrade(&args),
+        cli::Command::Del(args) => devices::del(&args),
+        cli::Command::Recover(args) => devices::recover(&args),
+        cli::Command::Upgrade(args) => devices::upgrade(&args),
         cli::Command::Daemon(args) => client::service(&cli.store, args.store_settings),
-        cli::Command::List(args) => control::list(&args),
-        cli::Command::Features => control::features(),
+        cli::Command::List(args) => devices::list(&args),
+        cli::Command::Features => devices::features(),
         cli::Command::Fsck(_) => unreachable!("fsck returns its own exit status"),
     }
 }

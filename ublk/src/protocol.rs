@@ -18,7 +18,7 @@
 //!
 //! Replies stay JSON values, built and read where each command lives.
 
-use crate::daemon::AddImageArgs;
+use crate::targets::cas::AddImageArgs;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -149,6 +149,19 @@ mod tests {
             let back = decode_framed(&want).unwrap();
             assert_eq!(framed(&back), want, "round trip");
         }
+    }
+
+    #[test]
+    fn add_carries_the_device_shape_as_four_flat_fields() {
+        let old = serde_json::json!({"cmd": "control", "action": "add", "v": 1, "args": {
+            "image": "vm", "id": -1, "queues": 2, "depth": 64, "io_buf_bytes": 524288, "poll_us": 0}});
+        let Command::Add(args) = decode_framed(&old).unwrap() else { panic!("not an add") };
+        let want = crate::device::Shape { queues: 2, depth: 64, io_buf_bytes: 524288, poll_us: 0 };
+        assert_eq!((args.image.as_str(), args.id, args.shape, args.recover), ("vm", -1, want, false));
+        let back = framed(&Command::Add(args));
+        assert_eq!(back["args"]["queues"], 2);
+        assert_eq!(back["args"]["io_buf_bytes"], 524288);
+        assert!(back["args"].get("shape").is_none(), "{back}");
     }
 
     #[test]

@@ -72,7 +72,7 @@ const B_BYTES: u64 = 128 * MIB;
 /// Per-image log quota: QD32 x 1 MiB in flight and queued is half as much
 /// again, so B's writers wait on compaction.
 const LOG_QUOTA_BYTES: u64 = 64 * MIB;
-/// The daemon's worker pool (ublk/src/daemon/control/mod.rs).
+/// The daemon's worker pool (ublk/src/targets/cas/control/mod.rs).
 const WORKERS: usize = 4;
 
 const READS: Stream = Stream {

@@ -2,43 +2,37 @@
 //! recovery), serving it until it stops, and detaching it.
 
 use super::{AddImageArgs, Attached, Daemon, ATTACH_TIMEOUT};
-use crate::daemon::{bridge, links, queue, DeviceCore};
-use crate::params::device_params;
-use crate::raw;
+use crate::device::{Device, Setup, Start};
+use crate::targets::cas::{bridge, links, queue, DeviceCore};
 use anyhow::{anyhow, bail, Context, Result};
-use libublk::ctrl::UblkCtrl;
 use libublk::io::UblkDev;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
 
 impl Daemon {
     /// Serves again every quiesced device of this store that has a state
     /// file; returns how many were recovered and how many failed.
     pub(super) fn recover_quiesced(self: &Arc<Self>) -> (usize, usize) {
         let (mut recovered, mut failed) = (0, 0);
-        for id in crate::state::DeviceState::ids() {
-            let Ok(state) = crate::state::DeviceState::load(id) else { continue };
-            let crate::state::Target::Cas { store, image, .. } = &state.target else { continue };
+        for id in crate::device::state::DeviceState::ids() {
+            let Ok(state) = crate::device::state::DeviceState::load(id) else { continue };
+            let crate::device::state::Target::Cas { store, image, .. } = &state.target else { continue };
             if store.canonicalize().ok().as_deref() != Some(self.store_dir.as_path()) {
                 continue;
             }
-            if !crate::control::is_quiesced(id) {
+            if !crate::device::driver::is_quiesced(id) {
                 continue;
             }
             let args = AddImageArgs {
                 image: image.clone(),
                 id: id as i32,
-                queues: state.queues,
-                depth: state.depth,
-                io_buf_bytes: state.io_buf_bytes,
-                poll_us: state.poll_us,
+                shape: state.shape,
                 settings: self.settings.clone(),
                 recover: true,
             };
             // attach logs the recovery, with the time it took.
-            let _mark = crate::recovering::RecoveringMark::new(id);
+            let _mark = crate::device::recovering::RecoveringMark::new(id);
             match self.attach(&args) {
                 Ok(_) => recovered += 1,
                 Err(e) => {
@@ -52,17 +46,17 @@ impl Daemon {
 
     /// Attaches an image as a new ublk device; returns its path once usable.
     pub(super) fn attach(self: &Arc<Self>, args: &AddImageArgs) -> Result<String> {
-        raw::validate_queue_args(args.queues, args.depth, args.io_buf_bytes)?;
+        args.shape.validate()?;
         // A recovered device joins whatever daemon serves its store now:
         // the settings are the store's, not the device's.
         if !args.recover {
             if let Some(why) = args.settings.conflict(&self.options) {
                 bail!(why);
             }
-            crate::control::require_free_id(args.id)?;
+            crate::device::driver::require_free_id(args.id)?;
         }
         let frontier = sched::Config::default().frontier_limit();
-        if usize::from(args.queues) * usize::from(args.depth) > frontier {
+        if usize::from(args.shape.queues) * usize::from(args.shape.depth) > frontier {
             bail!("queues x depth must be at most {frontier} (the scheduler's descriptor quota)");
         }
         let mut table = self.lock();
@@ -85,19 +79,20 @@ impl Daemon {
             ms = opening.elapsed().as_millis() as u64,
             "image opened"
         );
-        let buffer_bytes = serve::tag_buffer_bytes(args.queues, args.depth, args.io_buf_bytes);
+        let buffer_bytes =
+            serve::tag_buffer_bytes(args.shape.queues, args.shape.depth, args.shape.io_buf_bytes);
         let buffers = self.store.lend_memory(
             buffer_bytes,
             &format!(
                 "the tag buffers of image {} ({} queues x depth {} x --io-buf-bytes {})",
-                args.image, args.queues, args.depth, args.io_buf_bytes
+                args.image, args.shape.queues, args.shape.depth, args.shape.io_buf_bytes
             ),
         )?;
         let sched_id = sched::ImageId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let log_dir = self.store.log_dir(&args.image)?;
         let log_in_memory = std::fs::File::open(&log_dir).is_ok_and(|d| cas::storage::is_memory_fs(&d));
-        let bufs = (0..args.queues)
-            .map(|_| bridge::TagBuffers::new(usize::from(args.depth), args.io_buf_bytes as usize))
+        let bufs = (0..args.shape.queues)
+            .map(|_| bridge::TagBuffers::new(usize::from(args.shape.depth), args.shape.io_buf_bytes as usize))
             .collect();
         let core = Arc::new(
             DeviceCore::new(
@@ -106,8 +101,8 @@ impl Daemon {
                 image.clone(),
                 log_in_memory,
                 bufs,
-                args.depth,
-                args.io_buf_bytes,
+                args.shape.depth,
+                args.shape.io_buf_bytes,
                 buffers,
             )
             .context("creating a queue eventfd")?,
@@ -157,56 +152,34 @@ impl Daemon {
         args: &AddImageArgs,
         ready: mpsc::Sender<Result<(u32, String)>>,
     ) -> Result<()> {
-        let start = if args.recover { raw::Start::Recover } else { raw::Start::Add };
-        let ctrl = raw::new_device("casblk", args.id, args.queues, args.depth, args.io_buf_bytes, start)?;
-        let dev_id = ctrl.dev_info().dev_id;
-        raw::save_state(
-            &ctrl,
-            (args.queues, args.depth, args.io_buf_bytes, args.poll_us),
-            crate::state::Target::Cas {
-                store: self.store_dir.clone(),
-                image: core.name.clone(),
-                settings: self.settings.clone(),
-            },
-        )?;
-        let size = core.image.size_bytes();
-        // A snapshot: the kernel refuses writes before they reach us.
-        let read_only = core.image.is_read_only();
-        let io_buf_bytes = args.io_buf_bytes;
-        let target_json = json!({ "cas": {
-            "store": self.store_dir.display().to_string(),
-            "image": core.name,
-            "socket": self.socket.display().to_string(),
-        }});
-        let tgt_init = move |dev: &mut UblkDev| {
-            dev.tgt.dev_size = size;
+        let start = if args.recover { Start::Recover } else { Start::Add };
+        let state = crate::device::state::Target::Cas {
+            store: self.store_dir.clone(),
+            image: core.name.clone(),
+            settings: self.settings.clone(),
+        };
+        let device = Device::create("casblk", args.id, args.shape, start, state)?;
+        let dev_id = device.id();
+        let setup = Setup {
+            size_bytes: core.image.size_bytes(),
             // The store serves DISCARD and WRITE_ZEROES as log records.
-            dev.tgt.params = device_params(size, io_buf_bytes, true, read_only);
-            dev.set_target_json(target_json);
-            Ok(())
+            discard: true,
+            // A snapshot: the kernel refuses writes before they reach us.
+            read_only: core.image.is_read_only(),
+            target_json: json!({ "cas": {
+                "store": self.store_dir.display().to_string(),
+                "image": core.name,
+                "socket": self.socket.display().to_string(),
+            }}),
+            fixed_file: None,
         };
-        let (qcore, qsched, spin) = (core.clone(), self.sched.clone(), Duration::from_micros(args.poll_us));
+        let (qcore, qsched, spin) = (core.clone(), self.sched.clone(), args.shape.spin());
         let queue_fn = move |qid: u16, dev: &UblkDev| queue::queue_thread(qid, dev, &qcore, &qsched, spin);
-        let on_started = move |c: &UblkCtrl| {
-            let path = c.get_bdev_path();
-            match raw::wait_for_node(&path) {
-                Ok(()) => {
-                    let _ = ready.send(Ok((dev_id, path)));
-                }
-                Err(e) => {
-                    let _ = ready.send(Err(e));
-                    let _ = c.kill_dev();
-                }
-            }
-        };
-        let served = ctrl.run_target(tgt_init, queue_fn, on_started);
-        // The device stopped (deleted, or failed to start): nothing to recover.
-        drop(ctrl);
-        raw::delete_if_recovered(dev_id, start);
+        let served = device.serve(setup, queue_fn, move |r| {
+            let _ = ready.send(r.map(|path| (dev_id, path)));
+        });
         links::remove(&self.store_dir, &core.name, &format!("/dev/ublkb{dev_id}"));
-        crate::state::DeviceState::remove(dev_id)?;
-        served.map_err(|e| raw::ctrl_error(dev_id as i32, e))?;
-        Ok(())
+        served
     }
 
     /// After the device stopped: make everything durable, and forget it.

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 fn path(id: u32) -> PathBuf {
-    PathBuf::from(crate::state::STATE_DIR).join(format!("dev-{id}.recovering"))
+    PathBuf::from(crate::device::state::STATE_DIR).join(format!("dev-{id}.recovering"))
 }
 
 /// Held while this process recovers device `id`; removed on drop.
@@ -20,7 +20,7 @@ impl RecoveringMark {
     /// Best effort: a mark that cannot be written only makes `list` say
     /// "quiesced" instead of "recovering".
     pub fn new(id: u32) -> RecoveringMark {
-        let _ = std::fs::create_dir_all(crate::state::STATE_DIR);
+        let _ = std::fs::create_dir_all(crate::device::state::STATE_DIR);
         if let Err(e) = std::fs::write(path(id), format!("{}\n", std::process::id())) {
             tracing::debug!(dev = id, "cannot mark the device as recovering: {e}");
         }
@@ -40,7 +40,7 @@ impl Drop for RecoveringMark {
 /// The live process recovering device `id`, if any.
 pub fn recovering_pid(id: u32) -> Option<i32> {
     let pid: i32 = std::fs::read_to_string(path(id)).ok()?.trim().parse().ok()?;
-    crate::control::process_exists(pid).then_some(pid)
+    crate::device::driver::process_exists(pid).then_some(pid)
 }
 
 /// Forgets device `id`'s mark (the device is deleted).

@@ -11,8 +11,8 @@
 
 use super::bridge::LocalSlots;
 use super::{DeviceCore, Sched};
-use crate::params::SECTOR_SHIFT;
-use crate::ring;
+use crate::device::params::SECTOR_SHIFT;
+use crate::device::ring;
 use io_uring::{opcode, types};
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::uring_async::ublk_submit_sqe_async;

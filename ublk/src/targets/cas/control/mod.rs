@@ -9,7 +9,7 @@ mod snapshot;
 
 use super::links;
 use super::{bridge, Registry, Sched};
-use crate::launch::Ready;
+use crate::device::launch::Ready;
 use anyhow::{anyhow, Context, Result};
 use libublk::ctrl::UblkCtrl;
 use serde::{Deserialize, Serialize};
@@ -33,10 +33,9 @@ pub const RUN_DIR: &str = "/run/casblk";
 pub struct AddImageArgs {
     pub image: String,
     pub id: i32,
-    pub queues: u16,
-    pub depth: u16,
-    pub io_buf_bytes: u32,
-    pub poll_us: u64,
+    /// On the wire as its four fields (`queues`, `depth`, ...).
+    #[serde(flatten)]
+    pub shape: crate::device::Shape,
     /// Store daemon settings: used if this request starts the daemon,
     /// checked against the running daemon's otherwise.
     #[serde(default)]

@@ -3,15 +3,13 @@
 //! its backing honours: DISCARD only when hole punching works, and
 //! WRITE_ZEROES always (with a fallback that writes zero buffers).
 
+use crate::device::params::SECTOR_BYTES;
 use anyhow::{bail, Context, Result};
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-
-pub const SECTOR_SHIFT: u32 = 9;
-pub const SECTOR_SIZE: u64 = 1 << SECTOR_SHIFT;
 
 /// How WRITE_ZEROES is carried out on the backing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,10 +85,10 @@ impl Backing {
             meta.len()
         };
         if size == 0 {
-            bail!("backing file {shown} is empty: a device needs at least {SECTOR_SIZE} bytes");
+            bail!("backing file {shown} is empty: a device needs at least {SECTOR_BYTES} bytes");
         }
-        if size % SECTOR_SIZE != 0 {
-            bail!("backing file {shown} is {size} bytes, not a multiple of {SECTOR_SIZE}");
+        if size % SECTOR_BYTES != 0 {
+            bail!("backing file {shown} is {size} bytes, not a multiple of {SECTOR_BYTES}");
         }
         let (punch, zeroes) = if ft.is_block_device() {
             (block_discard_supported(meta.rdev()), ZeroMethod::ZeroRange)
@@ -130,39 +128,4 @@ fn block_discard_supported(rdev: u64) -> bool {
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .is_some_and(|n| n > 0)
-}
-
-/// Device parameters for a device of `size` bytes taking requests of at
-/// most `io_buf_bytes` (`read_only`: the kernel refuses writes).
-pub fn device_params(
-    size: u64,
-    io_buf_bytes: u32,
-    discard: bool,
-    read_only: bool,
-) -> libublk::sys::ublk_params {
-    let max_sectors = io_buf_bytes >> SECTOR_SHIFT;
-    let read_only = if read_only { libublk::sys::UBLK_ATTR_READ_ONLY } else { 0 };
-    libublk::sys::ublk_params {
-        types: libublk::sys::UBLK_PARAM_TYPE_BASIC | libublk::sys::UBLK_PARAM_TYPE_DISCARD,
-        basic: libublk::sys::ublk_param_basic {
-            // A volatile cache makes the kernel send FLUSH; FUA is honoured per write.
-            attrs: libublk::sys::UBLK_ATTR_VOLATILE_CACHE | libublk::sys::UBLK_ATTR_FUA | read_only,
-            logical_bs_shift: 9,
-            physical_bs_shift: 12,
-            io_opt_shift: 12,
-            io_min_shift: 9,
-            max_sectors,
-            dev_sectors: size >> SECTOR_SHIFT,
-            ..Default::default()
-        },
-        discard: libublk::sys::ublk_param_discard {
-            discard_alignment: 0,
-            discard_granularity: 4096,
-            max_discard_sectors: if discard { u32::MAX >> SECTOR_SHIFT } else { 0 },
-            max_write_zeroes_sectors: max_sectors,
-            max_discard_segments: 1,
-            ..Default::default()
-        },
-        ..Default::default()
-    }
 }

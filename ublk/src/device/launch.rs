@@ -12,6 +12,9 @@ use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
+/// Where a launched daemon's stderr (its log) goes.
+pub const DAEMON_LOG: &str = "/run/casblk/casblk.log";
+
 /// How long `add` waits for the daemon to bring the device up. Software
 /// emulated VMs are slow, so this is generous, but it is a bound.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);

@@ -16,7 +16,8 @@
 //! newer casblk (higher version) or with a bad checksum is refused with a
 //! message, never guessed at.
 
-use crate::daemon::StoreSettings;
+use super::Shape;
+use crate::targets::cas::StoreSettings;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -40,10 +41,9 @@ pub enum Target {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceState {
     pub id: u32,
-    pub queues: u16,
-    pub depth: u16,
-    pub io_buf_bytes: u32,
-    pub poll_us: u64,
+    /// Stored as its four fields beside `id` (the layout of version 1).
+    #[serde(flatten)]
+    pub shape: Shape,
     /// The device was added with user recovery: its IO waits for a new
     /// daemon when the old one dies.
     pub recovery: bool,
@@ -142,10 +142,7 @@ mod tests {
     fn sample() -> DeviceState {
         DeviceState {
             id: 3,
-            queues: 2,
-            depth: 64,
-            io_buf_bytes: 1 << 20,
-            poll_us: 0,
+            shape: Shape { queues: 2, depth: 64, io_buf_bytes: 1 << 20, poll_us: 0 },
             recovery: true,
             target: Target::Cas {
                 store: "/var/lib/casblk".into(),
@@ -172,5 +169,18 @@ mod tests {
         let e = DeviceState::decode(&encode(&s, STATE_VERSION, true)).unwrap_err().to_string();
         assert!(e.contains("checksum"), "{e}");
         assert!(DeviceState::decode(b"{").is_err());
+    }
+
+    #[test]
+    fn reads_the_version_1_layout() {
+        // As a casblk from before `Shape` wrote it; `upgrade` meets such files.
+        let device = serde_json::json!({
+            "id": 3, "queues": 2, "depth": 64, "io_buf_bytes": 1048576, "poll_us": 0, "recovery": true,
+            "target": { "raw": { "backing": "/srv/d.img" } }
+        });
+        let crc = cas::format::crc32c(&serde_json::to_vec(&device).unwrap());
+        let bytes = serde_json::to_vec(&StateFile { version: 1, crc32c: crc, device }).unwrap();
+        let want = DeviceState { target: Target::Raw { backing: "/srv/d.img".into() }, ..sample() };
+        assert_eq!(DeviceState::decode(&bytes).unwrap(), want);
     }
 }
