@@ -17,6 +17,8 @@ pub mod manifest;
 pub mod observe;
 pub mod storage;
 pub mod store;
+mod sync;
+pub mod tasks;
 pub mod units;
 pub mod wal;
 

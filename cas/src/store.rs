@@ -55,6 +55,7 @@ use crate::gc::{GcOptions, GcReport};
 use crate::image::{Image, ImageConfig, ManifestView, BLOCK_BYTES, MAX_WRITE_BYTES};
 use crate::manifest::{CompactedView, Manifest, ManifestOptions};
 use crate::storage::{Storage, StorageLock};
+use crate::tasks::Tasks;
 use crate::wal::segment::{SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -104,6 +105,10 @@ pub struct StoreOptions {
     /// number: `/proc/<pid>/task/<tid>/stat` shows the policy).
     #[serde(skip)]
     pub background_cpu: BackgroundCpu,
+    /// What runs the background tasks (the compactor, each image's log
+    /// writeback): threads, or a test's stepper (`cas::tasks`).
+    #[serde(skip)]
+    pub tasks: Tasks,
 }
 
 impl Default for StoreOptions {
@@ -121,6 +126,7 @@ impl Default for StoreOptions {
             compaction_interval_ms: 1000,
             pack_bytes: 64 << 20,
             background_cpu: BackgroundCpu::default(),
+            tasks: Tasks::default(),
         }
     }
 }
@@ -290,11 +296,12 @@ impl Store {
             chunks: chunks.clone(),
             budget: Budget::new(opts.compaction_memory_bytes),
             cfg: opts.compact_config(),
+            tasks: opts.tasks.clone(),
         });
         let open: OpenImages = Arc::default();
         let service = opts
             .background_compaction
-            .then(|| Service::start(compactor.clone(), open.clone(), opts.background_cpu));
+            .then(|| Service::start(compactor.clone(), open.clone(), &opts.tasks, opts.background_cpu));
         Ok(Arc::new(Store {
             service,
             storage,
@@ -501,6 +508,7 @@ impl Store {
             quota_bytes: self.opts.log_quota_bytes,
             replay_after_seq,
             background_cpu: self.opts.background_cpu,
+            tasks: self.opts.tasks.clone(),
             read_only: header.kind == ImageKind::Snapshot,
         })
     }

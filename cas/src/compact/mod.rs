@@ -165,6 +165,8 @@ pub struct Compactor {
     pub chunks: Arc<ChunkStore>,
     pub budget: Budget,
     pub cfg: CompactConfig,
+    /// The clock a pass's time is taken from (the store's task runner's).
+    pub tasks: crate::tasks::Tasks,
 }
 
 impl Compactor {
@@ -184,7 +186,7 @@ impl Compactor {
         report.work.passes = 1;
         let result = self.pass(image, state, ctl, &mut report);
         report.covered_after = state.manifest.covered();
-        *lock(&state.last_pass) = Some(Instant::now());
+        *lock(&state.last_pass) = Some(self.tasks.now());
         if let Err(e) = &result {
             report.work.errors += 1;
             report.work.budget_waits += u64::from(matches!(e, Error::MemoryBudget(_)));

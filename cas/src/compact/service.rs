@@ -1,6 +1,8 @@
-//! The background compactor: one thread per store (plus each pass's reader
-//! thread) that decides when each open image is compacted. It never runs
-//! on a ublk queue thread or a scheduler worker.
+//! The background compactor: one task per store (a thread, plus each
+//! pass's reader thread; or stepped by a test, see `crate::tasks`) that
+//! decides when each open image is compacted. It never runs on a ublk
+//! queue thread or a scheduler worker. Its time comes from its task's
+//! clock, so under a stepper its back-offs and intervals replay exactly.
 //!
 //! ```text
 //!  wake: pressure listener (log use >= trigger, or a refused reservation)
@@ -37,10 +39,9 @@ use super::{lock, Compactor, PassControl};
 use crate::background::BackgroundCpu;
 use crate::error::Error;
 use crate::image::{CapacityListener, Image};
+use crate::tasks::{Context, Step, Task, TaskHandle, Tasks, Wake};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// The service looks at every image at least this often.
@@ -55,84 +56,50 @@ pub const FAILURES_BEFORE_CLOSING: u32 = 5;
 /// The open images of a store, by name.
 pub type OpenImages = Arc<Mutex<HashMap<String, Weak<Image>>>>;
 
-struct Shared {
-    woken: Mutex<bool>,
-    cond: Condvar,
-    stop: AtomicBool,
-}
-
-impl Shared {
-    fn wake(&self) {
-        *lock(&self.woken) = true;
-        self.cond.notify_one();
-    }
-}
-
-/// The running service; dropping it stops the thread (after the pass in
+/// The running service; dropping it stops its task (after the pass in
 /// progress, if any).
 pub struct Service {
-    shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    wake: Wake,
+    _task: TaskHandle,
 }
 
 impl Service {
-    pub fn start(compactor: Arc<Compactor>, images: OpenImages, cpu: BackgroundCpu) -> Service {
-        let shared =
-            Arc::new(Shared { woken: Mutex::new(false), cond: Condvar::new(), stop: AtomicBool::new(false) });
-        let sh = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("cas-compactor".into())
-            .spawn(move || {
-                cpu.apply_to_current_thread();
-                run(&compactor, &images, &sh)
-            })
-            .expect("spawn the compactor thread");
-        Service { shared, thread: Some(thread) }
+    pub fn start(
+        compactor: Arc<Compactor>,
+        images: OpenImages,
+        tasks: &Tasks,
+        cpu: BackgroundCpu,
+    ) -> Service {
+        let task = tasks.spawn("cas-compactor", cpu, Box::new(ServiceTask { compactor, images }));
+        Service { wake: task.waker(), _task: task }
     }
 
     /// What an image calls when its log comes under pressure.
     pub fn waker(&self) -> CapacityListener {
-        let sh = self.shared.clone();
-        Arc::new(move || sh.wake())
+        let wake = self.wake.clone();
+        Arc::new(move || wake.wake())
     }
 }
 
-impl Drop for Service {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        self.shared.wake();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+struct ServiceTask {
+    compactor: Arc<Compactor>,
+    images: OpenImages,
 }
 
-fn run(compactor: &Compactor, images: &OpenImages, sh: &Shared) {
-    loop {
-        {
-            let mut woken = lock(&sh.woken);
-            if !*woken && !sh.stop.load(Ordering::Acquire) {
-                woken = sh
-                    .cond
-                    .wait_timeout(woken, Duration::from_millis(TICK_MS))
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-            }
-            *woken = false;
-        }
-        if sh.stop.load(Ordering::Acquire) {
-            return;
-        }
+impl Task for ServiceTask {
+    /// One round over the open images; again at once if a pass under
+    /// pressure made progress, else after the tick (or a wake-up).
+    fn step(&mut self, cx: &Context<'_>) -> Step {
         // Weak handles, upgraded one at a time: an image is held only while
         // it is looked at, so closing and removing it is rarely delayed.
-        let open: Vec<Weak<Image>> = lock(images).values().cloned().collect();
+        let open: Vec<Weak<Image>> = lock(&self.images).values().cloned().collect();
         let mut again = false;
         for weak in open {
-            if sh.stop.load(Ordering::Acquire) {
-                return;
+            if cx.stopping() {
+                return Step::Done;
             }
             let Some(image) = weak.upgrade() else { continue };
-            match step(compactor, &image) {
+            match step(&self.compactor, &image, cx.now()) {
                 Ok(Some(more)) => {
                     again |= more;
                     if let Some(state) = image.compaction() {
@@ -141,22 +108,24 @@ fn run(compactor: &Compactor, images: &OpenImages, sh: &Shared) {
                     image.reopen_log();
                 }
                 Ok(None) => {}
-                Err(e) => failed(&image, &e),
+                Err(e) => failed(&image, &e, cx.now()),
             }
         }
         if again {
-            *lock(&sh.woken) = true;
+            Step::Again
+        } else {
+            Step::Wait(Some(Duration::from_millis(TICK_MS)))
         }
     }
 }
 
 /// A pass of `image` failed: back off, and after
 /// [`FAILURES_BEFORE_CLOSING`] in a row close its log to waiting.
-fn failed(image: &Image, e: &Error) {
+fn failed(image: &Image, e: &Error, now: Instant) {
     let Some(state) = image.compaction() else { return };
     let budget = matches!(e, Error::MemoryBudget(_));
     let backoff = if budget { BUDGET_BACKOFF } else { ERROR_BACKOFF };
-    *lock(&state.retry_after) = Some(Instant::now() + backoff);
+    *lock(&state.retry_after) = Some(now + backoff);
     if budget {
         tracing::warn!(image = image.name(), error = %e, "compaction pass refused by the memory budget; retrying");
         return;
@@ -175,9 +144,9 @@ fn failed(image: &Image, e: &Error) {
 
 /// Looks at one image and compacts it if needed: `None` if no pass ran,
 /// else whether it should be looked at again at once.
-fn step(compactor: &Compactor, image: &Image) -> crate::Result<Option<bool>> {
+fn step(compactor: &Compactor, image: &Image, now: Instant) -> crate::Result<Option<bool>> {
     let Some(state) = image.compaction() else { return Ok(None) };
-    if lock(&state.retry_after).is_some_and(|t| Instant::now() < t) {
+    if lock(&state.retry_after).is_some_and(|t| now < t) {
         return Ok(None);
     }
     // Re-arm before looking, so a signal raised from now on is not lost.
@@ -189,7 +158,8 @@ fn step(compactor: &Compactor, image: &Image) -> crate::Result<Option<bool>> {
             >= u128::from(image.log_quota_bytes()) * u128::from(cfg.trigger_percent);
     let covered = state.manifest.covered();
     let waiting = image.durable_seq() > covered;
-    let due = waiting && lock(&state.last_pass).is_none_or(|t| t.elapsed() >= cfg.interval);
+    let due =
+        waiting && lock(&state.last_pass).is_none_or(|t| now.saturating_duration_since(t) >= cfg.interval);
     if !(pressure || due || image.retired_segments() > 0) {
         return Ok(None);
     }

@@ -162,6 +162,18 @@ impl Durability {
         }
     }
 
+    /// Without waiting: Some(true) if every record through `seq` is
+    /// complete, Some(false) if the image failed, None if records are
+    /// still in flight.
+    pub fn completed(&self, seq: u64) -> Option<bool> {
+        let st = lock(&self.state);
+        if st.failed.is_some() {
+            Some(false)
+        } else {
+            (st.watermark >= seq).then_some(true)
+        }
+    }
+
     /// Fails the image: every later write, flush and wait gets an error.
     pub fn fail(&self, why: String) {
         let mut st = lock(&self.state);

@@ -41,6 +41,7 @@ use crate::compact::ImageCompaction;
 use crate::error::{Error, Result};
 use crate::observe;
 use crate::storage::Storage;
+use crate::tasks::Tasks;
 use crate::wal::segment::{SEGMENT_BYTES_MIN, SEGMENT_HEADER_BYTES};
 use crate::wal::{Log, RecordHeader, RecordKind, RecoveryReport, Slot, RECORD_HEADER_BYTES, SECTOR_BYTES};
 use capacity::Capacity;
@@ -75,6 +76,8 @@ pub struct ImageConfig {
     pub replay_after_seq: u64,
     /// The log writeback thread's scheduling class.
     pub background_cpu: BackgroundCpu,
+    /// What runs the log writeback task.
+    pub tasks: Tasks,
     /// A snapshot: every write, zeroing and discard is refused.
     pub read_only: bool,
 }
@@ -180,7 +183,13 @@ impl Image {
         let log = Arc::new(log);
         let durability = Arc::new(Durability::new(format!("image {}", cfg.name), durable));
         Ok(Image {
-            writeback: Writeback::start(&cfg.name, log.clone(), durability.clone(), cfg.background_cpu),
+            writeback: Writeback::start(
+                &cfg.name,
+                log.clone(),
+                durability.clone(),
+                &cfg.tasks,
+                cfg.background_cpu,
+            ),
             durability,
             name: cfg.name,
             size_bytes: cfg.size_bytes,

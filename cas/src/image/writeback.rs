@@ -20,58 +20,49 @@
 
 use super::durability::Durability;
 use crate::background::BackgroundCpu;
+use crate::tasks::{Context, Step, Task, TaskHandle, Tasks, Wake};
 use crate::wal::{Log, Segment};
-use crossbeam::channel::{bounded, Sender};
+use crossbeam::channel::{bounded, Receiver, Sender, TryRecvError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Closed segments waiting for writeback, at most.
 pub const QUEUE_DEPTH: usize = 16;
 
-/// The writeback thread of one image.
+/// The writeback task of one image.
 pub struct Writeback {
     tx: Option<Sender<(Arc<Segment>, u64)>>,
     durability: Arc<Durability>,
-    thread: Option<JoinHandle<()>>,
-    /// Segments synced by the thread.
+    task: Option<TaskHandle>,
+    wake: Wake,
+    /// Segments synced by the task.
     pub syncs: Arc<AtomicU64>,
 }
 
 impl Writeback {
-    pub fn start(name: &str, log: Arc<Log>, durability: Arc<Durability>, cpu: BackgroundCpu) -> Writeback {
+    pub fn start(
+        name: &str,
+        log: Arc<Log>,
+        durability: Arc<Durability>,
+        tasks: &Tasks,
+        cpu: BackgroundCpu,
+    ) -> Writeback {
         let (tx, rx) = bounded::<(Arc<Segment>, u64)>(QUEUE_DEPTH);
         let syncs = Arc::new(AtomicU64::new(0));
-        let count = syncs.clone();
-        let shared = durability.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("wal-wb-{name}").chars().take(15).collect())
-            .spawn(move || {
-                cpu.apply_to_current_thread();
-                for (segment, last_seq) in rx {
-                    if !durability.wait_complete(last_seq) {
-                        return; // the image failed; nothing more to do
-                    }
-                    match log.sync_closed(&segment) {
-                        Ok(()) => {
-                            count.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(e) => {
-                            durability.fail(format!("early writeback of a closed log segment failed: {e}"));
-                            return;
-                        }
-                    }
-                }
-            })
-            .expect("spawn the WAL writeback thread");
-        Writeback { tx: Some(tx), durability: shared, thread: Some(thread), syncs }
+        let task =
+            WritebackTask { rx, pending: None, log, durability: durability.clone(), syncs: syncs.clone() };
+        let task = tasks.spawn(&format!("wal-wb-{name}"), cpu, Box::new(task));
+        Writeback { tx: Some(tx), durability, wake: task.waker(), task: Some(task), syncs }
     }
 
     /// Queues segment `segment`, closed after record `last_seq`; skipped
     /// (left to group commit) if the queue is full.
     pub fn closed(&self, segment: Arc<Segment>, last_seq: u64) {
         if let Some(tx) = &self.tx {
-            let _ = tx.try_send((segment, last_seq));
+            if tx.try_send((segment, last_seq)).is_ok() {
+                self.wake.wake();
+            }
         }
     }
 }
@@ -81,9 +72,53 @@ impl Drop for Writeback {
         // The image is going away: stop waiting for records that will
         // never complete, skip queued segments (nothing relies on them).
         self.durability.fail("the image was closed".into());
-        drop(self.tx.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        drop(self.tx.take()); // unblocks a task waiting for a segment
+        drop(self.task.take());
+    }
+}
+
+struct WritebackTask {
+    rx: Receiver<(Arc<Segment>, u64)>,
+    /// The segment being written back, once taken from the queue.
+    pending: Option<(Arc<Segment>, u64)>,
+    log: Arc<Log>,
+    durability: Arc<Durability>,
+    syncs: Arc<AtomicU64>,
+}
+
+impl Task for WritebackTask {
+    fn step(&mut self, cx: &Context<'_>) -> Step {
+        if self.pending.is_none() {
+            let next = if cx.may_block() {
+                self.rx.recv().ok()
+            } else {
+                match self.rx.try_recv() {
+                    Ok(next) => Some(next),
+                    Err(TryRecvError::Empty) => return Step::Wait(None),
+                    Err(TryRecvError::Disconnected) => None,
+                }
+            };
+            let Some(next) = next else { return Step::Done };
+            self.pending = Some(next);
         }
+        let Some((segment, last_seq)) = &self.pending else { return Step::Again };
+        let complete = if cx.may_block() {
+            Some(self.durability.wait_complete(*last_seq))
+        } else {
+            self.durability.completed(*last_seq)
+        };
+        match complete {
+            // Stepped, with records still in flight: look again next time.
+            None => return Step::Wait(Some(Duration::ZERO)),
+            Some(false) => return Step::Done, // the image failed; nothing more to do
+            Some(true) => {}
+        }
+        if let Err(e) = self.log.sync_closed(segment) {
+            self.durability.fail(format!("early writeback of a closed log segment failed: {e}"));
+            return Step::Done;
+        }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.pending = None;
+        Step::Again
     }
 }
