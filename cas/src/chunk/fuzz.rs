@@ -4,6 +4,7 @@
 //! smoke test (`cas/tests/fuzz_corpus.rs`).
 
 use super::journal::{self, Journal, JournalOp, BATCH_HEADER_BYTES, FILE_HEADER_USED, RECORD_BYTES};
+use super::ChunkHash;
 use crate::error::Result;
 use crate::format;
 use crate::storage::{MemStorage, OpenMode, Storage};
@@ -65,9 +66,9 @@ pub fn fuzz_sample_index(batches: u32) -> Vec<u8> {
         let mut j = Journal::create(&storage, dir, 0x5eed)?;
         for b in 0..batches {
             let hash = |i: u32| {
-                let mut h = [0u8; 32];
+                let mut h = [0u8; ChunkHash::BYTES];
                 h[..4].copy_from_slice(&(b * 16 + i).to_le_bytes());
-                h
+                ChunkHash::from_bytes(h)
             };
             let mut ops: Vec<JournalOp> =
                 (0..3).map(|i| JournalOp::Put { hash: hash(i), pack: 1, slot: b * 3 + i, crc: i }).collect();

@@ -17,7 +17,7 @@
 use super::budget::{GrowBuf, Lease};
 use super::reader::{Batch, BatchSrc, Cursor};
 use super::stats::CompactStats;
-use crate::chunk::{hash_block, is_zero_block, ChunkHash};
+use crate::chunk::{is_zero_block, ChunkHash};
 use crate::error::Result;
 use crate::image::BLOCK_BYTES;
 use crate::wal::SECTOR_BYTES;
@@ -186,7 +186,7 @@ impl<'w, 'b> Walker<'w, 'b> {
             return self.push_holes(block, 1, emit);
         }
         let t = Instant::now();
-        let hash = hash_block(data);
+        let hash = ChunkHash::of(data);
         self.work.hash_ns += t.elapsed().as_nanos() as u64;
         self.work.blocks_mapped += 1;
         self.push(Item::Chunk { block, hash, at: At::Batch(at) }, emit)
@@ -234,7 +234,7 @@ impl<'w, 'b> Walker<'w, 'b> {
         self.extra.extend(&self.scratch[..], self.lease, &mut self.work.bytes_initialized)?;
         if mask == u8::MAX {
             let t = Instant::now();
-            let hash = hash_block(&self.scratch[..]);
+            let hash = ChunkHash::of(&self.scratch[..]);
             self.work.hash_ns += t.elapsed().as_nanos() as u64;
             self.work.blocks_mapped += 1;
             self.push(Item::Chunk { block, hash, at: At::Extra(at) }, emit)

@@ -23,7 +23,7 @@ use super::commit::{CommitJob, CommitStage, Flow};
 use super::reader::Cursor;
 use super::stats::CompactStats;
 use super::ImageCompaction;
-use crate::chunk::{hash_block, is_zero_block, ChunkHash, ChunkPin, ChunkStore};
+use crate::chunk::{is_zero_block, ChunkHash, ChunkPin, ChunkStore};
 use crate::error::Result;
 use crate::image::BLOCK_BYTES;
 use crate::manifest::{ManifestEdit, LEAF_ENTRIES};
@@ -135,7 +135,7 @@ impl<'s> Inserter<'s> {
                         continue;
                     }
                     let th = Instant::now();
-                    let hash = hash_block(&self.base[..]);
+                    let hash = ChunkHash::of(&self.base[..]);
                     self.work.hash_ns += th.elapsed().as_nanos() as u64;
                     self.merged.extend(&self.base[..], &mut self.lease, &mut self.work.bytes_initialized)?;
                     edit.set(block, Some(hash));

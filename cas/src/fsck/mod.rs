@@ -289,7 +289,7 @@ fn count_references(m: &Manifest, name: &str, index: &mut IndexCheck, report: &m
         let detail = format!(
             "block {block} (byte {}) maps chunk {}, which the chunk index does not have",
             block * 4096,
-            crate::chunk::hex(&hash)
+            hash
         );
         report.problem(Finding::new("missing-chunk", Some(name), &path, detail));
     }
@@ -324,7 +324,7 @@ fn name_damaged_blocks(m: &Manifest, name: &str, index: &mut IndexCheck, report:
         let detail = format!(
             "block {block} (byte {}) maps chunk {}, whose bytes at {} offset {offset} are {}",
             block * 4096,
-            crate::chunk::hex(&e.hash),
+            e.hash,
             pack.display(),
             if e.state == ChunkState::Lost { "lost" } else { "damaged" }
         );

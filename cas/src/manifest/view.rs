@@ -32,7 +32,7 @@ impl ManifestView for CompactedView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chunk::{hash_block, ChunkStoreOptions};
+    use crate::chunk::ChunkStoreOptions;
     use crate::manifest::ManifestOptions;
     use crate::storage::{MemStorage, Storage};
     use std::path::Path;
@@ -47,7 +47,7 @@ mod tests {
         let manifest =
             Arc::new(Manifest::open(s, Path::new("/img/manifest"), ManifestOptions::default()).unwrap());
         let data = vec![0x5au8; 4096];
-        let h = hash_block(&data);
+        let h = ChunkHash::of(&data);
         let pin = chunks.pin();
         chunks.insert_missing(&pin, &[(h, &data)]).unwrap();
         chunks.sync().unwrap();
