@@ -52,9 +52,10 @@ use crate::compact::service::{OpenImages, Service};
 use crate::compact::{Budget, CompactConfig, CompactReport, Compactor, ImageCompaction, PassControl};
 use crate::error::{Error, Result};
 use crate::gc::{GcOptions, GcReport};
-use crate::image::{Image, ImageConfig, ManifestView, BLOCK_BYTES, MAX_WRITE_BYTES};
+use crate::image::{Image, ImageConfig, ManifestView, MAX_WRITE_BYTES};
 use crate::manifest::{CompactedView, Manifest, ManifestOptions};
 use crate::storage::{Storage, StorageLock};
+use crate::units::BLOCK_BYTES;
 use crate::wal::segment::{SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -132,9 +133,9 @@ const COMPACTION_SLACK_BYTES: u64 = 2 << 20;
 impl StoreOptions {
     pub fn validate(&self) -> Result<()> {
         let seg = self.log_segment_bytes;
-        if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&seg) || !seg.is_multiple_of(4096) {
+        if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&seg) || !seg.is_multiple_of(BLOCK_BYTES) {
             return Err(Error::InvalidArgument(format!(
-                "log_segment_bytes {seg} must be a multiple of 4096 in {SEGMENT_BYTES_MIN}..={SEGMENT_BYTES_MAX}"
+                "log_segment_bytes {seg} must be a multiple of {BLOCK_BYTES} in {SEGMENT_BYTES_MIN}..={SEGMENT_BYTES_MAX}"
             )));
         }
         if self.log_quota_bytes < 2 * seg {

@@ -12,7 +12,7 @@ use std::path::Path;
 
 /// The file header's crc32c: the last field of its used bytes.
 const HEADER_CRC_AT: usize = FILE_HEADER_USED - 4;
-const SECTOR_BYTES: usize = journal::SECTOR_BYTES as usize;
+const SECTOR: usize = crate::units::SECTOR_BYTES as usize;
 
 /// Replays `bytes` as a chunk index journal, as an open does. Returns the
 /// puts and removes replayed, or the open's error; never panics.
@@ -41,7 +41,7 @@ pub fn fuzz_reseal_index(bytes: &mut [u8]) {
         let crc = format::crc32c(&bytes[..HEADER_CRC_AT]);
         bytes[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     }
-    let mut at = SECTOR_BYTES;
+    let mut at = SECTOR;
     while at + BATCH_HEADER_BYTES + 4 <= bytes.len() {
         let count = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes")) as usize;
         let Some(end) = count
@@ -53,7 +53,7 @@ pub fn fuzz_reseal_index(bytes: &mut [u8]) {
         };
         let crc = format::crc32c(&bytes[at..end]);
         bytes[end..end + 4].copy_from_slice(&crc.to_le_bytes());
-        at = (end + 4).div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
+        at = (end + 4).div_ceil(SECTOR) * SECTOR;
     }
 }
 

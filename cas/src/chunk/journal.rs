@@ -39,6 +39,7 @@ use super::ChunkHash;
 use crate::error::{Error, Result};
 use crate::format::{self, Decoder, Encoder};
 use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::units::SECTOR_BYTES;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -46,7 +47,6 @@ pub(crate) const INDEX_FILE: &str = "index";
 pub(crate) const INDEX_TMP_FILE: &str = "index.tmp";
 pub(crate) const INDEX_VERSION: u32 = 1;
 const INDEX_MAGIC: [u8; 8] = *b"CASCIDX\0";
-pub(crate) const SECTOR_BYTES: u64 = 512;
 const FILE_HEADER_BYTES: u64 = SECTOR_BYTES;
 pub(crate) const FILE_HEADER_USED: usize = 8 + 4 + 4 + 8 + 4;
 

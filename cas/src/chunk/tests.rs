@@ -38,7 +38,14 @@ fn insert_dedups_and_reads_back() {
     let s = MemStorage::new();
     let c = open(&s, small_opts());
     let st = insert(&c, [1, 2, 3, 2, 1]);
-    assert_eq!(st, InsertStats { new_chunks: 3, dup_chunks: 2, bytes_written: 3 * 4096 + 4096 });
+    assert_eq!(
+        st,
+        InsertStats {
+            new_chunks: 3,
+            dup_chunks: 2,
+            bytes_written: 3 * CHUNK_BYTES as u64 + PACK_HEADER_BYTES
+        }
+    );
     let st = insert(&c, 1..=20);
     assert_eq!((st.new_chunks, st.dup_chunks), (17, 3));
     assert_eq!(c.len(), 20);
@@ -47,7 +54,7 @@ fn insert_dedups_and_reads_back() {
     }
     // 8 slots per pack: 20 chunks span 3 packs.
     assert_eq!(c.stats().packs, 3);
-    assert_eq!(c.stored_bytes(), 3 * 4096 + 20 * 4096);
+    assert_eq!(c.stored_bytes(), 3 * PACK_HEADER_BYTES + 20 * CHUNK_BYTES as u64);
     assert!(matches!(read(&c, 99), Err(Error::NotFound(_))));
 }
 
@@ -218,7 +225,7 @@ fn concurrent_inserts_store_each_chunk_once() {
         .collect();
     let total: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
     assert_eq!(total, 64);
-    assert_eq!(c.stats().stored_bytes, 4096 + 64 * 4096);
+    assert_eq!(c.stats().stored_bytes, PACK_HEADER_BYTES + 64 * CHUNK_BYTES as u64);
 }
 
 #[test]

@@ -49,7 +49,7 @@ use crate::chunk::ChunkStore;
 use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::manifest::Manifest;
-use crate::wal::SECTOR_BYTES;
+use crate::units::SECTOR_BYTES;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 

@@ -31,7 +31,8 @@
 //! The map is generic over its source type: the compactor builds the same
 //! index over the records of one batch, with sources in its own buffer.
 
-use crate::wal::{Segment, SECTOR_BYTES};
+use crate::units::SECTOR_BYTES;
+use crate::wal::Segment;
 use smallvec::SmallVec;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -19,8 +19,8 @@
 use super::{lock, Store, MANIFEST_FILE};
 use crate::chunk::{is_zero_block, ChunkHash};
 use crate::error::{Error, Result};
-use crate::image::BLOCK_BYTES;
 use crate::manifest::{Manifest, ManifestOptions};
+use crate::units::BLOCK_BYTES;
 use std::io::Read;
 
 /// Bytes read, hashed and inserted per batch (the one buffer).
