@@ -153,19 +153,19 @@ impl Image {
             cfg.replay_after_seq,
             &mut |seg, pos, h: &RecordHeader| {
                 first.get_or_insert((seg.index(), pos, h.seq));
-                let (start, len) = (sectors(h.offset_bytes), sectors(h.len_bytes));
+                let (start_sector, len_sectors) = (sectors(h.offset_bytes), sectors(h.len_bytes));
                 let src = match h.kind {
                     RecordKind::Pad => return,
                     RecordKind::Write => {
-                        Source::Log { segment: seg.clone(), position: pos + RECORD_HEADER_BYTES as u64 }
+                        Source::Log { segment: seg.clone(), position_bytes: pos + RECORD_HEADER_BYTES as u64 }
                     }
                     RecordKind::WriteZeroes | RecordKind::Discard => Source::Zero,
                 };
-                if start + len > size_sectors {
+                if start_sector + len_sectors > size_sectors {
                     beyond.get_or_insert((seg.path().to_path_buf(), pos, h.seq));
                     return;
                 }
-                overlay.insert(start, len, h.seq, src);
+                overlay.insert(start_sector, len_sectors, h.seq, src);
             },
         )?;
         if let Some((path, offset, seq)) = beyond {
@@ -423,7 +423,7 @@ impl Image {
             self.append(&slot, &header, piece)?;
             bump(&self.counters.write_records, 1);
             bump(&self.counters.payload_bytes_written, piece.len() as u64);
-            let src = Source::Log { segment: slot.segment.clone(), position: slot.payload_position() };
+            let src = Source::Log { segment: slot.segment.clone(), position_bytes: slot.payload_position() };
             write_lock(&self.overlay).insert(sectors(at), sectors(piece.len() as u64), slot.seq, src);
             last_seq = slot.seq;
             done += piece.len();
@@ -592,19 +592,19 @@ impl Image {
         }
     }
 
-    fn read_sources(&self, offset: u64, buf: &mut [u8], tally: &mut ReadTally) -> Result<()> {
-        let first = sectors(offset);
-        let pieces = read_lock(&self.overlay).lookup(first, sectors(buf.len() as u64));
+    fn read_sources(&self, offset_bytes: u64, buf: &mut [u8], tally: &mut ReadTally) -> Result<()> {
+        let first_sector = sectors(offset_bytes);
+        let pieces = read_lock(&self.overlay).lookup(first_sector, sectors(buf.len() as u64));
         for p in pieces {
-            let out = &mut buf[((p.start_sector - first) * SECTOR_BYTES) as usize..]
+            let out = &mut buf[((p.start_sector - first_sector) * SECTOR_BYTES) as usize..]
                 [..(p.sectors * SECTOR_BYTES) as usize];
             match p.src {
                 Some(Source::Zero) => {
                     out.fill(0);
                     tally.zero += out.len() as u64;
                 }
-                Some(Source::Log { segment, position }) => {
-                    observe::io(IoSource::Log, || segment.file.read_exact_at(out, position))?;
+                Some(Source::Log { segment, position_bytes }) => {
+                    observe::io(IoSource::Log, || segment.file.read_exact_at(out, position_bytes))?;
                     tally.log += out.len() as u64;
                 }
                 None => self.read_compacted(p.start_sector * SECTOR_BYTES, out, tally)?,
@@ -618,21 +618,21 @@ impl Image {
     /// only partial ones go through a scratch block on the stack (no
     /// allocation per read: 4 KiB allocations went to the allocator's
     /// shared arenas, whose locks stalled reads).
-    fn read_compacted(&self, offset: u64, out: &mut [u8], tally: &mut ReadTally) -> Result<()> {
+    fn read_compacted(&self, offset_bytes: u64, out: &mut [u8], tally: &mut ReadTally) -> Result<()> {
         if out.is_empty() {
             return Ok(());
         }
         let manifest = read_lock(&self.manifest).clone();
-        let last_block = (offset + out.len() as u64 - 1) / BLOCK_BYTES;
+        let last_block = (offset_bytes + out.len() as u64 - 1) / BLOCK_BYTES;
         let mut hashes = [None; LOOKUP_WINDOW_BLOCKS];
         let mut done = 0usize;
         while done < out.len() {
-            let first_block = (offset + done as u64) / BLOCK_BYTES;
+            let first_block = (offset_bytes + done as u64) / BLOCK_BYTES;
             let window_blocks = ((last_block - first_block + 1) as usize).min(LOOKUP_WINDOW_BLOCKS);
             let window = &mut hashes[..window_blocks];
             observe::io(IoSource::Manifest, || manifest.lookup_range(first_block, window))?;
             for (block, hash) in (first_block..).zip(window.iter()) {
-                let in_block = ((offset + done as u64) % BLOCK_BYTES) as usize;
+                let in_block = ((offset_bytes + done as u64) % BLOCK_BYTES) as usize;
                 let n = (BLOCK_BYTES as usize - in_block).min(out.len() - done);
                 let dst = &mut out[done..done + n];
                 match hash {
