@@ -1,6 +1,8 @@
 //! The background compactor: one thread per store (plus each pass's reader
 //! thread) that decides when each open image is compacted. It never runs
-//! on a ublk queue thread or a scheduler worker.
+//! on a ublk queue thread or a scheduler worker. Which images are open, and
+//! the compaction state of each, it asks the store every round
+//! ([`Compactable`]).
 //!
 //! ```text
 //!  wake: pressure listener (log use >= trigger, or a refused reservation)
@@ -33,11 +35,10 @@
 //! succeeds reopens the log. Memory-budget refusals only back off: budget
 //! comes back as other passes finish.
 
-use super::{lock, Compactor, PassControl};
+use super::{lock, Compactor, ImageCompaction, PassControl};
 use crate::background::BackgroundCpu;
 use crate::error::Error;
 use crate::image::{CapacityListener, Image};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
@@ -52,8 +53,11 @@ const BUDGET_BACKOFF: Duration = Duration::from_millis(100);
 /// of holding them: with [`ERROR_BACKOFF`], about 5 s of retrying.
 pub const FAILURES_BEFORE_CLOSING: u32 = 5;
 
-/// The open images of a store, by name.
-pub type OpenImages = Arc<Mutex<HashMap<String, Weak<Image>>>>;
+/// The images the service compacts, asked for anew every round: each open
+/// image that the store compacts, with the compactor's state for it. Both
+/// are weak handles, upgraded only while the image is looked at, so closing
+/// and removing it is rarely delayed.
+pub type Compactable = Box<dyn Fn() -> Vec<(Weak<Image>, Weak<ImageCompaction>)> + Send>;
 
 struct Shared {
     woken: Mutex<bool>,
@@ -76,7 +80,7 @@ pub struct Service {
 }
 
 impl Service {
-    pub fn start(compactor: Arc<Compactor>, images: OpenImages, cpu: BackgroundCpu) -> Service {
+    pub fn start(compactor: Arc<Compactor>, images: Compactable, cpu: BackgroundCpu) -> Service {
         let shared =
             Arc::new(Shared { woken: Mutex::new(false), cond: Condvar::new(), stop: AtomicBool::new(false) });
         let sh = shared.clone();
@@ -107,7 +111,7 @@ impl Drop for Service {
     }
 }
 
-fn run(compactor: &Compactor, images: &OpenImages, sh: &Shared) {
+fn run(compactor: &Compactor, images: &Compactable, sh: &Shared) {
     loop {
         {
             let mut woken = lock(&sh.woken);
@@ -123,25 +127,20 @@ fn run(compactor: &Compactor, images: &OpenImages, sh: &Shared) {
         if sh.stop.load(Ordering::Acquire) {
             return;
         }
-        // Weak handles, upgraded one at a time: an image is held only while
-        // it is looked at, so closing and removing it is rarely delayed.
-        let open: Vec<Weak<Image>> = lock(images).values().cloned().collect();
         let mut again = false;
-        for weak in open {
+        for (image, state) in images() {
             if sh.stop.load(Ordering::Acquire) {
                 return;
             }
-            let Some(image) = weak.upgrade() else { continue };
-            match step(compactor, &image) {
+            let (Some(image), Some(state)) = (image.upgrade(), state.upgrade()) else { continue };
+            match step(compactor, &image, &state) {
                 Ok(Some(more)) => {
                     again |= more;
-                    if let Some(state) = image.compaction() {
-                        *lock(&state.failures_in_a_row) = 0;
-                    }
+                    *lock(&state.failures_in_a_row) = 0;
                     image.reopen_log();
                 }
                 Ok(None) => {}
-                Err(e) => failed(&image, &e),
+                Err(e) => failed(&image, &state, &e),
             }
         }
         if again {
@@ -152,8 +151,7 @@ fn run(compactor: &Compactor, images: &OpenImages, sh: &Shared) {
 
 /// A pass of `image` failed: back off, and after
 /// [`FAILURES_BEFORE_CLOSING`] in a row close its log to waiting.
-fn failed(image: &Image, e: &Error) {
-    let Some(state) = image.compaction() else { return };
+fn failed(image: &Image, state: &ImageCompaction, e: &Error) {
     let budget = matches!(e, Error::MemoryBudget(_));
     let backoff = if budget { BUDGET_BACKOFF } else { ERROR_BACKOFF };
     *lock(&state.retry_after) = Some(Instant::now() + backoff);
@@ -175,8 +173,7 @@ fn failed(image: &Image, e: &Error) {
 
 /// Looks at one image and compacts it if needed: `None` if no pass ran,
 /// else whether it should be looked at again at once.
-fn step(compactor: &Compactor, image: &Image) -> crate::Result<Option<bool>> {
-    let Some(state) = image.compaction() else { return Ok(None) };
+fn step(compactor: &Compactor, image: &Image, state: &ImageCompaction) -> crate::Result<Option<bool>> {
     if lock(&state.retry_after).is_some_and(|t| Instant::now() < t) {
         return Ok(None);
     }
@@ -195,7 +192,7 @@ fn step(compactor: &Compactor, image: &Image) -> crate::Result<Option<bool>> {
     }
     let ctl =
         PassControl { force_durable: pressure, max_batches: cfg.service_batches, ..PassControl::default() };
-    let report = compactor.run_pass(image, &ctl)?;
+    let report = compactor.run_pass(image, state, &ctl)?;
     let mut rolled = false;
     if blocked && report.covered_after == image.durable_seq() && !image.has_undurable_records() {
         rolled = image.roll_covered_segment(report.covered_after)?;

@@ -18,7 +18,9 @@
 //! ```
 //!
 //! The compactor's hooks (reclamation, forced durability, pressure) are in
-//! compaction.rs.
+//! compaction.rs. The compactor's own state for an image (its manifest,
+//! cursor and work counters) is the store's, not the image's: nothing here
+//! depends on `cas::compact`.
 //!
 //! `Image` is `Send + Sync`; every method takes `&self` and may run on many
 //! threads at once. No lock is held across I/O on record bytes. The
@@ -37,7 +39,6 @@ pub use manifest_view::{ChunkHash, EmptyManifest, ManifestView, BLOCK_BYTES};
 pub use stats::ImageStats;
 
 use crate::background::BackgroundCpu;
-use crate::compact::ImageCompaction;
 use crate::error::{Error, Result};
 use crate::observe;
 use crate::storage::Storage;
@@ -49,7 +50,7 @@ use durability::Durability;
 use overlay::{Overlay, Source};
 use stats::{bump, Counters};
 use std::path::Path;
-use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use trace::IoSource;
 use writeback::Writeback;
 
@@ -96,8 +97,6 @@ pub struct Image {
     /// Where the first record above the checkpoint was at open (segment
     /// index, file offset, seq): the compactor's first cursor.
     start_cursor: (u64, u64, u64),
-    /// The compactor's state for this image (set by the store).
-    compaction: OnceLock<Arc<ImageCompaction>>,
 }
 
 /// How long reclamation waits for pins on a covered segment before it
@@ -193,7 +192,6 @@ impl Image {
             counters: Counters::default(),
             recovery,
             start_cursor,
-            compaction: OnceLock::new(),
         })
     }
 
@@ -702,7 +700,9 @@ impl Image {
         ))
     }
 
-    /// Counters and state, as a plain struct.
+    /// The image's own counters and state, as a plain struct. The
+    /// compactor's part (`compaction`, `covered_seq`) is the store's to add:
+    /// `Store::image_stats`.
     pub fn stats(&self) -> ImageStats {
         let mut s = ImageStats::default();
         self.counters.fill(&mut s);
@@ -715,10 +715,6 @@ impl Image {
         s.durable_seq = self.durability.durable_seq();
         s.writeback_syncs = self.writeback.syncs.load(std::sync::atomic::Ordering::Relaxed);
         s.recovery = self.recovery.clone();
-        if let Some(c) = self.compaction.get() {
-            s.compaction = c.stats();
-            s.covered_seq = c.manifest().covered();
-        }
         s
     }
 }
