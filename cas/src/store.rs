@@ -23,7 +23,10 @@
 //!
 //! The store owns the shared chunk store, one `Manifest` per image (the
 //! same object for the image's reads, its compaction and GC, never two on
-//! one file), and the background compactor (cas::compact::service).
+//! one file), the compactor's state for each open image (store/open.rs:
+//! images know nothing of compaction; the store hands the state to every
+//! pass and adds its counters to `image_stats`), and the background
+//! compactor (cas::compact::service).
 //! Opening an image replays only the log its manifest does not cover.
 //! `gc` and image creation/removal exclude each other, so GC marks from
 //! every image's manifest.
@@ -35,6 +38,7 @@ mod import;
 mod info;
 mod memory;
 mod names;
+mod open;
 mod snapshot;
 
 pub use export::ExportReport;
@@ -48,15 +52,17 @@ pub use snapshot::{snapshot_name, SNAPSHOT_SEPARATOR};
 
 use crate::background::BackgroundCpu;
 use crate::chunk::{ChunkStats, ChunkStore, ChunkStoreOptions};
-use crate::compact::service::{OpenImages, Service};
+use crate::compact::service::Service;
 use crate::compact::{Budget, CompactConfig, CompactReport, Compactor, ImageCompaction, PassControl};
 use crate::error::{Error, Result};
 use crate::gc::{GcOptions, GcReport};
-use crate::image::{Image, ImageConfig, ManifestView, BLOCK_BYTES, MAX_WRITE_BYTES};
+use crate::image::{Image, ImageConfig, ImageStats, ManifestView, MAX_WRITE_BYTES};
 use crate::manifest::{CompactedView, Manifest, ManifestOptions};
 use crate::storage::{Storage, StorageLock};
 use crate::tasks::Tasks;
+use crate::units::BLOCK_BYTES;
 use crate::wal::segment::{SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
+use open::{OpenImage, OpenImages};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
@@ -138,9 +144,9 @@ const COMPACTION_SLACK_BYTES: u64 = 2 << 20;
 impl StoreOptions {
     pub fn validate(&self) -> Result<()> {
         let seg = self.log_segment_bytes;
-        if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&seg) || !seg.is_multiple_of(4096) {
+        if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&seg) || !seg.is_multiple_of(BLOCK_BYTES) {
             return Err(Error::InvalidArgument(format!(
-                "log_segment_bytes {seg} must be a multiple of 4096 in {SEGMENT_BYTES_MIN}..={SEGMENT_BYTES_MAX}"
+                "log_segment_bytes {seg} must be a multiple of {BLOCK_BYTES} in {SEGMENT_BYTES_MIN}..={SEGMENT_BYTES_MAX}"
             )));
         }
         if self.log_quota_bytes < 2 * seg {
@@ -227,7 +233,7 @@ pub struct Store {
     opts: StoreOptions,
     chunks: Arc<ChunkStore>,
     compactor: Arc<Compactor>,
-    open: OpenImages,
+    open: Arc<OpenImages>,
     manifests: Mutex<HashMap<String, Weak<Manifest>>>,
     /// Held by `gc`, `create_image` and `remove_image`.
     maint: Mutex<()>,
@@ -298,10 +304,16 @@ impl Store {
             cfg: opts.compact_config(),
             tasks: opts.tasks.clone(),
         });
-        let open: OpenImages = Arc::default();
-        let service = opts
-            .background_compaction
-            .then(|| Service::start(compactor.clone(), open.clone(), &opts.tasks, opts.background_cpu));
+        let open: Arc<OpenImages> = Arc::default();
+        let service = opts.background_compaction.then(|| {
+            let open = open.clone();
+            Service::start(
+                compactor.clone(),
+                Box::new(move || open.compactable()),
+                &opts.tasks,
+                opts.background_cpu,
+            )
+        });
         Ok(Arc::new(Store {
             service,
             storage,
@@ -409,7 +421,7 @@ impl Store {
     /// Creates an empty image of `size_bytes` (a multiple of 4096, > 0).
     pub fn create_image(&self, name: &str, size_bytes: u64) -> Result<()> {
         let _maint = lock(&self.maint);
-        let _open = lock(&self.open);
+        let _open = self.open.lock();
         let (dir, header) = self.prepare_image(name, size_bytes)?;
         self.publish_image(&dir, header)
     }
@@ -459,28 +471,49 @@ impl Store {
     /// then the manifest's chunks, then holes; the compactor takes it on.
     pub fn open_image(&self, name: &str) -> Result<Arc<Image>> {
         let dir = self.image_dir(name)?;
-        let mut open = lock(&self.open);
-        if let Some(image) = open.get(name).and_then(Weak::upgrade) {
+        let mut open = self.open.lock();
+        if let Some(image) = open.get(name).and_then(OpenImage::image) {
             return Ok(image);
         }
         let manifest = self.manifest(name)?;
         let cfg = self.image_config(name, manifest.covered())?;
         let view = Arc::new(CompactedView { manifest: manifest.clone(), chunks: self.chunks.clone() });
         let image = Arc::new(Image::open(self.storage.clone(), &dir, cfg, view)?);
-        image.attach_compaction(Arc::new(ImageCompaction::new(manifest, image.start_cursor())));
+        let compaction = Arc::new(ImageCompaction::new(manifest, image.start_cursor()));
         if let Some(service) = &self.service {
             let threshold = u128::from(self.opts.log_quota_bytes)
                 * u128::from(self.opts.compaction_trigger_percent)
                 / 100;
             image.set_pressure_listener(threshold as u64, service.waker());
         }
-        open.insert(name.to_string(), Arc::downgrade(&image));
+        open.insert(
+            name.to_string(),
+            OpenImage { image: Arc::downgrade(&image), compaction: Some(compaction) },
+        );
         Ok(image)
     }
 
     /// Image `name` if it is open now.
     pub fn opened(&self, name: &str) -> Option<Arc<Image>> {
-        lock(&self.open).get(name).and_then(Weak::upgrade)
+        self.open.lock().get(name).and_then(OpenImage::image)
+    }
+
+    /// The compactor's state for `image` (its manifest, cursor and work
+    /// counters); None for an image this store does not compact (opened
+    /// with `open_image_with`).
+    pub fn compaction(&self, image: &Image) -> Option<Arc<ImageCompaction>> {
+        self.open.compaction(image)
+    }
+
+    /// `image`'s counters and state ([`Image::stats`]) with the compactor's
+    /// part filled in: its work counters and the seq its manifest covers.
+    pub fn image_stats(&self, image: &Image) -> ImageStats {
+        let mut s = image.stats();
+        if let Some(c) = self.compaction(image) {
+            s.compaction = c.stats();
+            s.covered_seq = c.manifest().covered();
+        }
+        s
     }
 
     /// Like `open_image`, with the image's compacted data behind `manifest`
@@ -488,13 +521,13 @@ impl Store {
     /// compacted, is not compacted, and its log is replayed whole).
     pub fn open_image_with(&self, name: &str, manifest: Arc<dyn ManifestView>) -> Result<Arc<Image>> {
         let dir = self.image_dir(name)?;
-        let mut open = lock(&self.open);
-        if let Some(image) = open.get(name).and_then(Weak::upgrade) {
+        let mut open = self.open.lock();
+        if let Some(image) = open.get(name).and_then(OpenImage::image) {
             return Ok(image);
         }
         let cfg = self.image_config(name, 0)?;
         let image = Arc::new(Image::open(self.storage.clone(), &dir, cfg, manifest)?);
-        open.insert(name.to_string(), Arc::downgrade(&image));
+        open.insert(name.to_string(), OpenImage { image: Arc::downgrade(&image), compaction: None });
         Ok(image)
     }
 
@@ -518,13 +551,19 @@ impl Store {
     /// and the manifest, and the covered log is reclaimed. Deterministic
     /// (tests); the background compactor does the same on its own.
     pub fn compact_once(&self, image: &Image) -> Result<CompactReport> {
-        self.compactor.run_pass(image, &PassControl::default())
+        self.compact_with(image, &PassControl::default())
     }
 
     /// `compact_once` with explicit control (crash tests, forced durability).
     #[doc(hidden)]
     pub fn compact_with(&self, image: &Image, ctl: &PassControl) -> Result<CompactReport> {
-        self.compactor.run_pass(image, ctl)
+        let state = self.compaction(image).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "image {} was not opened for compaction by its store",
+                image.name()
+            ))
+        })?;
+        self.compactor.run_pass(image, &state, ctl)
     }
 
     /// Runs one chunk GC pass over the manifests of every image, open or
@@ -548,7 +587,7 @@ impl Store {
 
     /// Every image with a readable header, by name.
     pub fn list_images(&self) -> Result<Vec<ImageInfo>> {
-        let open = lock(&self.open);
+        let open = self.open.lock();
         let mut out = Vec::new();
         for name in self.storage.list_dir(&self.dir.join("images"))? {
             if check_image_dir_name(&name).is_err() {
@@ -559,7 +598,7 @@ impl Store {
                 continue;
             }
             let header = ImageHeader::read(&*self.storage, &path)?;
-            let is_open = open.get(&name).is_some_and(|w| w.strong_count() > 0);
+            let is_open = open.get(&name).is_some_and(OpenImage::is_open);
             out.push(ImageInfo {
                 name,
                 size_bytes: header.size_bytes,
@@ -577,8 +616,8 @@ impl Store {
         let dir = self.image_dir(name)?;
         let _maint = lock(&self.maint);
         self.check_removable(name)?;
-        let mut open = lock(&self.open);
-        if open.get(name).is_some_and(|w| w.strong_count() > 0) {
+        let mut open = self.open.lock();
+        if open.get(name).is_some_and(OpenImage::is_open) {
             return Err(Error::Unavailable(format!("image {name}"), "it is open; close it first".into()));
         }
         open.remove(name);

@@ -6,9 +6,7 @@
 
 mod chunk_support;
 
-use cas::chunk::{
-    hash_block, is_zero_block, ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES,
-};
+use cas::chunk::{is_zero_block, ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
 use cas::manifest::{Manifest, ManifestOptions};
 use cas::storage::{FsStorage, Storage};
 use chunk_support::block;
@@ -60,7 +58,7 @@ fn four_images_of_the_same_content_are_stored_once() {
                 if is_zero_block(b) {
                     hashes.push(None);
                 } else {
-                    let h = hash_block(b);
+                    let h = ChunkHash::of(b);
                     unique.insert(h);
                     items.push((h, &b[..]));
                     hashes.push(Some(h));

@@ -67,7 +67,7 @@ fn compaction_moves_durable_data_and_reclaims_the_log() {
     assert!(image.stats().log_segments < segs_before);
     same_tokens(&read_tokens(&image).unwrap(), &before, "reads after compaction");
     assert!(image.stats().read_chunk_bytes > 0);
-    let st = image.stats();
+    let st = store.image_stats(&image);
     assert_eq!(st.compaction.batches, r.work.batches);
 
     // More writes on top, half durable, then a crash.
@@ -114,28 +114,59 @@ fn a_pass_stopped_after_its_commit_leaves_a_consistent_image() {
     }
 }
 
-#[test]
-fn a_stale_cursor_falls_back_to_a_scan() {
-    let mem = MemStorage::new();
+/// A store whose image `i` holds mixed writes, flushed and compacted.
+fn compacted_once(mem: &MemStorage) -> (Arc<Store>, Arc<cas::Image>) {
     let store = Store::create(Arc::new(mem.clone()), &store_dir(), opts()).unwrap();
     store.create_image("i", 4 << 20).unwrap();
     let image = store.open_image("i").unwrap();
     mixed_writes(&image, 1);
     image.flush().unwrap();
     store.compact_once(&image).unwrap();
-    let t = mixed_writes(&image, 100);
+    (store, image)
+}
+
+/// More mixed writes over what `compacted_once` wrote, flushed.
+fn write_over(image: &cas::Image) {
+    let t = mixed_writes(image, 100);
     image.write(1 << 20, &payload(t, 2048, 16), false).unwrap();
     image.flush().unwrap();
+}
+
+#[test]
+fn a_stale_cursor_falls_back_to_a_scan() {
+    let mem = MemStorage::new();
+    let (store, image) = compacted_once(&mem);
+    write_over(&image);
     let want = read_tokens(&image).unwrap();
-    image_compaction(&image).forget_cursor();
+    store.compaction(&image).expect("compacted image").forget_cursor();
     let r = store.compact_once(&image).unwrap();
     assert_eq!(r.work.cursor_fallbacks, 1);
     assert_eq!(r.covered_after, image.durable_seq());
     same_tokens(&read_tokens(&image).unwrap(), &want, "after the fallback");
 }
 
-fn image_compaction(image: &cas::Image) -> &cas::compact::ImageCompaction {
-    image.compaction().expect("compacted image")
+/// The store, not the image, keeps an image's compaction state, and only
+/// while the image is open: `Image::stats` has no compaction part, the
+/// store's `image_stats` has it, and a reopened image starts with fresh
+/// state (counters from zero, the cursor from recovery).
+#[test]
+fn the_store_keeps_compaction_state_while_the_image_is_open() {
+    let mem = MemStorage::new();
+    let (store, image) = compacted_once(&mem);
+    let st = store.image_stats(&image);
+    assert_eq!((st.compaction.passes, st.covered_seq), (1, image.durable_seq()));
+    let own = image.stats();
+    assert_eq!((own.compaction.passes, own.covered_seq), (0, 0), "the image counts only its own work");
+    let state = store.compaction(&image).expect("compacted image");
+    state.forget_cursor();
+    let closed = Arc::downgrade(&state);
+    drop((state, image));
+    let image = store.open_image("i").unwrap();
+    assert!(closed.upgrade().is_none(), "the closed image's compaction state is gone");
+    write_over(&image);
+    let r = store.compact_once(&image).unwrap();
+    assert_eq!(r.work.cursor_fallbacks, 0, "the reopened image compacts from recovery's cursor");
+    assert_eq!(store.image_stats(&image).compaction, r.work);
 }
 
 #[test]
@@ -165,14 +196,14 @@ fn a_huge_discard_is_split_across_batches() {
     }
     image.flush().unwrap();
     store.compact_once(&image).unwrap();
-    assert_eq!(image.compaction().unwrap().manifest().stats().mapped_blocks, 3);
+    assert_eq!(store.compaction(&image).unwrap().manifest().stats().mapped_blocks, 3);
     image.discard(0, size).unwrap();
     image.write(4096, &payload(9, 8, 8), false).unwrap();
     image.flush().unwrap();
     let r = store.compact_once(&image).unwrap();
     assert!(r.work.batches >= 4, "1 GiB of blocks in batches of 256 MiB: {r:?}");
     assert_eq!(r.covered_after, image.durable_seq());
-    assert_eq!(image.compaction().unwrap().manifest().stats().mapped_blocks, 1);
+    assert_eq!(store.compaction(&image).unwrap().manifest().stats().mapped_blocks, 1);
     let mut buf = vec![0u8; 8192];
     for &at in &spots {
         image.read(at.min(size - 8192), &mut buf).unwrap();
@@ -219,7 +250,7 @@ fn memory_budgets_give_back_pressure_not_failure() {
     image.write(0, &payload(1, 0, 4096), true).unwrap();
     let e = store.compact_once(&image).unwrap_err();
     assert!(matches!(e, Error::MemoryBudget(_)), "{e}");
-    assert_eq!(image.stats().compaction.errors, 1);
+    assert_eq!(store.image_stats(&image).compaction.errors, 1);
     assert!(read_tokens(&image).unwrap()[..4096].iter().all(|&t| t == 1));
     image.write(0, &payload(2, 0, 8), false).unwrap();
 }
@@ -298,7 +329,7 @@ fn log_accounting_stays_exact_across_rolls_and_reclaims() {
     }
     let used = image.log_used_bytes();
     let want = read_tokens(&image).unwrap();
-    assert!(image.stats().compaction.segments_reclaimed >= 20);
+    assert!(store.image_stats(&image).compaction.segments_reclaimed >= 20);
     drop((image, store));
     let store = reopen(&mem, o).unwrap();
     let image = store.open_image("i").unwrap();

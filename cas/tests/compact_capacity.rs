@@ -76,7 +76,7 @@ fn writes_through_a_full_log(flush_every: Option<u64>) {
             .collect();
         threads.into_iter().for_each(|t| t.join().unwrap());
     });
-    let st = image.stats();
+    let st = store.image_stats(&image);
     println!("{flush_every:?}: {st:?}");
     assert!(st.capacity_waits > 0, "the writers never waited: the test did not fill the log");
     assert!(st.write_errors == 0);

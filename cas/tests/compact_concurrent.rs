@@ -140,7 +140,7 @@ fn compaction_and_gc_run_under_io_and_survive_a_crash() {
     let (gc_passes, gc_dead) = gc.join().unwrap();
     for (image, m) in images.iter().zip(&models) {
         check(image, 0, m, "after the run");
-        let st = image.stats();
+        let st = store.image_stats(image);
         println!("{}: waits {} {:?}", image.name(), st.capacity_waits, st.compaction);
         assert!(st.compaction.batches > 0, "the background compactor never ran on {}", image.name());
         assert_eq!(st.write_errors, 0);

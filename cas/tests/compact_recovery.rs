@@ -106,7 +106,7 @@ fn a_damaged_durable_record_above_the_covered_seq_is_refused() {
     let (mem, store, image) = setup();
     big_writes(&image, 1, 3);
     store.compact_once(&image).unwrap();
-    let covered = image.compaction().unwrap().manifest().covered();
+    let covered = store.compaction(&image).unwrap().manifest().covered();
     // Small flushed writes: each later record proves the earlier durable.
     for k in 0..6u64 {
         image.write(k * 4096, &payload(50 + k, k * 8, 8), false).unwrap();

@@ -25,7 +25,7 @@ fn open(s: &MemStorage) -> Manifest {
 }
 
 fn h(tag: u8) -> ChunkHash {
-    [tag; 32]
+    ChunkHash::from_bytes([tag; 32])
 }
 
 fn commit(m: &Manifest, tag: u8, covered: u64) -> cas::Result<()> {

@@ -5,6 +5,7 @@
 //! Scale with CAS_FUZZ_ITERS. With CAS_FUZZ_CORPUS_OUT=DIR it also writes
 //! its seed pages there, to seed `cargo fuzz run manifest_page DIR`.
 
+use cas::chunk::ChunkHash;
 use cas::manifest::{
     fuzz_decode_page, fuzz_decode_root, fuzz_encode_page, Manifest, ManifestOptions, PAGE_BYTES,
 };
@@ -25,9 +26,9 @@ fn corpus() -> Vec<Vec<u8>> {
     let m = Manifest::open(Arc::new(s.clone()), Path::new("/m/f"), ManifestOptions::default()).unwrap();
     let mut e = m.begin();
     for b in (0..3000u64).step_by(3) {
-        e.set(b, Some([(b % 251) as u8 + 1; 32]));
+        e.set(b, Some(ChunkHash::from_bytes([(b % 251) as u8 + 1; 32])));
     }
-    e.set(u64::MAX, Some([7; 32]));
+    e.set(u64::MAX, Some(ChunkHash::from_bytes([7; 32])));
     e.commit(1).unwrap();
     let f = s.open(Path::new("/m/f"), OpenMode::Existing).unwrap();
     let len = f.len().unwrap() as usize;

@@ -46,9 +46,9 @@ fn contents(m: &Manifest) -> Model {
 }
 
 fn hash(rng: &mut StdRng) -> ChunkHash {
-    let mut h = [0u8; 32];
+    let mut h = [0u8; ChunkHash::BYTES];
     rng.fill(&mut h[..]);
-    h
+    ChunkHash::from_bytes(h)
 }
 
 /// A random batch: mostly a dense region, some far blocks, some holes.
@@ -218,9 +218,10 @@ fn crash_every_point(
             }
             // The survivor commits again normally.
             let mut e = m.begin();
-            e.set(1, Some([9; 32]));
+            let nine = ChunkHash::from_bytes([9; 32]);
+            e.set(1, Some(nine));
             e.commit(covered + 2).unwrap();
-            assert_eq!(m.lookup(1).unwrap(), Some([9; 32]));
+            assert_eq!(m.lookup(1).unwrap(), Some(nine));
         }
         budget += 1;
         assert!(budget < 100, "{name}: never completed");
@@ -228,7 +229,7 @@ fn crash_every_point(
 }
 
 fn run_of(first: u64, n: u64, tag: u8) -> Vec<(u64, Option<ChunkHash>)> {
-    (first..first + n).map(|b| (b, Some([tag; 32]))).collect()
+    (first..first + n).map(|b| (b, Some(ChunkHash::from_bytes([tag; 32])))).collect()
 }
 
 #[test]

@@ -92,7 +92,7 @@ fn the_image_goes_on_committing_and_rewriting_without_touching_its_snapshot() {
         store.compact_once(&image).unwrap();
     }
     // A garbage rewrite of the image's manifest renames a new file into place.
-    let manifest = image.compaction().unwrap().manifest().clone();
+    let manifest = store.compaction(&image).unwrap().manifest().clone();
     manifest.compact().unwrap();
     let snap = store.open_image("vm@s").unwrap();
     same_tokens(&read_tokens(&snap).unwrap(), &at_snapshot, "the snapshot after the image moved on");

@@ -10,7 +10,7 @@
 //!   is kept by copying its input to `fuzz/regressions/<target>/<name>`
 //!   (a name saying what it broke), which makes it a test here.
 
-use cas::chunk::PackHeader;
+use cas::chunk::{ChunkHash, PackHeader};
 use cas::manifest::{Manifest, ManifestOptions, PAGE_BYTES};
 use cas::storage::{MemStorage, OpenMode, Storage};
 use cas::wal::{RecordHeader, RecordKind, SegmentHeader};
@@ -51,7 +51,7 @@ fn manifest_seeds() -> Vec<Vec<u8>> {
     let m = Manifest::open(Arc::new(s.clone()), Path::new("/m/f"), ManifestOptions::default()).unwrap();
     let mut e = m.begin();
     for b in (0..400u64).step_by(3) {
-        e.set(b, Some([(b % 251) as u8 + 1; 32]));
+        e.set(b, Some(ChunkHash::from_bytes([(b % 251) as u8 + 1; 32])));
     }
     e.commit(1).unwrap();
     let f = s.open(Path::new("/m/f"), OpenMode::Existing).unwrap();

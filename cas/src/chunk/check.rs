@@ -12,7 +12,7 @@
 
 use super::journal::{self, Journal, JournalOp};
 use super::pack::{self, CHUNK_BYTES};
-use super::{hash_block, hex, ChunkHash};
+use super::ChunkHash;
 use crate::format;
 use crate::fsck::{Finding, FsckReport};
 use crate::storage::{Change, Storage};
@@ -50,7 +50,7 @@ pub(crate) fn check_bytes(bytes: &[u8], hash: &ChunkHash, crc: u32, rehash: bool
     if actual != crc {
         return Err(Mismatch::Crc(actual));
     }
-    if rehash && hash_block(bytes) != *hash {
+    if rehash && ChunkHash::of(bytes) != *hash {
         return Err(Mismatch::Content);
     }
     Ok(())
@@ -222,17 +222,14 @@ impl IndexCheck {
                         Err(Mismatch::Crc(crc)) => {
                             let detail = format!(
                                 "chunk {} in slot {slot}: crc32c {crc:#010x}, the index says {:#010x}",
-                                hex(&e.hash),
-                                e.crc
+                                e.hash, e.crc
                             );
                             report.problem(Finding::new("chunk-checksum", None, &path, detail).at(slot_at));
                             e.state = ChunkState::Damaged;
                         }
                         Err(Mismatch::Content) => {
-                            let detail = format!(
-                                "slot {slot} holds other bytes than chunk {} (crc matches)",
-                                hex(&e.hash)
-                            );
+                            let detail =
+                                format!("slot {slot} holds other bytes than chunk {} (crc matches)", e.hash);
                             report.problem(Finding::new("chunk-content", None, &path, detail).at(slot_at));
                             e.state = ChunkState::Damaged;
                         }

@@ -4,6 +4,7 @@
 //! smoke test (`cas/tests/fuzz_corpus.rs`).
 
 use super::journal::{self, Journal, JournalOp, BATCH_HEADER_BYTES, FILE_HEADER_USED, RECORD_BYTES};
+use super::ChunkHash;
 use crate::error::Result;
 use crate::format;
 use crate::storage::{MemStorage, OpenMode, Storage};
@@ -11,7 +12,7 @@ use std::path::Path;
 
 /// The file header's crc32c: the last field of its used bytes.
 const HEADER_CRC_AT: usize = FILE_HEADER_USED - 4;
-const SECTOR_BYTES: usize = journal::SECTOR_BYTES as usize;
+const SECTOR: usize = crate::units::SECTOR_BYTES as usize;
 
 /// Replays `bytes` as a chunk index journal, as an open does. Returns the
 /// puts and removes replayed, or the open's error; never panics.
@@ -40,7 +41,7 @@ pub fn fuzz_reseal_index(bytes: &mut [u8]) {
         let crc = format::crc32c(&bytes[..HEADER_CRC_AT]);
         bytes[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     }
-    let mut at = SECTOR_BYTES;
+    let mut at = SECTOR;
     while at + BATCH_HEADER_BYTES + 4 <= bytes.len() {
         let count = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes")) as usize;
         let Some(end) = count
@@ -52,7 +53,7 @@ pub fn fuzz_reseal_index(bytes: &mut [u8]) {
         };
         let crc = format::crc32c(&bytes[at..end]);
         bytes[end..end + 4].copy_from_slice(&crc.to_le_bytes());
-        at = (end + 4).div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
+        at = (end + 4).div_ceil(SECTOR) * SECTOR;
     }
 }
 
@@ -65,9 +66,9 @@ pub fn fuzz_sample_index(batches: u32) -> Vec<u8> {
         let mut j = Journal::create(&storage, dir, 0x5eed)?;
         for b in 0..batches {
             let hash = |i: u32| {
-                let mut h = [0u8; 32];
+                let mut h = [0u8; ChunkHash::BYTES];
                 h[..4].copy_from_slice(&(b * 16 + i).to_le_bytes());
-                h
+                ChunkHash::from_bytes(h)
             };
             let mut ops: Vec<JournalOp> =
                 (0..3).map(|i| JournalOp::Put { hash: hash(i), pack: 1, slot: b * 3 + i, crc: i }).collect();

@@ -23,7 +23,7 @@
 //! the shard's *read* lock, with readers still inside, and then swap the
 //! copy in under the write lock in O(1) (see `ChunkStore::grow_shard`).
 
-use super::Writer;
+use super::{ChunkHash, Writer};
 use crossbeam::utils::CachePadded;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -31,11 +31,11 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// A chunk hash as a map key (hashes by its first 8 bytes).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) struct Key(pub [u8; 32]);
+pub(crate) struct Key(pub ChunkHash);
 
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        let prefix: [u8; 8] = self.0[..8].try_into().expect("32-byte key");
+        let prefix: [u8; 8] = self.0.as_bytes()[..8].try_into().expect("32-byte key");
         state.write_u64(u64::from_le_bytes(prefix));
     }
 }
@@ -108,7 +108,7 @@ pub(crate) const SHARDS: usize = 256;
 /// The shard holding `key`: byte 8, which the in-shard hash (bytes 0..8)
 /// does not use.
 pub(crate) fn shard_of(key: &Key) -> usize {
-    usize::from(key.0[8]) % SHARDS
+    usize::from(key.0.as_bytes()[8]) % SHARDS
 }
 
 /// The sharded index. Readers: [`Index::get`] or [`Index::read`]. Every
@@ -164,9 +164,9 @@ mod tests {
         assert_eq!(std::mem::size_of::<(Key, Loc)>(), 48);
         let mut m = IndexMap::default();
         for i in 0..10_000u32 {
-            let mut k = [0u8; 32];
+            let mut k = [0u8; ChunkHash::BYTES];
             k[..4].copy_from_slice(&i.wrapping_mul(2_654_435_761).to_le_bytes());
-            m.insert(Key(k), Loc { pack: 0, slot: i, crc: 0, epoch: 0 });
+            m.insert(Key(ChunkHash::from_bytes(k)), Loc { pack: 0, slot: i, crc: 0, epoch: 0 });
         }
         let est = table_bytes(m.capacity());
         // 10k entries need 16384 buckets of 49 bytes.
@@ -183,12 +183,13 @@ mod tests {
 
     #[test]
     fn the_shard_byte_is_not_the_in_shard_hash() {
-        let mut k = [0u8; 32];
-        k[8] = 7;
-        assert_eq!(shard_of(&Key(k)), 7);
+        let key = |byte_8: u8| {
+            let mut k = [0u8; ChunkHash::BYTES];
+            k[8] = byte_8;
+            Key(ChunkHash::from_bytes(k))
+        };
+        assert_eq!(shard_of(&key(7)), 7);
         let h = |k: &Key| PrefixBuild::default().hash_one(k);
-        let mut k2 = k;
-        k2[8] = 200;
-        assert_eq!(h(&Key(k)), h(&Key(k2)), "byte 8 does not feed the table's hash");
+        assert_eq!(h(&key(7)), h(&key(200)), "byte 8 does not feed the table's hash");
     }
 }

@@ -35,9 +35,11 @@
 //! one is corruption and refuses the open. Batch sequence numbers run 1, 2,
 //! 3... in each file, so stale bytes are never replayed.
 
+use super::ChunkHash;
 use crate::error::{Error, Result};
 use crate::format::{self, Decoder, Encoder};
 use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::units::SECTOR_BYTES;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -45,13 +47,12 @@ pub(crate) const INDEX_FILE: &str = "index";
 pub(crate) const INDEX_TMP_FILE: &str = "index.tmp";
 pub(crate) const INDEX_VERSION: u32 = 1;
 const INDEX_MAGIC: [u8; 8] = *b"CASCIDX\0";
-pub(crate) const SECTOR_BYTES: u64 = 512;
 const FILE_HEADER_BYTES: u64 = SECTOR_BYTES;
 pub(crate) const FILE_HEADER_USED: usize = 8 + 4 + 4 + 8 + 4;
 
 const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"CIB1");
 pub(crate) const BATCH_HEADER_BYTES: usize = 4 + 4 + 8;
-pub(crate) const RECORD_BYTES: usize = 1 + 32 + 4 + 4 + 4;
+pub(crate) const RECORD_BYTES: usize = 1 + ChunkHash::BYTES + 4 + 4 + 4;
 /// Records per batch when a checkpoint writes the whole index.
 const CHECKPOINT_BATCH_RECORDS: usize = 65536;
 /// Window used to look for valid batches after an invalid one.
@@ -64,9 +65,9 @@ const OP_REMOVE: u8 = 2;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum JournalOp {
     /// `hash` now lives in `slot` of `pack`; its bytes have crc32c `crc`.
-    Put { hash: [u8; 32], pack: u32, slot: u32, crc: u32 },
+    Put { hash: ChunkHash, pack: u32, slot: u32, crc: u32 },
     /// `hash` is no longer stored.
-    Remove { hash: [u8; 32] },
+    Remove { hash: ChunkHash },
 }
 
 /// Why a checkpoint failed, and whether the old journal is still in place.
@@ -112,7 +113,7 @@ fn encode_batch(out: &mut Vec<u8>, seq: u64, ops: &[JournalOp]) {
             JournalOp::Remove { hash } => (OP_REMOVE, hash, 0, 0, 0),
         };
         out.push(code);
-        out.extend_from_slice(&hash);
+        out.extend_from_slice(hash.as_bytes());
         out.extend_from_slice(&pack.to_le_bytes());
         out.extend_from_slice(&slot.to_le_bytes());
         out.extend_from_slice(&crc.to_le_bytes());
@@ -136,7 +137,7 @@ fn decode_records(body: &[u8], count: usize) -> std::result::Result<Vec<JournalO
     let mut d = Decoder::new(body);
     for i in 0..count {
         let (Some(code), Some(hash), Some(pack), Some(slot), Some(crc)) =
-            (d.u8(), d.array::<32>(), d.u32(), d.u32(), d.u32())
+            (d.u8(), d.array().map(ChunkHash::from_bytes), d.u32(), d.u32(), d.u32())
         else {
             return Err(format!("record {i} is truncated"));
         };
@@ -357,7 +358,12 @@ mod tests {
     use std::path::PathBuf;
 
     fn put(i: u8) -> JournalOp {
-        JournalOp::Put { hash: [i; 32], pack: u32::from(i), slot: u32::from(i) * 2, crc: 7 }
+        JournalOp::Put {
+            hash: ChunkHash::from_bytes([i; 32]),
+            pack: u32::from(i),
+            slot: u32::from(i) * 2,
+            crc: 7,
+        }
     }
 
     fn setup() -> (MemStorage, PathBuf) {
@@ -382,9 +388,12 @@ mod tests {
         let (s, dir) = setup();
         let mut j = Journal::create(&s, &dir, 9).unwrap();
         j.append(&[put(1), put(2)]).unwrap();
-        j.append(&[JournalOp::Remove { hash: [1; 32] }]).unwrap();
+        j.append(&[JournalOp::Remove { hash: ChunkHash::from_bytes([1; 32]) }]).unwrap();
         s.crash(CrashMode::LoseUnsynced);
-        assert_eq!(replay(&s, &dir).unwrap(), vec![put(1), put(2), JournalOp::Remove { hash: [1; 32] }]);
+        assert_eq!(
+            replay(&s, &dir).unwrap(),
+            vec![put(1), put(2), JournalOp::Remove { hash: ChunkHash::from_bytes([1; 32]) }]
+        );
     }
 
     #[test]

@@ -101,11 +101,6 @@ pub fn is_zero_block(data: &[u8]) -> bool {
     body && chunks.remainder().iter().all(|&b| b == 0)
 }
 
-/// blake3 of a block, the hash `insert_missing` expects.
-pub fn hash_block(data: &[u8]) -> ChunkHash {
-    *blake3::hash(data).as_bytes()
-}
-
 /// Tunables of the chunk store.
 #[derive(Clone, Debug)]
 pub struct ChunkStoreOptions {
@@ -309,7 +304,7 @@ impl ChunkStore {
         let (loc, file) = {
             let shard = self.index.read(index::shard_of(&key));
             let Some(loc) = shard.get(&key).copied() else {
-                return Err(Error::NotFound(format!("chunk {}", hex(hash))));
+                return Err(Error::NotFound(format!("chunk {hash}")));
             };
             // Still inside the shard's read lock: the entry cannot move, so
             // its pack cannot be deleted (see the module docs).
@@ -457,11 +452,7 @@ impl ChunkStore {
                     })
                 }
                 Err(check::Mismatch::Content) => {
-                    return Err(corrupt(
-                        file.path(),
-                        offset,
-                        format!("chunk {} has other content", hex(&key.0)),
-                    ))
+                    return Err(corrupt(file.path(), offset, format!("chunk {} has other content", key.0)))
                 }
             }
         }
@@ -487,11 +478,6 @@ impl ChunkStore {
         }
         Ok(())
     }
-}
-
-/// Lower-case hex of a hash, for messages.
-pub fn hex(hash: &ChunkHash) -> String {
-    hash.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

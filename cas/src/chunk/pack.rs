@@ -28,13 +28,15 @@
 use crate::error::{Error, Result};
 use crate::format::{self, Decoder, Encoder};
 use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::units::BLOCK_BYTES;
 use std::path::Path;
 use std::sync::Arc;
 
 /// Bytes of one chunk (and one pack slot).
-pub const CHUNK_BYTES: usize = crate::units::BLOCK_BYTES as usize;
-/// Bytes of a pack header; slot 0 starts here, so slots stay 4 KiB aligned.
-pub const PACK_HEADER_BYTES: u64 = 4096;
+pub const CHUNK_BYTES: usize = BLOCK_BYTES as usize;
+/// Bytes of a pack header, one block; slot 0 starts here, so slots stay
+/// block aligned.
+pub const PACK_HEADER_BYTES: u64 = BLOCK_BYTES;
 /// Format version written by this build.
 pub const PACK_VERSION: u32 = 1;
 const PACK_MAGIC: [u8; 8] = *b"CASPACK\0";

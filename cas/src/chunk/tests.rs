@@ -23,13 +23,13 @@ fn open(s: &MemStorage, opts: ChunkStoreOptions) -> ChunkStore {
 
 fn insert(c: &ChunkStore, seeds: impl IntoIterator<Item = u64>) -> InsertStats {
     let blocks: Vec<Vec<u8>> = seeds.into_iter().map(block).collect();
-    let items: Vec<(ChunkHash, &[u8])> = blocks.iter().map(|b| (hash_block(b), &b[..])).collect();
+    let items: Vec<(ChunkHash, &[u8])> = blocks.iter().map(|b| (ChunkHash::of(b), &b[..])).collect();
     c.insert_missing(&c.pin(), &items).unwrap()
 }
 
 fn read(c: &ChunkStore, seed: u64) -> Result<Vec<u8>> {
     let mut out = vec![0u8; CHUNK_BYTES];
-    c.read(&hash_block(&block(seed)), &mut out)?;
+    c.read(&ChunkHash::of(&block(seed)), &mut out)?;
     Ok(out)
 }
 
@@ -38,7 +38,14 @@ fn insert_dedups_and_reads_back() {
     let s = MemStorage::new();
     let c = open(&s, small_opts());
     let st = insert(&c, [1, 2, 3, 2, 1]);
-    assert_eq!(st, InsertStats { new_chunks: 3, dup_chunks: 2, bytes_written: 3 * 4096 + 4096 });
+    assert_eq!(
+        st,
+        InsertStats {
+            new_chunks: 3,
+            dup_chunks: 2,
+            bytes_written: 3 * CHUNK_BYTES as u64 + PACK_HEADER_BYTES
+        }
+    );
     let st = insert(&c, 1..=20);
     assert_eq!((st.new_chunks, st.dup_chunks), (17, 3));
     assert_eq!(c.len(), 20);
@@ -47,7 +54,7 @@ fn insert_dedups_and_reads_back() {
     }
     // 8 slots per pack: 20 chunks span 3 packs.
     assert_eq!(c.stats().packs, 3);
-    assert_eq!(c.stored_bytes(), 3 * 4096 + 20 * 4096);
+    assert_eq!(c.stored_bytes(), 3 * PACK_HEADER_BYTES + 20 * CHUNK_BYTES as u64);
     assert!(matches!(read(&c, 99), Err(Error::NotFound(_))));
 }
 
@@ -64,8 +71,14 @@ fn zero_blocks_and_bad_sizes_are_refused() {
     almost[0] = 1;
     assert!(!is_zero_block(&almost));
     let pin = c.pin();
-    assert!(matches!(c.insert_missing(&pin, &[(hash_block(&zero), &zero)]), Err(Error::InvalidArgument(_))));
-    assert!(matches!(c.insert_missing(&pin, &[([1; 32], &almost[..100])]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        c.insert_missing(&pin, &[(ChunkHash::of(&zero), &zero)]),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        c.insert_missing(&pin, &[(ChunkHash::from_bytes([1; 32]), &almost[..100])]),
+        Err(Error::InvalidArgument(_))
+    ));
     assert!(c.is_empty());
 }
 
@@ -125,7 +138,7 @@ fn damaged_chunk_bytes_are_a_checksum_error() {
         .unwrap();
     let c = open(&s, small_opts());
     let mut out = vec![1u8; CHUNK_BYTES];
-    let e = c.read(&hash_block(&block(7)), &mut out).unwrap_err();
+    let e = c.read(&ChunkHash::of(&block(7)), &mut out).unwrap_err();
     assert!(matches!(e, Error::ChecksumMismatch { .. }), "{e}");
     assert!(out.iter().all(|&b| b == 0), "no garbage handed out");
     assert!(c.verify(false).is_err());
@@ -153,7 +166,7 @@ fn memory_budget_refuses_growth_before_writing() {
         let before = c.stored_bytes();
         match c.insert_missing(&c.pin(), &[]).and_then(|_| {
             let blocks: Vec<Vec<u8>> = (round * 50..round * 50 + 50).map(block).collect();
-            let items: Vec<(ChunkHash, &[u8])> = blocks.iter().map(|b| (hash_block(b), &b[..])).collect();
+            let items: Vec<(ChunkHash, &[u8])> = blocks.iter().map(|b| (ChunkHash::of(b), &b[..])).collect();
             c.insert_missing(&c.pin(), &items)
         }) {
             Ok(st) => stored += st.new_chunks,
@@ -212,7 +225,7 @@ fn concurrent_inserts_store_each_chunk_once() {
         .collect();
     let total: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
     assert_eq!(total, 64);
-    assert_eq!(c.stats().stored_bytes, 4096 + 64 * 4096);
+    assert_eq!(c.stats().stored_bytes, PACK_HEADER_BYTES + 64 * CHUNK_BYTES as u64);
 }
 
 #[test]
@@ -246,7 +259,10 @@ fn a_failed_sync_poisons_until_reopen() {
     assert!(c.sync().is_err());
     assert!(matches!(c.sync(), Err(Error::Unavailable(..))));
     let blk = block(3);
-    assert!(matches!(c.insert_missing(&c.pin(), &[(hash_block(&blk), &blk)]), Err(Error::Unavailable(..))));
+    assert!(matches!(
+        c.insert_missing(&c.pin(), &[(ChunkHash::of(&blk), &blk)]),
+        Err(Error::Unavailable(..))
+    ));
     assert!(read(&c, 1).is_ok(), "reads continue");
     drop(c);
     let c = open(&s, small_opts());
@@ -275,7 +291,7 @@ fn journal_checkpoints_and_reopens_the_same() {
     assert!(shrank, "the journal never shrank");
     // Removes are checkpointed away too.
     let e = c.gc_advance_epoch(std::time::Duration::from_secs(1)).unwrap();
-    let keep: Vec<ChunkHash> = (0..100).map(|i| hash_block(&block(i))).collect();
+    let keep: Vec<ChunkHash> = (0..100).map(|i| ChunkHash::of(&block(i))).collect();
     c.gc_mark(e, &keep);
     assert_eq!(c.gc_sweep(e).unwrap().removed, 100);
     c.sync().unwrap();
@@ -386,7 +402,7 @@ fn a_mark_during_a_growth_lands_in_the_grown_table() {
     let c = Arc::new(open(&s, ChunkStoreOptions { pack_bytes: 4 << 20, ..Default::default() }));
     insert(&c, 0..64);
     let epoch = c.gc_advance_epoch(Duration::from_secs(1)).unwrap();
-    let marked: Vec<ChunkHash> = (0..64).map(|seed| hash_block(&block(seed))).collect();
+    let marked: Vec<ChunkHash> = (0..64).map(|seed| ChunkHash::of(&block(seed))).collect();
     let shards: Vec<usize> = marked.iter().map(|h| index::shard_of(&Key(*h))).collect();
     let marker = Arc::new(Mutex::new(None));
     {
@@ -421,6 +437,6 @@ fn a_mark_during_a_growth_lands_in_the_grown_table() {
     let swept = c.gc_sweep(epoch).unwrap();
     assert_eq!(swept.removed, 0, "a mark made during a growth was lost");
     for seed in 0..64 {
-        assert!(c.contains(&hash_block(&block(seed))), "chunk {seed} swept");
+        assert!(c.contains(&ChunkHash::of(&block(seed))), "chunk {seed} swept");
     }
 }

@@ -17,10 +17,9 @@
 use super::budget::{GrowBuf, Lease};
 use super::reader::{Batch, BatchSrc, Cursor};
 use super::stats::CompactStats;
-use crate::chunk::{hash_block, is_zero_block, ChunkHash};
+use crate::chunk::{is_zero_block, ChunkHash};
 use crate::error::Result;
-use crate::image::BLOCK_BYTES;
-use crate::wal::SECTOR_BYTES;
+use crate::units::{BLOCK_BYTES, SECTORS_PER_BLOCK, SECTOR_BYTES};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,7 +27,6 @@ use std::time::Instant;
 pub const SUB_BATCH_ITEMS: usize = 256;
 
 const BLOCK: usize = BLOCK_BYTES as usize;
-use crate::units::SECTORS_PER_BLOCK;
 
 /// Where an item's 4096 bytes are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +48,8 @@ pub enum Item {
     /// are in the extra buffer at `at` (the other sectors zero there).
     Partial { block: u64, mask: u8, at: usize },
 }
+
+const _: () = assert!(SECTORS_PER_BLOCK == u8::BITS as u64, "a Partial mask has one bit per sector");
 
 /// Items for the inserting thread.
 pub struct SubBatch<'b> {
@@ -186,7 +186,7 @@ impl<'w, 'b> Walker<'w, 'b> {
             return self.push_holes(block, 1, emit);
         }
         let t = Instant::now();
-        let hash = hash_block(data);
+        let hash = ChunkHash::of(data);
         self.work.hash_ns += t.elapsed().as_nanos() as u64;
         self.work.blocks_mapped += 1;
         self.push(Item::Chunk { block, hash, at: At::Batch(at) }, emit)
@@ -234,7 +234,7 @@ impl<'w, 'b> Walker<'w, 'b> {
         self.extra.extend(&self.scratch[..], self.lease, &mut self.work.bytes_initialized)?;
         if mask == u8::MAX {
             let t = Instant::now();
-            let hash = hash_block(&self.scratch[..]);
+            let hash = ChunkHash::of(&self.scratch[..]);
             self.work.hash_ns += t.elapsed().as_nanos() as u64;
             self.work.blocks_mapped += 1;
             self.push(Item::Chunk { block, hash, at: At::Extra(at) }, emit)

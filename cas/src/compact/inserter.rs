@@ -23,11 +23,10 @@ use super::commit::{CommitJob, CommitStage, Flow};
 use super::reader::Cursor;
 use super::stats::CompactStats;
 use super::ImageCompaction;
-use crate::chunk::{hash_block, is_zero_block, ChunkHash, ChunkPin, ChunkStore};
+use crate::chunk::{is_zero_block, ChunkHash, ChunkPin, ChunkStore};
 use crate::error::Result;
-use crate::image::BLOCK_BYTES;
 use crate::manifest::{ManifestEdit, LEAF_ENTRIES};
-use crate::wal::SECTOR_BYTES;
+use crate::units::{BLOCK_BYTES, SECTORS_PER_BLOCK, SECTOR_BYTES};
 use std::time::Instant;
 
 const BLOCK: usize = BLOCK_BYTES as usize;
@@ -121,7 +120,7 @@ impl<'s> Inserter<'s> {
                     self.work.bytes_initialized += BLOCK as u64;
                     let fresh = &sb.extra.as_slice()[at..at + BLOCK];
                     let sector = SECTOR_BYTES as usize;
-                    for i in 0..8 {
+                    for i in 0..SECTORS_PER_BLOCK as usize {
                         if mask & (1 << i) != 0 {
                             self.base[i * sector..(i + 1) * sector]
                                 .copy_from_slice(&fresh[i * sector..(i + 1) * sector]);
@@ -135,7 +134,7 @@ impl<'s> Inserter<'s> {
                         continue;
                     }
                     let th = Instant::now();
-                    let hash = hash_block(&self.base[..]);
+                    let hash = ChunkHash::of(&self.base[..]);
                     self.work.hash_ns += th.elapsed().as_nanos() as u64;
                     self.merged.extend(&self.base[..], &mut self.lease, &mut self.work.bytes_initialized)?;
                     edit.set(block, Some(hash));

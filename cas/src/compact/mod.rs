@@ -49,7 +49,7 @@ use crate::chunk::ChunkStore;
 use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::manifest::Manifest;
-use crate::wal::SECTOR_BYTES;
+use crate::units::SECTOR_BYTES;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -109,7 +109,8 @@ impl Default for PassControl {
     }
 }
 
-/// The compactor's state for one open image.
+/// The compactor's state for one open image; the store keeps it beside
+/// the image (`Store::compaction`) and hands it to every pass.
 pub struct ImageCompaction {
     pub(crate) manifest: Arc<Manifest>,
     /// Held for a whole pass: one pass per image at a time.
@@ -170,15 +171,15 @@ pub struct Compactor {
 }
 
 impl Compactor {
-    /// Runs one pass over `image`: drains its durable log (up to the
-    /// durable seq at the start, in batches) into the manifest.
-    pub fn run_pass(&self, image: &Image, ctl: &PassControl) -> Result<CompactReport> {
-        let state = image.compaction().ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "image {} was not opened for compaction by its store",
-                image.name()
-            ))
-        })?;
+    /// Runs one pass over `image`, whose compaction state is `state`:
+    /// drains its durable log (up to the durable seq at the start, in
+    /// batches) into the manifest.
+    pub fn run_pass(
+        &self,
+        image: &Image,
+        state: &ImageCompaction,
+        ctl: &PassControl,
+    ) -> Result<CompactReport> {
         let _one = lock(&state.running);
         let covered = state.manifest.covered();
         let mut report =

@@ -31,8 +31,9 @@
 use super::budget::{GrowBuf, Lease};
 use crate::error::{Error, Result};
 use crate::image::overlay::{Advance, Overlay};
+use crate::units::{SECTORS_PER_BLOCK, SECTOR_BYTES};
 use crate::wal::record::decode;
-use crate::wal::{Log, RecordKind, SegmentInfo, RECORD_HEADER_BYTES, SECTOR_BYTES, SEGMENT_HEADER_BYTES};
+use crate::wal::{Log, RecordKind, SegmentInfo, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use std::time::Instant;
 
 /// Bytes read from a segment per call (more when one record is larger).
@@ -41,8 +42,6 @@ pub const READ_CHUNK_BYTES: u64 = 1 << 20;
 /// Budget charge per record for its batch-map extents (at most three
 /// extents per record, about 96 bytes each with the B-tree's overhead).
 const MAP_BYTES_PER_RECORD: u64 = 3 * 96;
-
-use crate::units::SECTORS_PER_BLOCK;
 
 /// Where the compactor resumes: the record `seq` at file offset `position`
 /// of segment `segment`, of whose range the first `skip_sectors` are

@@ -1,8 +1,10 @@
 //! The background compactor: one task per store (a thread, plus each
 //! pass's reader thread; or stepped by a test, see `crate::tasks`) that
 //! decides when each open image is compacted. It never runs on a ublk
-//! queue thread or a scheduler worker. Its time comes from its task's
-//! clock, so under a stepper its back-offs and intervals replay exactly.
+//! queue thread or a scheduler worker. Which images are open, and the
+//! compaction state of each, it asks the store every round
+//! ([`Compactable`]). Its time comes from its task's clock, so under a
+//! stepper its back-offs and intervals replay exactly.
 //!
 //! ```text
 //!  wake: pressure listener (log use >= trigger, or a refused reservation)
@@ -35,13 +37,12 @@
 //! succeeds reopens the log. Memory-budget refusals only back off: budget
 //! comes back as other passes finish.
 
-use super::{lock, Compactor, PassControl};
+use super::{lock, Compactor, ImageCompaction, PassControl};
 use crate::background::BackgroundCpu;
 use crate::error::Error;
 use crate::image::{CapacityListener, Image};
 use crate::tasks::{Context, Step, Task, TaskHandle, Tasks, Wake};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// The service looks at every image at least this often.
@@ -53,8 +54,11 @@ const BUDGET_BACKOFF: Duration = Duration::from_millis(100);
 /// of holding them: with [`ERROR_BACKOFF`], about 5 s of retrying.
 pub const FAILURES_BEFORE_CLOSING: u32 = 5;
 
-/// The open images of a store, by name.
-pub type OpenImages = Arc<Mutex<HashMap<String, Weak<Image>>>>;
+/// The images the service compacts, asked for anew every round: each open
+/// image that the store compacts, with the compactor's state for it. Both
+/// are weak handles, upgraded only while the image is looked at, so closing
+/// and removing it is rarely delayed.
+pub type Compactable = Box<dyn Fn() -> Vec<(Weak<Image>, Weak<ImageCompaction>)> + Send>;
 
 /// The running service; dropping it stops its task (after the pass in
 /// progress, if any).
@@ -66,7 +70,7 @@ pub struct Service {
 impl Service {
     pub fn start(
         compactor: Arc<Compactor>,
-        images: OpenImages,
+        images: Compactable,
         tasks: &Tasks,
         cpu: BackgroundCpu,
     ) -> Service {
@@ -83,32 +87,27 @@ impl Service {
 
 struct ServiceTask {
     compactor: Arc<Compactor>,
-    images: OpenImages,
+    images: Compactable,
 }
 
 impl Task for ServiceTask {
     /// One round over the open images; again at once if a pass under
     /// pressure made progress, else after the tick (or a wake-up).
     fn step(&mut self, cx: &Context<'_>) -> Step {
-        // Weak handles, upgraded one at a time: an image is held only while
-        // it is looked at, so closing and removing it is rarely delayed.
-        let open: Vec<Weak<Image>> = lock(&self.images).values().cloned().collect();
         let mut again = false;
-        for weak in open {
+        for (image, state) in (self.images)() {
             if cx.stopping() {
                 return Step::Done;
             }
-            let Some(image) = weak.upgrade() else { continue };
-            match step(&self.compactor, &image, cx.now()) {
+            let (Some(image), Some(state)) = (image.upgrade(), state.upgrade()) else { continue };
+            match step(&self.compactor, &image, &state, cx.now()) {
                 Ok(Some(more)) => {
                     again |= more;
-                    if let Some(state) = image.compaction() {
-                        *lock(&state.failures_in_a_row) = 0;
-                    }
+                    *lock(&state.failures_in_a_row) = 0;
                     image.reopen_log();
                 }
                 Ok(None) => {}
-                Err(e) => failed(&image, &e, cx.now()),
+                Err(e) => failed(&image, &state, &e, cx.now()),
             }
         }
         if again {
@@ -121,8 +120,7 @@ impl Task for ServiceTask {
 
 /// A pass of `image` failed: back off, and after
 /// [`FAILURES_BEFORE_CLOSING`] in a row close its log to waiting.
-fn failed(image: &Image, e: &Error, now: Instant) {
-    let Some(state) = image.compaction() else { return };
+fn failed(image: &Image, state: &ImageCompaction, e: &Error, now: Instant) {
     let budget = matches!(e, Error::MemoryBudget(_));
     let backoff = if budget { BUDGET_BACKOFF } else { ERROR_BACKOFF };
     *lock(&state.retry_after) = Some(now + backoff);
@@ -144,8 +142,12 @@ fn failed(image: &Image, e: &Error, now: Instant) {
 
 /// Looks at one image and compacts it if needed: `None` if no pass ran,
 /// else whether it should be looked at again at once.
-fn step(compactor: &Compactor, image: &Image, now: Instant) -> crate::Result<Option<bool>> {
-    let Some(state) = image.compaction() else { return Ok(None) };
+fn step(
+    compactor: &Compactor,
+    image: &Image,
+    state: &ImageCompaction,
+    now: Instant,
+) -> crate::Result<Option<bool>> {
     if lock(&state.retry_after).is_some_and(|t| now < t) {
         return Ok(None);
     }
@@ -165,7 +167,7 @@ fn step(compactor: &Compactor, image: &Image, now: Instant) -> crate::Result<Opt
     }
     let ctl =
         PassControl { force_durable: pressure, max_batches: cfg.service_batches, ..PassControl::default() };
-    let report = compactor.run_pass(image, &ctl)?;
+    let report = compactor.run_pass(image, state, &ctl)?;
     let mut rolled = false;
     if blocked && report.covered_after == image.durable_seq() && !image.has_undurable_records() {
         rolled = image.roll_covered_segment(report.covered_after)?;

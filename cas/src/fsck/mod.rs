@@ -45,6 +45,7 @@ use crate::storage::{Change, DryRun, Storage};
 use crate::store::{
     check_image_dir_name, files, ImageHeader, IMAGE_FILE, LOCK_FILE, MANIFEST_FILE, STORE_FILE,
 };
+use crate::units::BLOCK_BYTES;
 use crate::wal::recovery::recover_log;
 use std::path::Path;
 use std::sync::Arc;
@@ -288,8 +289,8 @@ fn count_references(m: &Manifest, name: &str, index: &mut IndexCheck, report: &m
     for (block, hash) in missing {
         let detail = format!(
             "block {block} (byte {}) maps chunk {}, which the chunk index does not have",
-            block * 4096,
-            crate::chunk::hex(&hash)
+            block * BLOCK_BYTES,
+            hash
         );
         report.problem(Finding::new("missing-chunk", Some(name), &path, detail));
     }
@@ -323,8 +324,8 @@ fn name_damaged_blocks(m: &Manifest, name: &str, index: &mut IndexCheck, report:
         let (pack, offset) = index.location(&e);
         let detail = format!(
             "block {block} (byte {}) maps chunk {}, whose bytes at {} offset {offset} are {}",
-            block * 4096,
-            crate::chunk::hex(&e.hash),
+            block * BLOCK_BYTES,
+            e.hash,
             pack.display(),
             if e.state == ChunkState::Lost { "lost" } else { "damaged" }
         );

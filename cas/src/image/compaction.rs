@@ -3,25 +3,15 @@
 //! capacity, and reclamation of the log a manifest commit covers (with
 //! segment pins, see `Log::reclaim_through`).
 
-use super::{bump, write_lock, CapacityListener, Image, ImageCompaction, RECLAIM_PIN_WAIT_MS};
-
-/// Overlay extents removed per hold of the overlay's write lock.
-const RECLAIM_STEP_EXTENTS: usize = 512;
+use super::{bump, write_lock, CapacityListener, Image, RECLAIM_PIN_WAIT_MS};
 use crate::error::{Error, Result};
 use crate::wal::Log;
 use std::sync::Arc;
 
+/// Overlay extents removed per hold of the overlay's write lock.
+const RECLAIM_STEP_EXTENTS: usize = 512;
+
 impl Image {
-    /// Attaches the compactor's per-image state (once, by the store).
-    pub(crate) fn attach_compaction(&self, c: Arc<ImageCompaction>) {
-        assert!(self.compaction.set(c).is_ok(), "compaction state attached twice");
-    }
-
-    /// The compactor's state for this image (None: opened with a custom view).
-    pub fn compaction(&self) -> Option<&Arc<ImageCompaction>> {
-        self.compaction.get()
-    }
-
     pub(crate) fn log(&self) -> &Arc<Log> {
         &self.log
     }

@@ -36,11 +36,6 @@ impl ManifestView for EmptyManifest {
     }
 
     fn read_chunk(&self, hash: &ChunkHash, _out: &mut [u8]) -> Result<()> {
-        Err(crate::Error::NotFound(format!("chunk {} in an empty manifest", hex(hash))))
+        Err(crate::Error::NotFound(format!("chunk {hash} in an empty manifest")))
     }
-}
-
-/// Lower-case hex of a hash, for messages.
-pub fn hex(hash: &ChunkHash) -> String {
-    hash.iter().map(|b| format!("{b:02x}")).collect()
 }

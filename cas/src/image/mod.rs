@@ -18,7 +18,9 @@
 //! ```
 //!
 //! The compactor's hooks (reclamation, forced durability, pressure) are in
-//! compaction.rs.
+//! compaction.rs. The compactor's own state for an image (its manifest,
+//! cursor and work counters) is the store's, not the image's: nothing here
+//! depends on `cas::compact`.
 //!
 //! `Image` is `Send + Sync`; every method takes `&self` and may run on many
 //! threads at once. No lock is held across I/O on record bytes. The
@@ -37,19 +39,19 @@ pub use manifest_view::{ChunkHash, EmptyManifest, ManifestView, BLOCK_BYTES};
 pub use stats::ImageStats;
 
 use crate::background::BackgroundCpu;
-use crate::compact::ImageCompaction;
 use crate::error::{Error, Result};
 use crate::observe;
 use crate::storage::Storage;
 use crate::tasks::Tasks;
+use crate::units::SECTOR_BYTES;
 use crate::wal::segment::{SEGMENT_BYTES_MIN, SEGMENT_HEADER_BYTES};
-use crate::wal::{Log, RecordHeader, RecordKind, RecoveryReport, Slot, RECORD_HEADER_BYTES, SECTOR_BYTES};
+use crate::wal::{Log, RecordHeader, RecordKind, RecoveryReport, Slot, RECORD_HEADER_BYTES};
 use capacity::Capacity;
 use durability::Durability;
 use overlay::{Overlay, Source};
 use stats::{bump, Counters};
 use std::path::Path;
-use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use trace::IoSource;
 use writeback::Writeback;
 
@@ -98,8 +100,6 @@ pub struct Image {
     /// Where the first record above the checkpoint was at open (segment
     /// index, file offset, seq): the compactor's first cursor.
     start_cursor: (u64, u64, u64),
-    /// The compactor's state for this image (set by the store).
-    compaction: OnceLock<Arc<ImageCompaction>>,
 }
 
 /// How long reclamation waits for pins on a covered segment before it
@@ -155,19 +155,19 @@ impl Image {
             cfg.replay_after_seq,
             &mut |seg, pos, h: &RecordHeader| {
                 first.get_or_insert((seg.index(), pos, h.seq));
-                let (start, len) = (sectors(h.offset_bytes), sectors(h.len_bytes));
+                let (start_sector, len_sectors) = (sectors(h.offset_bytes), sectors(h.len_bytes));
                 let src = match h.kind {
                     RecordKind::Pad => return,
                     RecordKind::Write => {
-                        Source::Log { segment: seg.clone(), position: pos + RECORD_HEADER_BYTES as u64 }
+                        Source::Log { segment: seg.clone(), position_bytes: pos + RECORD_HEADER_BYTES as u64 }
                     }
                     RecordKind::WriteZeroes | RecordKind::Discard => Source::Zero,
                 };
-                if start + len > size_sectors {
+                if start_sector + len_sectors > size_sectors {
                     beyond.get_or_insert((seg.path().to_path_buf(), pos, h.seq));
                     return;
                 }
-                overlay.insert(start, len, h.seq, src);
+                overlay.insert(start_sector, len_sectors, h.seq, src);
             },
         )?;
         if let Some((path, offset, seq)) = beyond {
@@ -201,7 +201,6 @@ impl Image {
             counters: Counters::default(),
             recovery,
             start_cursor,
-            compaction: OnceLock::new(),
         })
     }
 
@@ -431,7 +430,7 @@ impl Image {
             self.append(&slot, &header, piece)?;
             bump(&self.counters.write_records, 1);
             bump(&self.counters.payload_bytes_written, piece.len() as u64);
-            let src = Source::Log { segment: slot.segment.clone(), position: slot.payload_position() };
+            let src = Source::Log { segment: slot.segment.clone(), position_bytes: slot.payload_position() };
             write_lock(&self.overlay).insert(sectors(at), sectors(piece.len() as u64), slot.seq, src);
             last_seq = slot.seq;
             done += piece.len();
@@ -600,19 +599,19 @@ impl Image {
         }
     }
 
-    fn read_sources(&self, offset: u64, buf: &mut [u8], tally: &mut ReadTally) -> Result<()> {
-        let first = sectors(offset);
-        let pieces = read_lock(&self.overlay).lookup(first, sectors(buf.len() as u64));
+    fn read_sources(&self, offset_bytes: u64, buf: &mut [u8], tally: &mut ReadTally) -> Result<()> {
+        let first_sector = sectors(offset_bytes);
+        let pieces = read_lock(&self.overlay).lookup(first_sector, sectors(buf.len() as u64));
         for p in pieces {
-            let out = &mut buf[((p.start_sector - first) * SECTOR_BYTES) as usize..]
+            let out = &mut buf[((p.start_sector - first_sector) * SECTOR_BYTES) as usize..]
                 [..(p.sectors * SECTOR_BYTES) as usize];
             match p.src {
                 Some(Source::Zero) => {
                     out.fill(0);
                     tally.zero += out.len() as u64;
                 }
-                Some(Source::Log { segment, position }) => {
-                    observe::io(IoSource::Log, || segment.file.read_exact_at(out, position))?;
+                Some(Source::Log { segment, position_bytes }) => {
+                    observe::io(IoSource::Log, || segment.file.read_exact_at(out, position_bytes))?;
                     tally.log += out.len() as u64;
                 }
                 None => self.read_compacted(p.start_sector * SECTOR_BYTES, out, tally)?,
@@ -626,21 +625,21 @@ impl Image {
     /// only partial ones go through a scratch block on the stack (no
     /// allocation per read: 4 KiB allocations went to the allocator's
     /// shared arenas, whose locks stalled reads).
-    fn read_compacted(&self, offset: u64, out: &mut [u8], tally: &mut ReadTally) -> Result<()> {
+    fn read_compacted(&self, offset_bytes: u64, out: &mut [u8], tally: &mut ReadTally) -> Result<()> {
         if out.is_empty() {
             return Ok(());
         }
         let manifest = read_lock(&self.manifest).clone();
-        let last_block = (offset + out.len() as u64 - 1) / BLOCK_BYTES;
+        let last_block = (offset_bytes + out.len() as u64 - 1) / BLOCK_BYTES;
         let mut hashes = [None; LOOKUP_WINDOW_BLOCKS];
         let mut done = 0usize;
         while done < out.len() {
-            let first_block = (offset + done as u64) / BLOCK_BYTES;
+            let first_block = (offset_bytes + done as u64) / BLOCK_BYTES;
             let window_blocks = ((last_block - first_block + 1) as usize).min(LOOKUP_WINDOW_BLOCKS);
             let window = &mut hashes[..window_blocks];
             observe::io(IoSource::Manifest, || manifest.lookup_range(first_block, window))?;
             for (block, hash) in (first_block..).zip(window.iter()) {
-                let in_block = ((offset + done as u64) % BLOCK_BYTES) as usize;
+                let in_block = ((offset_bytes + done as u64) % BLOCK_BYTES) as usize;
                 let n = (BLOCK_BYTES as usize - in_block).min(out.len() - done);
                 let dst = &mut out[done..done + n];
                 match hash {
@@ -710,7 +709,9 @@ impl Image {
         ))
     }
 
-    /// Counters and state, as a plain struct.
+    /// The image's own counters and state, as a plain struct. The
+    /// compactor's part (`compaction`, `covered_seq`) is the store's to add:
+    /// `Store::image_stats`.
     pub fn stats(&self) -> ImageStats {
         let mut s = ImageStats::default();
         self.counters.fill(&mut s);
@@ -723,10 +724,6 @@ impl Image {
         s.durable_seq = self.durability.durable_seq();
         s.writeback_syncs = self.writeback.syncs.load(std::sync::atomic::Ordering::Relaxed);
         s.recovery = self.recovery.clone();
-        if let Some(c) = self.compaction.get() {
-            s.compaction = c.stats();
-            s.covered_seq = c.manifest().covered();
-        }
         s
     }
 }

@@ -6,8 +6,8 @@
 //!
 //!   sectors:  0    8        24   32
 //!             [ A ][   B    ][ C ]        non-overlapping extents
-//!   A, B: Source::Log { segment, position }   bytes in a WAL segment
-//!   C:    Source::Zero                         WRITE_ZEROES / DISCARD
+//!   A, B: Source::Log { segment, position_bytes }   bytes in a WAL segment
+//!   C:    Source::Zero                               WRITE_ZEROES / DISCARD
 //!   gaps: not in the overlay -> the manifest (a chunk, or a hole = zeros)
 //! ```
 //!
@@ -31,7 +31,8 @@
 //! The map is generic over its source type: the compactor builds the same
 //! index over the records of one batch, with sources in its own buffer.
 
-use crate::wal::{Segment, SECTOR_BYTES};
+use crate::units::SECTOR_BYTES;
+use crate::wal::Segment;
 use smallvec::SmallVec;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -48,8 +49,8 @@ pub type Pieces<S> = SmallVec<[Piece<S>; INLINE_PIECES]>;
 pub enum Source {
     /// Reads as zeros (WRITE_ZEROES, DISCARD), hiding the manifest.
     Zero,
-    /// In a WAL segment, starting at file offset `position`.
-    Log { segment: Arc<Segment>, position: u64 },
+    /// In a WAL segment, starting `position_bytes` into its file.
+    Log { segment: Arc<Segment>, position_bytes: u64 },
 }
 
 /// A source that can be moved forward by some sectors (the tail of an
@@ -62,9 +63,10 @@ impl Advance for Source {
     fn advanced(&self, sectors: u64) -> Source {
         match self {
             Source::Zero => Source::Zero,
-            Source::Log { segment, position } => {
-                Source::Log { segment: segment.clone(), position: position + sectors * SECTOR_BYTES }
-            }
+            Source::Log { segment, position_bytes } => Source::Log {
+                segment: segment.clone(),
+                position_bytes: position_bytes + sectors * SECTOR_BYTES,
+            },
         }
     }
 }
@@ -87,8 +89,9 @@ pub struct Piece<S = Source> {
 
 #[derive(Debug)]
 pub struct Overlay<S = Source> {
+    /// Start sector -> extent.
     map: BTreeMap<u64, Extent<S>>,
-    /// `(seq, start)` of every extent in `map`.
+    /// `(seq, start sector)` of every extent in `map`.
     by_seq: BTreeSet<(u64, u64)>,
     /// Records at or below this seq were removed as compacted: inserts of
     /// them are dropped.
@@ -110,21 +113,22 @@ impl<S: Advance> Overlay<S> {
         self.map.len()
     }
 
-    /// Adds an extent at `start` (the place is free), in both indexes.
-    fn put(&mut self, start: u64, e: Extent<S>) {
-        self.by_seq.insert((e.seq, start));
-        let old = self.map.insert(start, e);
+    /// Adds an extent at `start_sector` (the place is free), in both indexes.
+    fn put(&mut self, start_sector: u64, e: Extent<S>) {
+        self.by_seq.insert((e.seq, start_sector));
+        let old = self.map.insert(start_sector, e);
         assert!(old.is_none(), "overlay extents never share a start");
     }
 
-    /// Takes out the extent at `start`, from both indexes.
-    fn take(&mut self, start: u64) -> Extent<S> {
-        let e = self.map.remove(&start).expect("an extent starts here");
-        assert!(self.by_seq.remove(&(e.seq, start)), "the seq index lists every extent");
+    /// Takes out the extent at `start_sector`, from both indexes.
+    fn take(&mut self, start_sector: u64) -> Extent<S> {
+        let e = self.map.remove(&start_sector).expect("an extent starts here");
+        assert!(self.by_seq.remove(&(e.seq, start_sector)), "the seq index lists every extent");
         e
     }
 
-    /// Takes out every extent overlapping `[start, end)`.
+    /// Takes out every extent overlapping sectors `[start, end)`, with
+    /// their start sectors.
     fn take_overlapping(&mut self, start: u64, end: u64) -> Vec<(u64, Extent<S>)> {
         let mut keys: Vec<u64> = Vec::new();
         if let Some((&k, e)) = self.map.range(..start).next_back() {
@@ -136,51 +140,51 @@ impl<S: Advance> Overlay<S> {
         keys.into_iter().map(|k| (k, self.take(k))).collect()
     }
 
-    /// Records that sectors `[start, start + len)` (`start`, `len` in
-    /// sectors) now come from `src`, as of record `seq`, except where a
-    /// newer record already says otherwise. A record at or below what
-    /// `remove_through` removed is dropped: the manifest holds it, or
-    /// something newer.
-    pub fn insert(&mut self, start: u64, len: u64, seq: u64, src: S) {
-        assert!(len > 0, "empty extent");
+    /// Records that sectors `[start_sector, start_sector + sectors)` now
+    /// come from `src`, as of record `seq`, except where a newer record
+    /// already says otherwise. A record at or below what `remove_through`
+    /// removed is dropped: the manifest holds it, or something newer.
+    pub fn insert(&mut self, start_sector: u64, sectors: u64, seq: u64, src: S) {
+        assert!(sectors > 0, "empty extent");
         if seq <= self.removed_through {
             return;
         }
-        let end = start + len;
+        let end = start_sector + sectors;
         let mut newer: Vec<(u64, u64)> = Vec::new();
-        for (k, e) in self.take_overlapping(start, end) {
+        for (k, e) in self.take_overlapping(start_sector, end) {
             let e_end = k + e.sectors;
             if e.seq > seq {
-                newer.push((k.max(start), e_end.min(end)));
+                newer.push((k.max(start_sector), e_end.min(end)));
                 self.put(k, e);
                 continue;
             }
-            if k < start {
-                self.put(k, Extent { sectors: start - k, seq: e.seq, src: e.src.clone() });
+            if k < start_sector {
+                self.put(k, Extent { sectors: start_sector - k, seq: e.seq, src: e.src.clone() });
             }
             if e_end > end {
                 self.put(end, Extent { sectors: e_end - end, seq: e.seq, src: e.src.advanced(end - k) });
             }
         }
         newer.sort_unstable();
-        let mut cur = start;
+        let mut cur = start_sector;
         for (ns, ne) in newer.into_iter().chain(std::iter::once((end, end))) {
             if cur < ns {
-                self.put(cur, Extent { sectors: ns - cur, seq, src: src.advanced(cur - start) });
+                self.put(cur, Extent { sectors: ns - cur, seq, src: src.advanced(cur - start_sector) });
             }
             cur = cur.max(ne);
         }
     }
 
-    /// The pieces covering sectors `[start, start + len)`, in order, gaps
-    /// included. Up to [`INLINE_PIECES`] pieces are returned without a heap
-    /// allocation (a read that crosses more extents than that is rare).
-    pub fn lookup(&self, start: u64, len: u64) -> Pieces<S> {
-        let end = start + len;
+    /// The pieces covering sectors `[start_sector, start_sector + sectors)`,
+    /// in order, gaps included. Up to [`INLINE_PIECES`] pieces are returned
+    /// without a heap allocation (a read that crosses more extents than
+    /// that is rare).
+    pub fn lookup(&self, start_sector: u64, sectors: u64) -> Pieces<S> {
+        let end = start_sector + sectors;
         let mut out = Pieces::new();
-        let mut cur = start;
-        let first = self.map.range(..start).next_back().filter(|(&k, e)| k + e.sectors > start);
-        for (&k, e) in first.into_iter().chain(self.map.range(start..end)) {
+        let mut cur = start_sector;
+        let first = self.map.range(..start_sector).next_back().filter(|(&k, e)| k + e.sectors > start_sector);
+        for (&k, e) in first.into_iter().chain(self.map.range(start_sector..end)) {
             if k > cur {
                 out.push(Piece { start_sector: cur, sectors: k - cur, src: None });
                 cur = k;
@@ -247,7 +251,7 @@ mod tests {
         let mut model = vec![None::<(u64, u64)>; sectors as usize];
         for &(start, len, seq) in ops {
             // Encode the record and the sector inside it in the position.
-            ov.insert(start, len, seq, Source::Log { segment: dummy(), position: seq << 32 });
+            ov.insert(start, len, seq, Source::Log { segment: dummy(), position_bytes: seq << 32 });
             for s in start..start + len {
                 let m = &mut model[s as usize];
                 if m.is_none_or(|(old, _)| old <= seq) {
@@ -260,8 +264,8 @@ mod tests {
             for s in p.start_sector..p.start_sector + p.sectors {
                 got[s as usize] = match &p.src {
                     None => None,
-                    Some(Source::Log { position, .. }) => {
-                        Some((position >> 32, position + (s - p.start_sector) * SECTOR_BYTES))
+                    Some(Source::Log { position_bytes, .. }) => {
+                        Some((position_bytes >> 32, position_bytes + (s - p.start_sector) * SECTOR_BYTES))
                     }
                     Some(Source::Zero) => unreachable!(),
                 };

@@ -1,6 +1,8 @@
-//! Per-image counters, and the plain struct `Image::stats` returns.
+//! Per-image counters, and the plain structs that report them: what
+//! `casblk stats` shows for an image under `cas` ([`ImageStats`]), the
+//! compaction work in it ([`CompactStats`]: counted by `cas::compact`, kept
+//! per image by the store, which fills it in: `Store::image_stats`).
 
-use crate::compact::CompactStats;
 use crate::wal::RecoveryReport;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -83,12 +85,14 @@ pub struct ImageStats {
     pub overlay_extents: u64,
     pub next_seq: u64,
     pub durable_seq: u64,
-    /// The seq the manifest covers: records at or below it are compacted.
+    /// The seq the manifest covers: records at or below it are compacted
+    /// (filled in by the store, like `compaction`).
     pub covered_seq: u64,
     /// What the last open recovered.
     pub recovery: RecoveryReport,
-    /// Compaction work and state (zeros for an image the store does not
-    /// compact).
+    /// Compaction work: filled in by the store (`Store::image_stats`) from
+    /// the state it keeps per image; zeros from `Image::stats` alone and
+    /// for an image the store does not compact.
     pub compaction: CompactStats,
 }
 
@@ -116,5 +120,99 @@ impl Counters {
         s.capacity_waits = get(&self.capacity_waits);
         s.segments_reclaimed = get(&self.segments_reclaimed);
         s.reclaim_deferred = get(&self.reclaim_deferred);
+    }
+}
+
+/// Declares the counter struct and a field-wise `add`.
+macro_rules! counters {
+    ($(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* pub $field:ident,)* }) => {
+        $(#[$meta])*
+        pub struct $name { $($(#[$fmeta])* pub $field: u64,)* }
+
+        impl $name {
+            /// Adds every counter of `other` to `self`.
+            pub fn add(&mut self, other: &$name) {
+                $(self.$field += other.$field;)*
+            }
+        }
+    };
+}
+
+counters! {
+    /// Compaction work, all counters (no state; see
+    /// `cas::compact::CompactReport` and [`ImageStats`] for positions).
+    /// They are the seed's per-input-MiB table made countable: divide by
+    /// `input_bytes / 2^20` to get bytes initialised, background reads,
+    /// manifest pages written and syncs per MiB of compacted log.
+    #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+    pub struct CompactStats {
+        /// Passes run (each drains the durable log in batches).
+        pub passes,
+        /// Batches committed: one manifest commit each.
+        pub batches,
+        /// Log records compacted (PAD included).
+        pub records,
+        /// WRITE payload bytes compacted: the "input" of the per-MiB ratios.
+        pub input_bytes,
+        /// WRITE_ZEROES / DISCARD bytes compacted.
+        pub zeroed_bytes,
+        /// Blocks mapped to a chunk.
+        pub blocks_mapped,
+        /// Blocks made holes (zero data, WRITE_ZEROES, DISCARD).
+        pub blocks_holes,
+        /// Blocks only partly rewritten in a batch, merged with their older
+        /// content (chunk or hole).
+        pub blocks_merged,
+        /// Chunks stored new, and chunks found already stored.
+        pub chunks_new,
+        pub chunks_dup,
+        /// Bytes written to pack files.
+        pub chunk_bytes_written,
+        /// Bytes of buffers filled before use: buffer growth (zeroed once,
+        /// then reused), merge scratch, and the manifest commit's own.
+        pub bytes_initialized,
+        /// Read calls the compactor issued (log scans, merge bases), and bytes.
+        pub background_reads,
+        pub background_read_bytes,
+        /// Manifest pages written, and distinct leaves the batches edited
+        /// (summed per commit).
+        pub manifest_pages_written,
+        pub manifest_leaf_pages_touched,
+        /// fdatasync / directory syncs: chunk store, manifest, log forced
+        /// durable by the compactor, reclamation.
+        pub syncs,
+        /// Times the compactor made the log durable itself (pressure and no
+        /// FLUSH from the guest).
+        pub forced_log_syncs,
+        /// Passes whose cursor did not validate and fell back to a scan.
+        pub cursor_fallbacks,
+        /// Log bytes returned to the quota, segments deleted.
+        pub log_bytes_reclaimed,
+        pub segments_reclaimed,
+        /// Covered current segments closed so that they could be reclaimed.
+        pub segment_rolls,
+        /// Batches cut short, or passes deferred, by the memory budget.
+        pub budget_waits,
+        /// Passes that failed.
+        pub errors,
+        /// Time (ns) reading and scanning the log, hashing, inserting chunks,
+        /// and committing (chunk sync, manifest commit, reclamation).
+        pub read_ns,
+        pub hash_ns,
+        pub insert_ns,
+        pub commit_ns,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_is_field_wise() {
+        let mut a = CompactStats { records: 2, syncs: 1, ..CompactStats::default() };
+        let b = CompactStats { records: 3, hash_ns: 7, ..CompactStats::default() };
+        a.add(&b);
+        assert_eq!((a.records, a.syncs, a.hash_ns), (5, 1, 7));
     }
 }

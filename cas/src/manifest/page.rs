@@ -53,8 +53,10 @@ const OFF_GENERATION: usize = OFF_FIRST_BLOCK + 8;
 const OFF_BODY: usize = OFF_GENERATION + 8;
 const OFF_PRESENT: usize = OFF_BODY;
 const OFF_HASHES: usize = OFF_PRESENT + 16;
-const LEAF_END: usize = OFF_HASHES + LEAF_ENTRIES * 32;
+const LEAF_END: usize = OFF_HASHES + LEAF_ENTRIES * ChunkHash::BYTES;
 const CHILD_BYTES: usize = 8 + 4;
+/// What an absent leaf entry holds: zero bytes.
+const ABSENT: ChunkHash = ChunkHash::from_bytes([0; ChunkHash::BYTES]);
 const INTERIOR_END: usize = OFF_BODY + FANOUT * CHILD_BYTES;
 const OFF_CRC: usize = PAGE_BYTES - 4;
 
@@ -97,7 +99,7 @@ pub struct LeafBody {
 
 impl Default for LeafBody {
     fn default() -> Self {
-        LeafBody { present: 0, hashes: [[0; 32]; LEAF_ENTRIES] }
+        LeafBody { present: 0, hashes: [ABSENT; LEAF_ENTRIES] }
     }
 }
 
@@ -114,7 +116,7 @@ impl LeafBody {
             }
             None => {
                 self.present &= !(1 << i);
-                self.hashes[i] = [0; 32];
+                self.hashes[i] = ABSENT;
             }
         }
     }
@@ -191,7 +193,7 @@ pub fn encode(level: u8, first_block: u64, generation: u64, body: &Body, out: &m
         Body::Leaf(l) => {
             out.extend_from_slice(&l.present.to_le_bytes());
             for h in &l.hashes {
-                out.extend_from_slice(h);
+                out.extend_from_slice(h.as_bytes());
             }
         }
         Body::Interior(i) => {
@@ -276,9 +278,9 @@ pub fn decode(buf: &[u8], expect: Option<Expect>, path: &Path, offset: u64) -> R
             return Err(corrupt("leaf present bits beyond its entries".into()));
         }
         for (i, h) in leaf.hashes.iter_mut().enumerate() {
-            let at = OFF_HASHES + i * 32;
-            h.copy_from_slice(&buf[at..at + 32]);
-            if leaf.present >> i & 1 == 0 && h.iter().any(|&b| b != 0) {
+            let at = OFF_HASHES + i * ChunkHash::BYTES;
+            *h = ChunkHash::from_bytes(buf[at..at + ChunkHash::BYTES].try_into().expect("a hash's bytes"));
+            if leaf.present >> i & 1 == 0 && *h != ABSENT {
                 return Err(corrupt(format!("absent leaf entry {i} is not zeroed")));
             }
         }
@@ -334,8 +336,8 @@ mod tests {
 
     fn leaf() -> Page {
         let mut l = LeafBody::default();
-        l.set(0, Some([1; 32]));
-        l.set(125, Some([2; 32]));
+        l.set(0, Some(ChunkHash::from_bytes([1; 32])));
+        l.set(125, Some(ChunkHash::from_bytes([2; 32])));
         Page { level: 0, first_block: 126 * 5, generation: 3, crc: 0, body: Body::Leaf(l) }
     }
 

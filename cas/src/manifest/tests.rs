@@ -2,10 +2,10 @@ use super::*;
 use crate::storage::{CrashMode, MemStorage};
 
 fn h(i: u64) -> ChunkHash {
-    let mut x = [0u8; 32];
+    let mut x = [0u8; ChunkHash::BYTES];
     x[..8].copy_from_slice(&i.to_le_bytes());
     x[31] = 0xaa;
-    x
+    ChunkHash::from_bytes(x)
 }
 
 fn open(s: &MemStorage) -> Manifest {

@@ -32,9 +32,10 @@ impl ManifestView for CompactedView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chunk::{hash_block, ChunkStoreOptions};
+    use crate::chunk::ChunkStoreOptions;
     use crate::manifest::ManifestOptions;
     use crate::storage::{MemStorage, Storage};
+    use crate::units::BLOCK_BYTES;
     use std::path::Path;
 
     #[test]
@@ -46,8 +47,8 @@ mod tests {
         );
         let manifest =
             Arc::new(Manifest::open(s, Path::new("/img/manifest"), ManifestOptions::default()).unwrap());
-        let data = vec![0x5au8; 4096];
-        let h = hash_block(&data);
+        let data = vec![0x5au8; BLOCK_BYTES as usize];
+        let h = ChunkHash::of(&data);
         let pin = chunks.pin();
         chunks.insert_missing(&pin, &[(h, &data)]).unwrap();
         chunks.sync().unwrap();
@@ -58,7 +59,7 @@ mod tests {
         let view: Arc<dyn ManifestView> = Arc::new(CompactedView { manifest, chunks });
         assert_eq!(view.lookup(2).unwrap(), None);
         let got = view.lookup(3).unwrap().unwrap();
-        let mut out = vec![0u8; 4096];
+        let mut out = vec![0u8; BLOCK_BYTES as usize];
         view.read_chunk(&got, &mut out).unwrap();
         assert_eq!(out, data);
     }

@@ -17,10 +17,10 @@
 //! for the pin, bounded, and gives up instead). Memory: one batch buffer.
 
 use super::{lock, Store, MANIFEST_FILE};
-use crate::chunk::{hash_block, is_zero_block, ChunkHash};
+use crate::chunk::{is_zero_block, ChunkHash};
 use crate::error::{Error, Result};
-use crate::image::BLOCK_BYTES;
 use crate::manifest::{Manifest, ManifestOptions};
+use crate::units::BLOCK_BYTES;
 use std::io::Read;
 
 /// Bytes read, hashed and inserted per batch (the one buffer).
@@ -109,7 +109,7 @@ impl Store {
                     report.zero_blocks += 1;
                     continue;
                 }
-                let hash = hash_block(block);
+                let hash = ChunkHash::of(block);
                 items.push((hash, block));
                 blocks.push((first_block + i as u64, hash));
             }

@@ -18,7 +18,7 @@
 //! an image with snapshots and a snapshot with clones, naming them.
 
 use super::files::{self, ImageHeader, ImageKind};
-use super::{lock, validate_image_name, Store, IMAGE_FILE, MANIFEST_FILE, STORE_FILE};
+use super::{lock, validate_image_name, OpenImage, Store, IMAGE_FILE, MANIFEST_FILE, STORE_FILE};
 use crate::error::{Error, Result};
 use crate::wal::Log;
 
@@ -73,8 +73,8 @@ impl Store {
         let open = self.open_image(image)?;
         open.flush()?;
         let target = open.durable_seq();
-        let manifest = open
-            .compaction()
+        let manifest = self
+            .compaction(&open)
             .map(|c| c.manifest.clone())
             .ok_or_else(|| Error::InvalidArgument(format!("image {image} is not compacted by its store")))?;
         let mut passes = 0;
@@ -97,7 +97,7 @@ impl Store {
             }
         }
         let _maint = lock(&self.maint);
-        let _open = lock(&self.open);
+        let _open = self.open.lock();
         let (dir, fresh) = self.prepare_dir(&name, header.size_bytes)?;
         self.allow_snapshots()?;
         manifest.freeze_into(&dir.join(MANIFEST_FILE), 0)?;
@@ -117,7 +117,7 @@ impl Store {
                 "{snap} is not a snapshot: take one with `casblk image snapshot` and clone that"
             )));
         }
-        let _open = lock(&self.open);
+        let _open = self.open.lock();
         let source = self.manifest(snap)?;
         let (dir, fresh) = self.prepare_dir(new, header.size_bytes)?;
         self.allow_snapshots()?;
@@ -143,8 +143,8 @@ impl Store {
                 snap_header.size_bytes, header.size_bytes
             )));
         }
-        let open = lock(&self.open);
-        if open.get(image).is_some_and(|w| w.strong_count() > 0) {
+        let open = self.open.lock();
+        if open.get(image).is_some_and(OpenImage::is_open) {
             return Err(Error::Unavailable(format!("image {image}"), "it is open; detach it first".into()));
         }
         let dir = self.image_dir(image)?;

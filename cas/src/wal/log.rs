@@ -8,11 +8,12 @@
 //! concurrently with other writers. A slot whose write fails is voided
 //! with a PAD record so that the seq sequence keeps no hole.
 
-use super::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES, SECTOR_BYTES};
+use super::record::{RecordHeader, RecordKind, RECORD_HEADER_BYTES};
 use super::recovery::{recover_log, Recovered, RecoveryReport};
 use super::segment::{Segment, SegmentHeader, SEGMENT_HEADER_BYTES};
 use crate::error::Result;
 use crate::storage::Storage;
+use crate::units::SECTOR_BYTES;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -266,7 +266,7 @@ pub fn decode(buf: &[u8]) -> Result<(RecordHeader, &[u8]), DecodeError> {
     }
     if len_bytes == 0 || !len_bytes.is_multiple_of(SECTOR_BYTES) || !offset_bytes.is_multiple_of(SECTOR_BYTES)
     {
-        return Err(invalid(format!("range {offset_bytes}+{len_bytes} is not 512-byte aligned")));
+        return Err(invalid(format!("range {offset_bytes}+{len_bytes} is not {SECTOR_BYTES}-byte aligned")));
     }
     if offset_bytes.checked_add(len_bytes).is_none() {
         return Err(invalid("range overflows"));

@@ -33,6 +33,7 @@
 use crate::error::{Error, Result};
 use crate::format::{check_version, crc32c, crc32c_append, Decoder};
 use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::units::{BLOCK_BYTES, SECTOR_BYTES};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -49,8 +50,8 @@ const SEGMENT_BYTES_AT: usize = INDEX_AT + 8;
 const FIRST_SEQ_AT: usize = SEGMENT_BYTES_AT + 8;
 const LOG_ID_AT: usize = FIRST_SEQ_AT + 8;
 const USED_END: usize = LOG_ID_AT + 8;
-/// Size of the segment header; the first record starts here.
-pub const SEGMENT_HEADER_BYTES: usize = 512;
+/// Size of the segment header, one sector; the first record starts here.
+pub const SEGMENT_HEADER_BYTES: usize = SECTOR_BYTES as usize;
 const _: () = assert!(USED_END <= SEGMENT_HEADER_BYTES);
 
 /// Smallest and largest segment sizes a store accepts.
@@ -113,7 +114,7 @@ impl SegmentHeader {
             return Err(corrupt("segment header has unknown fields set".into()));
         }
         if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&segment_bytes)
-            || !segment_bytes.is_multiple_of(4096)
+            || !segment_bytes.is_multiple_of(BLOCK_BYTES)
             || first_seq == 0
         {
             return Err(corrupt(format!("segment of {segment_bytes} bytes starting at seq {first_seq}")));

@@ -3,7 +3,7 @@
 //! deterministic block contents, and seeds.
 #![allow(dead_code)]
 
-use cas::chunk::{hash_block, ChunkHash, CHUNK_BYTES};
+use cas::chunk::{ChunkHash, CHUNK_BYTES};
 use cas::storage::{MemStorage, OpenMode, Storage, StorageFile, StorageLock};
 use cas::{Error, Result};
 use std::path::Path;
@@ -171,7 +171,7 @@ pub fn block(id: u64) -> Vec<u8> {
 }
 
 pub fn block_hash(id: u64) -> ChunkHash {
-    hash_block(&block(id))
+    ChunkHash::of(&block(id))
 }
 
 /// Seeds for a randomized test: `CAS_TEST_SEEDS` (count) scales it up;

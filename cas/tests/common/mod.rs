@@ -3,6 +3,7 @@
 //! says which write put it there.
 #![allow(dead_code)]
 
+use cas::chunk::ChunkHash;
 use cas::storage::{MemStorage, Storage};
 use cas::{Image, Store, StoreOptions};
 use std::path::{Path, PathBuf};
@@ -218,13 +219,13 @@ pub struct MapManifest {
 }
 
 impl cas::image::ManifestView for MapManifest {
-    fn lookup(&self, block: u64) -> cas::Result<Option<cas::image::ChunkHash>> {
+    fn lookup(&self, block: u64) -> cas::Result<Option<ChunkHash>> {
         let blocks = self.blocks.lock().unwrap();
-        Ok(blocks.get(&block).map(|data| *blake3::hash(data).as_bytes()))
+        Ok(blocks.get(&block).map(|data| ChunkHash::of(data)))
     }
-    fn read_chunk(&self, hash: &cas::image::ChunkHash, out: &mut [u8]) -> cas::Result<()> {
+    fn read_chunk(&self, hash: &ChunkHash, out: &mut [u8]) -> cas::Result<()> {
         let blocks = self.blocks.lock().unwrap();
-        let data = blocks.values().find(|d| blake3::hash(d).as_bytes() == hash).expect("chunk present");
+        let data = blocks.values().find(|d| ChunkHash::of(d) == *hash).expect("chunk present");
         out.copy_from_slice(data);
         Ok(())
     }

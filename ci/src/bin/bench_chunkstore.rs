@@ -19,7 +19,7 @@
 //! issue's `ci/bench compaction` (which reads a WAL); the keys that match
 //! its keys mean the same.
 
-use cas::chunk::{hash_block, ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES};
+use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES};
 use cas::manifest::{Manifest, ManifestOptions};
 use cas::storage::{FsStorage, Storage};
 use std::path::PathBuf;
@@ -72,7 +72,7 @@ fn main() -> cas::Result<()> {
     let t = Instant::now();
     let mut sink = 0u8;
     for b in pool.chunks_exact(CHUNK_BYTES) {
-        sink ^= hash_block(b)[0];
+        sink ^= ChunkHash::of(b).as_bytes()[0];
     }
     let blake3_4k_mib_s = mib_s(pool.len() as u64, t.elapsed());
 
@@ -102,7 +102,7 @@ fn main() -> cas::Result<()> {
         hashes.clear();
         for i in first..first + n {
             let b = block(i);
-            let h = hash_block(b);
+            let h = ChunkHash::of(b);
             items.push((h, b));
             hashes.push(Some(h));
         }

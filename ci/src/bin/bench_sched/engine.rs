@@ -84,7 +84,7 @@ impl Engine {
         image.flush().expect("flush an image");
         let deadline = Instant::now() + SETTLE_TIMEOUT;
         loop {
-            let s = image.stats();
+            let s = self.store.image_stats(image);
             if s.overlay_extents == 0 && s.covered_seq >= s.durable_seq {
                 return;
             }
@@ -127,7 +127,7 @@ impl Engine {
         let mut ids: Vec<_> = self.images.keys().copied().collect();
         ids.sort();
         EngineMark {
-            images: ids.iter().map(|id| self.images[id].stats()).collect(),
+            images: ids.iter().map(|id| self.store.image_stats(&self.images[id])).collect(),
             chunks: self.store.chunk_stats(),
         }
     }

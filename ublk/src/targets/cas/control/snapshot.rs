@@ -9,7 +9,7 @@ impl Daemon {
         for core in self.registry.all() {
             let mut stats = core.tracer.snapshot();
             stats.failure = core.image.failure().unwrap_or_default();
-            match trace::counters_from("cas", &core.image.stats()) {
+            match trace::counters_from("cas", &self.store.image_stats(&core.image)) {
                 Ok(c) => stats.attach("cas", c),
                 Err(e) => tracing::warn!("cas counters: {e}"),
             }
