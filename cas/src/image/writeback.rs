@@ -1,21 +1,22 @@
 //! Early writeback of closed segments, off the write path.
 //!
 //! When the log rolls to a new segment, the closed one is handed to this
-//! image's writeback thread. The thread waits until every record in it has
+//! image's writeback task (a thread, or stepped by a test: `crate::tasks`).
+//! The task waits until every record in it has
 //! completed, syncs it, and marks it synced, so a later FLUSH only has to
 //! sync the current segment (and the directory) instead of every segment
 //! written since the last FLUSH. It changes no durability rule: a segment
 //! counts as synced only by a sync that started after all its records
 //! completed, exactly as in group commit. A failed sync fails the image.
 //! The kernel reports a writeback error to a file once, so a group commit
-//! syncing the same segment just after this thread's failed sync would
+//! syncing the same segment just after this task's failed sync would
 //! get 0 for data that was dropped; the segment's handle remembers the
 //! failure (`SyncGuard`) and that group commit fails too, before any FLUSH
-//! is acknowledged. Dropping the image stops the thread after at most one
+//! is acknowledged. Dropping the image stops the task after at most one
 //! sync.
 //!
 //! Bounds: at most [`QUEUE_DEPTH`] closed segments wait; beyond that a
-//! segment is simply left for the next group commit. The thread ends when
+//! segment is simply left for the next group commit. The task ends when
 //! the image drops.
 
 use super::durability::Durability;

@@ -107,7 +107,9 @@ struct State {
     durable: BTreeMap<PathBuf, Entry>,
     /// Unsynced namespace operations, in order, with the directories each touches.
     pending_ns: Vec<(NsOp, Vec<PathBuf>)>,
-    files: HashMap<u64, Arc<Mutex<FileData>>>,
+    /// By inode (creation order): a torn crash draws from one generator file
+    /// by file, so the order must not vary between runs.
+    files: BTreeMap<u64, Arc<Mutex<FileData>>>,
     faults: Vec<(Fault, u64)>,
     syncs: u64,
     /// Paths locked by `lock_exclusive`; a crash releases them all.
@@ -195,7 +197,7 @@ impl MemStorage {
                 live,
                 durable,
                 pending_ns: Vec::new(),
-                files: HashMap::new(),
+                files: BTreeMap::new(),
                 faults: Vec::new(),
                 syncs: 0,
                 locks: HashSet::new(),

@@ -210,3 +210,85 @@ impl Drop for TaskHandle {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    /// Works `work` steps, then waits `wait` (or until woken), forever.
+    struct Counter {
+        steps: Arc<AtomicU32>,
+        work: u32,
+        wait: Option<Duration>,
+    }
+
+    impl Task for Counter {
+        fn step(&mut self, _cx: &Context<'_>) -> Step {
+            let n = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_multiple_of(self.work + 1) {
+                Step::Wait(self.wait)
+            } else {
+                Step::Again
+            }
+        }
+    }
+
+    fn counter(work: u32, wait: Option<Duration>) -> (Box<dyn Task>, Arc<AtomicU32>) {
+        let steps = Arc::new(AtomicU32::new(0));
+        (Box::new(Counter { steps: steps.clone(), work, wait }), steps)
+    }
+
+    #[test]
+    fn a_stepped_task_runs_only_when_stepped_and_waits_on_the_steppers_clock() {
+        let stepper = Stepper::new();
+        let tasks = Tasks::Stepped(stepper.clone());
+        let (task, steps) = counter(2, Some(Duration::from_secs(1)));
+        let handle = tasks.spawn("t", BackgroundCpu::Normal, task);
+        assert_eq!(steps.load(Ordering::Relaxed), 0, "nothing runs by itself");
+        assert_eq!(stepper.run_until_idle(), 3, "two steps of work, then a wait");
+        assert_eq!(stepper.run_until_idle(), 0, "waiting: the clock has not moved");
+        stepper.advance(Duration::from_millis(999));
+        assert_eq!(stepper.run_until_idle(), 0);
+        stepper.advance(Duration::from_millis(1));
+        assert_eq!(stepper.run_until_idle(), 3, "the wait ended on the stepper's clock");
+        handle.waker().wake();
+        assert_eq!(stepper.step_one(0), Some(Step::Again), "a wake-up ends the wait");
+        assert_eq!(tasks.now(), stepper.now());
+        drop(handle);
+        assert!(stepper.names().is_empty(), "dropping the handle removes the task");
+        assert_eq!(stepper.step_one(0), None);
+    }
+
+    #[test]
+    fn a_stepped_task_that_never_waits_is_bounded_per_run() {
+        let stepper = Stepper::new();
+        let tasks = Tasks::Stepped(stepper.clone());
+        let (task, _steps) = counter(u32::MAX - 1, None);
+        let _handle = tasks.spawn("busy", BackgroundCpu::Normal, task);
+        assert_eq!(stepper.run_until_idle(), 64);
+    }
+
+    #[test]
+    fn a_thread_task_runs_by_itself_and_stops_with_its_handle() {
+        let (task, steps) = counter(1, None);
+        let handle = Tasks::Threads.spawn("t", BackgroundCpu::Normal, task);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while steps.load(Ordering::Relaxed) < 2 {
+            assert!(Instant::now() < deadline, "the thread never stepped its task");
+            std::thread::yield_now();
+        }
+        // Waiting until woken: one wake-up, one more round of two steps.
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(steps.load(Ordering::Relaxed), 2);
+        handle.waker().wake();
+        while steps.load(Ordering::Relaxed) < 4 {
+            assert!(Instant::now() < deadline, "a wake-up did not end the wait");
+            std::thread::yield_now();
+        }
+        drop(handle); // joins: returns only once the thread has stopped
+        let after = steps.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(steps.load(Ordering::Relaxed), after);
+    }
+}
