@@ -23,12 +23,20 @@ pub trait TagBuffers: Send + Sync + 'static {
     /// their accesses.
     #[allow(clippy::mut_from_ref)]
     unsafe fn request_bytes(&self, tag: u16, len: usize) -> &mut [u8];
+
+    /// How many tags have a buffer.
+    fn tags(&self) -> usize;
+
+    /// Bytes of the smallest buffer.
+    fn min_bytes(&self) -> usize;
 }
 
 /// Tag buffers on the heap, for frontends that share no memory with a
 /// kernel (native tests, the benchmark's load generator).
 pub struct HeapBuffers {
     bufs: Vec<std::cell::UnsafeCell<Box<[u8]>>>,
+    /// Bytes of each buffer.
+    bytes: usize,
 }
 
 // SAFETY: each buffer is accessed only by the one party serving its tag
@@ -39,7 +47,10 @@ unsafe impl Sync for HeapBuffers {}
 impl HeapBuffers {
     /// `tags` buffers of `bytes` each, zeroed.
     pub fn new(tags: usize, bytes: usize) -> HeapBuffers {
-        HeapBuffers { bufs: (0..tags).map(|_| std::cell::UnsafeCell::new(vec![0; bytes].into())).collect() }
+        HeapBuffers {
+            bufs: (0..tags).map(|_| std::cell::UnsafeCell::new(vec![0; bytes].into())).collect(),
+            bytes,
+        }
     }
 }
 
@@ -50,5 +61,13 @@ impl TagBuffers for HeapBuffers {
         let buf = unsafe { &mut *self.bufs[usize::from(tag)].get() };
         assert!(len <= buf.len(), "request of {len} bytes exceeds the {} byte buffer", buf.len());
         &mut buf[..len]
+    }
+
+    fn tags(&self) -> usize {
+        self.bufs.len()
+    }
+
+    fn min_bytes(&self) -> usize {
+        self.bytes
     }
 }

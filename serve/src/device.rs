@@ -90,7 +90,19 @@ impl<B: TagBuffers> DeviceCore<B> {
             "the loan covers the buffers"
         );
         let mut queues = Vec::with_capacity(bufs.len());
-        for bufs in bufs {
+        for (qid, bufs) in bufs.into_iter().enumerate() {
+            // Requests are checked against io_buf_bytes at submission; with
+            // these, `request_bytes` never meets a tag or length it lacks.
+            assert!(
+                bufs.tags() >= usize::from(depth),
+                "queue {qid}: {} tag buffers for depth {depth}",
+                bufs.tags()
+            );
+            assert!(
+                bufs.min_bytes() >= io_buf_bytes as usize,
+                "queue {qid}: a {} byte tag buffer for requests of up to {io_buf_bytes}",
+                bufs.min_bytes()
+            );
             queues.push(QueueShared {
                 completions: Completions::new()?,
                 bufs,

@@ -14,6 +14,12 @@
 use crate::{worker, DeviceCore, EngineCapacity, Registry, Sched, TagBuffers};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long `detach` waits for a device's executing requests to finish.
+/// A request executes for at most a capacity wait bounded by the log's
+/// closing after repeated compaction failures (about 5 s) plus one I/O.
+pub const DETACH_DRAIN: Duration = Duration::from_secs(30);
 
 /// A running request path; see the module docs.
 pub struct Server<B> {
@@ -51,12 +57,22 @@ impl<B: TagBuffers> Server<B> {
     }
 
     /// Stops serving `core` (its queues stopped; the frontend flushes the
-    /// image). Everything is undone even if the scheduler refuses. Returns
-    /// the requests that were still waiting (the scheduler's
-    /// `remove_image`).
+    /// image). Requests still executing are waited for, up to
+    /// [`DETACH_DRAIN`] (their workers need the registry entry and the
+    /// image's capacity to finish); then everything is undone, even if the
+    /// scheduler still refuses. Returns the requests that were still
+    /// waiting (the scheduler's `remove_image`).
     pub fn detach(&self, core: &DeviceCore<B>) -> Result<Vec<sched::Descriptor>, sched::Error> {
         core.image.set_capacity_listener(Arc::new(|| {}));
-        let removed = self.sched.remove_image(core.sched_id);
+        let deadline = Instant::now() + DETACH_DRAIN;
+        let removed = loop {
+            match self.sched.remove_image(core.sched_id) {
+                Err(sched::Error::ImageBusy { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                other => break other,
+            }
+        };
         self.sched.with_capacity(|k| k.remove(core.sched_id));
         self.registry.remove(core.sched_id);
         removed

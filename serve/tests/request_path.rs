@@ -429,3 +429,22 @@ fn random_streams_through_the_request_path_match_the_model() {
 fn requests() -> usize {
     std::env::var("SERVE_PATH_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1200)
 }
+
+/// A frontend whose tag buffers are fewer or smaller than the device it
+/// attaches is a bug caught when the device is made, not when a request
+/// first reaches a missing tag.
+#[test]
+fn tag_buffers_smaller_than_the_device_are_refused_up_front() {
+    for (tags, bytes) in [(usize::from(DEPTH) - 1, IO_BUF_BYTES as usize), (usize::from(DEPTH), 4096)] {
+        let storage: Arc<dyn Storage> = Arc::new(MemStorage::new());
+        let store = Store::create(storage, &store_dir(), opts()).unwrap();
+        store.create_image(&name(0), IMAGE_BYTES).unwrap();
+        let image = store.open_image(&name(0)).unwrap();
+        let loan = store.lend_memory(serve::tag_buffer_bytes(1, DEPTH, IO_BUF_BYTES), "test").unwrap();
+        let bufs = vec![HeapBuffers::new(tags, bytes)];
+        let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            DeviceCore::new(ImageId(1), &name(0), image, false, bufs, DEPTH, IO_BUF_BYTES, loan)
+        }));
+        assert!(made.is_err(), "{tags} buffers of {bytes} bytes were accepted");
+    }
+}

@@ -53,6 +53,14 @@ impl serve::TagBuffers for TagBuffers {
         // (serve::TagBuffers::request_bytes).
         unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), len) }
     }
+
+    fn tags(&self) -> usize {
+        self.bufs.len()
+    }
+
+    fn min_bytes(&self) -> usize {
+        self.bufs.iter().map(|b| b.len()).min().unwrap_or(0)
+    }
 }
 
 /// Per-tag mailboxes on the queue thread: the efd task fills them, the tag

@@ -112,11 +112,15 @@ impl Daemon {
         drop(table);
 
         let (tx, rx) = mpsc::channel::<Result<(u32, String)>>();
-        let (d, a) = (self.clone(), args.clone());
-        std::thread::Builder::new()
+        let (d, a, c) = (self.clone(), args.clone(), core.clone());
+        let spawned = std::thread::Builder::new()
             .name(format!("casblk-dev-{}", args.image))
-            .spawn(move || d.run_device(core, &a, tx))
-            .context("spawning the device thread")?;
+            .spawn(move || d.run_device(c, &a, tx));
+        if let Err(e) = spawned {
+            // Nothing serves the image: take it back out of the request path.
+            self.detach(&core);
+            return Err(anyhow!("spawning the device thread for image {}: {e}", args.image));
+        }
         let (dev_id, path) = match rx.recv_timeout(ATTACH_TIMEOUT) {
             Ok(r) => r?,
             Err(_) => bail!("the device for image {} did not start within {:?}", args.image, ATTACH_TIMEOUT),
