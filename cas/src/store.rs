@@ -66,7 +66,7 @@ use open::{OpenImage, OpenImages};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 /// Largest image size accepted (1 PiB).
@@ -251,9 +251,7 @@ pub(crate) const LOCK_FILE: &str = "LOCK";
 pub(crate) const IMAGE_FILE: &str = "IMAGE";
 pub(crate) const MANIFEST_FILE: &str = "manifest";
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::lock;
 
 impl Store {
     /// Creates a new store in `dir` (made if missing); fails if one exists.

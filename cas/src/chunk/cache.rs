@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 struct Slot<K, V> {
     key: K,
@@ -75,9 +75,7 @@ pub(crate) struct ClockCache<K, V, S> {
     misses: AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::lock;
 
 impl<K, V, S> ClockCache<K, V, S>
 where

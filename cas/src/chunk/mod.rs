@@ -84,7 +84,7 @@ use journal::{Journal, JournalOp};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use trace::IoSource;
 
 /// Shards of the clean chunk cache: every read takes one shard's mutex
@@ -249,9 +249,7 @@ pub struct ChunkStore {
     growth_hook: Mutex<Option<GrowthHook>>,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use crate::sync::lock;
 
 fn corrupt(path: &Path, offset: u64, detail: impl Into<String>) -> Error {
     Error::Corruption { path: path.to_path_buf(), offset, detail: detail.into() }

@@ -50,12 +50,10 @@ use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::manifest::Manifest;
 use crate::units::SECTOR_BYTES;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use crate::sync::lock;
 
 /// Tunables of compaction (from `StoreOptions`).
 #[derive(Clone, Debug)]

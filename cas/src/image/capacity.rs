@@ -28,7 +28,7 @@
 //! one more when the compactor rolls a wholly covered segment to free it).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 /// Period of a blocked writer's own retry.
@@ -59,9 +59,7 @@ pub struct Capacity {
     pressure_sent: AtomicBool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::lock;
 
 /// Log bytes granted to one write (or a batch) by the quota. Dropping it
 /// returns whatever was not used.

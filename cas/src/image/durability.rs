@@ -52,9 +52,7 @@ pub struct Durability {
     cond: Condvar,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::lock;
 
 /// What one call to `make_durable` did, for the counters.
 #[derive(Debug, Default, Clone, Copy)]

@@ -72,7 +72,7 @@ use page::Expect;
 use std::collections::hash_map::RandomState;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// Bytes of one block, the unit a manifest maps.
 pub use crate::units::BLOCK_BYTES;
@@ -171,9 +171,7 @@ fn check_len(file: &dyn StorageFile, root: &RootRecord, path: &Path) -> Result<(
     Ok(())
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use crate::sync::lock;
 
 impl Manifest {
     /// Opens the manifest at `path`; an absent file is the empty manifest

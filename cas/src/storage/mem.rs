@@ -30,7 +30,7 @@ use super::{OpenMode, Storage, StorageFile, StorageLock, SyncGuard};
 use crate::error::{Error, Result};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 const SECTOR: usize = crate::units::SECTOR_BYTES as usize;
 
@@ -130,9 +130,7 @@ impl Default for MemStorage {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::lock;
 
 fn os_err(path: &Path, errno: i32) -> Error {
     Error::io(path, std::io::Error::from_raw_os_error(errno))

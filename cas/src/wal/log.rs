@@ -16,7 +16,7 @@ use crate::storage::Storage;
 use crate::units::SECTOR_BYTES;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How often `reclaim_through` re-checks a pinned segment.
@@ -112,9 +112,7 @@ pub struct Log {
     state: Mutex<LogState>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::lock;
 
 impl Log {
     /// Creates an empty log (its first segment) in `dir`, which must exist.
