@@ -74,7 +74,8 @@ impl Service {
         tasks: &Tasks,
         cpu: BackgroundCpu,
     ) -> Service {
-        let task = tasks.spawn("cas-compactor", cpu, Box::new(ServiceTask { compactor, images }));
+        let task =
+            tasks.spawn("cas-compactor", cpu, Box::new(ServiceTask { compactor, images, started: false }));
         Service { wake: task.waker(), _task: task }
     }
 
@@ -88,12 +89,18 @@ impl Service {
 struct ServiceTask {
     compactor: Arc<Compactor>,
     images: Compactable,
+    /// The first round waits a tick (or a wake-up): the store is still
+    /// being opened.
+    started: bool,
 }
 
 impl Task for ServiceTask {
     /// One round over the open images; again at once if a pass under
     /// pressure made progress, else after the tick (or a wake-up).
     fn step(&mut self, cx: &Context<'_>) -> Step {
+        if !std::mem::replace(&mut self.started, true) {
+            return Step::Wait(Some(Duration::from_millis(TICK_MS)));
+        }
         let mut again = false;
         for (image, state) in (self.images)() {
             if cx.stopping() {

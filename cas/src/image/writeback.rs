@@ -109,8 +109,9 @@ impl Task for WritebackTask {
             self.durability.completed(*last_seq)
         };
         match complete {
-            // Stepped, with records still in flight: look again next time.
-            None => return Step::Wait(Some(Duration::ZERO)),
+            // Stepped, with records still in flight: look again once the
+            // test has moved its clock.
+            None => return Step::Wait(Some(Duration::from_millis(1))),
             Some(false) => return Step::Done, // the image failed; nothing more to do
             Some(true) => {}
         }

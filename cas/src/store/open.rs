@@ -10,7 +10,7 @@
 
 use crate::compact::ImageCompaction;
 use crate::image::Image;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// One open image, and the compactor's state for it (None: opened with a
@@ -31,13 +31,14 @@ impl OpenImage {
     }
 }
 
-/// The open images, by name.
+/// The open images, by name (in name order: the compactor visits them in
+/// the same order every run).
 #[derive(Default)]
-pub(crate) struct OpenImages(Mutex<HashMap<String, OpenImage>>);
+pub(crate) struct OpenImages(Mutex<BTreeMap<String, OpenImage>>);
 
 impl OpenImages {
     /// The map, locked, without the entries of images closed since.
-    pub fn lock(&self) -> MutexGuard<'_, HashMap<String, OpenImage>> {
+    pub fn lock(&self) -> MutexGuard<'_, BTreeMap<String, OpenImage>> {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, o| o.is_open());
         map

@@ -54,7 +54,8 @@ pub trait Task: Send {
 /// What a step may do: block or not, and what time it is.
 pub struct Context<'a> {
     blocking: bool,
-    now: Instant,
+    /// The stepper's time; None: the real clock, read at each call.
+    now: Option<Instant>,
     shared: &'a Shared,
 }
 
@@ -65,9 +66,11 @@ impl Context<'_> {
         self.blocking
     }
 
-    /// The time decisions of this step are taken at.
+    /// The time now, for the step's decisions: the real clock on a thread
+    /// (read at each call, so a long step sees time pass), the stepper's
+    /// clock under a test (fixed for the step).
     pub fn now(&self) -> Instant {
-        self.now
+        self.now.unwrap_or_else(Instant::now)
     }
 
     /// The task's handle was dropped: a long step should return soon.

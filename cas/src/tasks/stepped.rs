@@ -113,7 +113,7 @@ impl Stepper {
         let step = if shared.stopped() {
             Step::Done
         } else {
-            task.step(&Context { blocking: false, now: self.now(), shared: &shared })
+            task.step(&Context { blocking: false, now: Some(self.now()), shared: &shared })
         };
         let mut entries = lock(&self.entries);
         if let Some(pos) = entries.iter().position(|e| e.id == id) {

@@ -4,7 +4,6 @@ use super::{Context, Shared, Step, Task};
 use crate::background::BackgroundCpu;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 /// Starts `task` on a thread in class `cpu`; it runs until it is `Done` or
 /// its handle stops it.
@@ -19,7 +18,7 @@ pub(super) fn spawn(
         .spawn(move || {
             cpu.apply_to_current_thread();
             while !shared.stopped() {
-                let cx = Context { blocking: true, now: Instant::now(), shared: &shared };
+                let cx = Context { blocking: true, now: None, shared: &shared };
                 match task.step(&cx) {
                     Step::Again => {}
                     Step::Wait(timeout) => shared.wait(timeout),

@@ -145,13 +145,16 @@ impl Device {
     /// start): one thread per queue runs `queue_fn`; once the block device
     /// node exists, `ready` gets its path (or the error, and the device is
     /// stopped). Afterwards nothing is left to recover: a device taken over
-    /// is deleted here (libublk deletes only one it added), and its state
-    /// file is removed.
+    /// is deleted here (libublk deletes only one it added), then `stopped`
+    /// undoes what the target made for it (links), and last its state file
+    /// is removed, so a daemon dying on the way leaves the file that names
+    /// what to clean up.
     pub fn serve<Q>(
         self,
         setup: Setup,
         queue_fn: Q,
         ready: impl FnOnce(Result<String>) + Send + Sync + 'static,
+        stopped: impl FnOnce(),
     ) -> Result<()>
     where
         Q: FnOnce(u16, &UblkDev) + Send + Sync + Clone + 'static,
@@ -189,6 +192,7 @@ impl Device {
                 let _ = ctrl.del_dev();
             }
         }
+        stopped();
         state::DeviceState::remove(dev_id)?;
         served.map_err(|e| driver::ctrl_error(dev_id as i32, e))?;
         Ok(())

@@ -93,10 +93,11 @@ fn serve(id: i32, shape: Shape, backing: Backing, ready: Ready, start: Start) ->
         fixed_file: Some(backing.file.as_raw_fd()),
     };
     let queue_fn = move |qid: u16, dev: &UblkDev| queue_thread(qid, dev, &target);
-    let served = device.serve(setup, queue_fn, move |r| match r {
+    let ready = move |r: Result<String>| match r {
         Ok(path) => ready.ok(&path),
         Err(e) => ready.fail(&e),
-    });
+    };
+    let served = device.serve(setup, queue_fn, ready, || {});
     // Keep the backing file open until every queue thread has exited.
     drop(backing);
     served

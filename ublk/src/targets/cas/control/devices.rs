@@ -179,11 +179,12 @@ impl Daemon {
         };
         let (qcore, qsched, spin) = (core.clone(), self.sched.clone(), args.shape.spin());
         let queue_fn = move |qid: u16, dev: &UblkDev| queue::queue_thread(qid, dev, &qcore, &qsched, spin);
-        let served = device.serve(setup, queue_fn, move |r| {
+        let ready = move |r: Result<String>| {
             let _ = ready.send(r.map(|path| (dev_id, path)));
-        });
-        links::remove(&self.store_dir, &core.name, &format!("/dev/ublkb{dev_id}"));
-        served
+        };
+        device.serve(setup, queue_fn, ready, || {
+            links::remove(&self.store_dir, &core.name, &format!("/dev/ublkb{dev_id}"))
+        })
     }
 
     /// After the device stopped: make everything durable, and forget it.
