@@ -58,7 +58,7 @@ impl<B: TagBuffers> Server<B> {
 
     /// Stops serving `core` (its queues stopped; the frontend flushes the
     /// image). Requests still executing are waited for, up to
-    /// [`DETACH_DRAIN`] (their workers need the registry entry and the
+    /// `DETACH_DRAIN` (30 s; their workers need the registry entry and the
     /// image's capacity to finish); then everything is undone, even if the
     /// scheduler still refuses. Returns the requests that were still
     /// waiting (the scheduler's `remove_image`).

@@ -78,7 +78,7 @@ impl Stepper {
     }
 
     /// Steps every task, in start order, until each is idle, done, or has
-    /// taken [`STEPS_PER_RUN_MAX`] steps. Returns the steps taken.
+    /// taken `STEPS_PER_RUN_MAX` (64) steps. Returns the steps taken.
     pub fn run_until_idle(&self) -> usize {
         let mut steps = 0;
         let ids: Vec<u64> = lock(&self.entries).iter().map(|e| e.id).collect();
