@@ -45,6 +45,18 @@ struct DurState {
     failed: Option<String>,
 }
 
+impl DurState {
+    /// Some(true) once every record through `seq` is complete, Some(false)
+    /// once the image failed, None while records are in flight.
+    fn completed(&self, seq: u64) -> Option<bool> {
+        if self.failed.is_some() {
+            Some(false)
+        } else {
+            (self.watermark >= seq).then_some(true)
+        }
+    }
+}
+
 /// Completion and durability tracking for one image's log.
 pub struct Durability {
     what: String,
@@ -150,26 +162,17 @@ impl Durability {
     pub fn wait_complete(&self, seq: u64) -> bool {
         let mut st = lock(&self.state);
         loop {
-            if st.failed.is_some() {
-                return false;
-            }
-            if st.watermark >= seq {
-                return true;
+            if let Some(complete) = st.completed(seq) {
+                return complete;
             }
             st = self.wait(st);
         }
     }
 
-    /// Without waiting: Some(true) if every record through `seq` is
-    /// complete, Some(false) if the image failed, None if records are
-    /// still in flight.
+    /// [`Durability::wait_complete`] without waiting: None while records
+    /// through `seq` are still in flight.
     pub fn completed(&self, seq: u64) -> Option<bool> {
-        let st = lock(&self.state);
-        if st.failed.is_some() {
-            Some(false)
-        } else {
-            (st.watermark >= seq).then_some(true)
-        }
+        lock(&self.state).completed(seq)
     }
 
     /// Fails the image: every later write, flush and wait gets an error.

@@ -80,47 +80,54 @@ impl Drop for Writeback {
 
 struct WritebackTask {
     rx: Receiver<(Arc<Segment>, u64)>,
-    /// The segment being written back, once taken from the queue.
+    /// A segment taken from the queue while its records were still in
+    /// flight (stepped only: a thread waits for them instead).
     pending: Option<(Arc<Segment>, u64)>,
     log: Arc<Log>,
     durability: Arc<Durability>,
     syncs: Arc<AtomicU64>,
 }
 
+impl WritebackTask {
+    /// The next closed segment: blocking for it on a thread; under a
+    /// stepper, the step to return when none is queued yet.
+    fn next_segment(&self, cx: &Context<'_>) -> Result<(Arc<Segment>, u64), Step> {
+        if cx.may_block() {
+            return self.rx.recv().map_err(|_| Step::Done);
+        }
+        self.rx.try_recv().map_err(|e| match e {
+            TryRecvError::Empty => Step::Wait(None),
+            TryRecvError::Disconnected => Step::Done,
+        })
+    }
+}
+
 impl Task for WritebackTask {
     fn step(&mut self, cx: &Context<'_>) -> Step {
-        if self.pending.is_none() {
-            let next = if cx.may_block() {
-                self.rx.recv().ok()
-            } else {
-                match self.rx.try_recv() {
-                    Ok(next) => Some(next),
-                    Err(TryRecvError::Empty) => return Step::Wait(None),
-                    Err(TryRecvError::Disconnected) => None,
-                }
-            };
-            let Some(next) = next else { return Step::Done };
-            self.pending = Some(next);
-        }
-        let Some((segment, last_seq)) = &self.pending else { return Step::Again };
+        let (segment, last_seq) = match self.pending.take().map_or_else(|| self.next_segment(cx), Ok) {
+            Ok(next) => next,
+            Err(step) => return step,
+        };
         let complete = if cx.may_block() {
-            Some(self.durability.wait_complete(*last_seq))
+            Some(self.durability.wait_complete(last_seq))
         } else {
-            self.durability.completed(*last_seq)
+            self.durability.completed(last_seq)
         };
         match complete {
             // Stepped, with records still in flight: look again once the
             // test has moved its clock.
-            None => return Step::Wait(Some(Duration::from_millis(1))),
+            None => {
+                self.pending = Some((segment, last_seq));
+                return Step::Wait(Some(Duration::from_millis(1)));
+            }
             Some(false) => return Step::Done, // the image failed; nothing more to do
             Some(true) => {}
         }
-        if let Err(e) = self.log.sync_closed(segment) {
+        if let Err(e) = self.log.sync_closed(&segment) {
             self.durability.fail(format!("early writeback of a closed log segment failed: {e}"));
             return Step::Done;
         }
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        self.pending = None;
         Step::Again
     }
 }
