@@ -161,6 +161,10 @@ impl StorageFile for DryRunFile {
         self.inner.read_at(buf, offset)
     }
 
+    fn read_whole(&self) -> Result<super::WholeFile> {
+        self.inner.read_whole()
+    }
+
     fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         let what = format!("write of {} bytes at offset {offset}", buf.len());
         DryRun::record(&self.changes, Change::Other { path: self.path().to_path_buf(), what });

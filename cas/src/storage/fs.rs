@@ -1,6 +1,6 @@
 //! The real backend: files on a local filesystem.
 
-use super::{OpenMode, Storage, StorageFile, StorageLock, SyncGuard};
+use super::{Mapping, OpenMode, Storage, StorageFile, StorageLock, SyncGuard, WholeFile};
 use crate::error::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -83,6 +83,19 @@ impl StorageFile for FsFile {
 
     fn len(&self) -> Result<u64> {
         Ok(self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len())
+    }
+
+    fn read_whole(&self) -> Result<WholeFile> {
+        let len = self.len()?;
+        match usize::try_from(len) {
+            Ok(0) => Ok(WholeFile::Read(Vec::new())),
+            Ok(n) => Ok(WholeFile::Mapped(Mapping::of(&self.file, n).map_err(|e| Error::io(&self.path, e))?)),
+            Err(_) => Err(Error::Corruption {
+                path: self.path.clone(),
+                offset: 0,
+                detail: format!("{len} bytes: larger than this machine can address"),
+            }),
+        }
     }
 
     fn set_len(&self, len: u64) -> Result<()> {

@@ -29,11 +29,14 @@ mod dry_run;
 mod fs;
 mod mem;
 mod sync_guard;
+#[allow(unsafe_code)] // mmap: see the module docs
+mod whole_file;
 
 pub use dry_run::{Change, DryRun};
 pub use fs::{is_memory_fs, FsStorage};
 pub use mem::{CrashMode, Fault, FaultOp, MemStorage};
 pub use sync_guard::SyncGuard;
+pub use whole_file::{Mapping, WholeFile};
 
 use crate::error::Result;
 use std::cell::Cell;
@@ -158,6 +161,19 @@ pub trait StorageFile: Send + Sync {
     fn is_empty(&self) -> Result<bool> {
         Ok(self.len()? == 0)
     }
+
+    /// The whole file, for one scan (see [`WholeFile`]). The local
+    /// filesystem maps it; other backends read it.
+    fn read_whole(&self) -> Result<WholeFile> {
+        let len = usize::try_from(self.len()?).map_err(|_| crate::error::Error::Corruption {
+            path: self.path().to_path_buf(),
+            offset: 0,
+            detail: "larger than this machine can address".into(),
+        })?;
+        let mut buf = vec![0u8; len];
+        self.read_exact_at(&mut buf, 0)?;
+        Ok(WholeFile::Read(buf))
+    }
 }
 
 #[cfg(test)]
@@ -180,6 +196,10 @@ mod tests {
         assert_eq!(&buf, b"\0\0\0hello");
         assert_eq!(f.read_at(&mut buf, 6).unwrap(), 2);
         assert!(f.read_exact_at(&mut buf, 6).is_err());
+        assert_eq!(&*f.read_whole().unwrap(), b"\0\0\0hello", "the whole file, as read");
+        let empty = s.open(&dir.join("empty"), OpenMode::CreateNew).unwrap();
+        assert!(empty.read_whole().unwrap().is_empty());
+        s.remove_file(&dir.join("empty")).unwrap();
         f.sync_data().unwrap();
         f.set_len(4).unwrap();
         assert_eq!(f.len().unwrap(), 4);

@@ -55,6 +55,10 @@ impl<F: StorageFile> StorageFile for SyncGuard<F> {
         self.inner.read_at(buf, offset)
     }
 
+    fn read_whole(&self) -> Result<super::WholeFile> {
+        self.inner.read_whole()
+    }
+
     fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.inner.write_all_at(buf, offset)
     }

@@ -42,7 +42,7 @@ use super::segment::{
     SEGMENT_HEADER_BYTES,
 };
 use crate::error::{Error, Result};
-use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::storage::{OpenMode, Storage, StorageFile, WholeFile};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -132,7 +132,7 @@ pub fn find_durability_proof(buf: &[u8], from: u64, seq: u64) -> Option<(u64, Re
 }
 
 /// Reads a whole segment file into memory (bounded by the largest segment).
-pub fn read_segment_file(file: &dyn crate::storage::StorageFile) -> Result<Vec<u8>> {
+pub fn read_segment_file(file: &dyn crate::storage::StorageFile) -> Result<WholeFile> {
     let len = file.len()?;
     if len > SEGMENT_BYTES_MAX {
         return Err(Error::Corruption {
@@ -141,9 +141,7 @@ pub fn read_segment_file(file: &dyn crate::storage::StorageFile) -> Result<Vec<u
             detail: format!("segment file of {len} bytes is larger than any segment ({SEGMENT_BYTES_MAX})"),
         });
     }
-    let mut buf = vec![0u8; len as usize];
-    file.read_exact_at(&mut buf, 0)?;
-    Ok(buf)
+    file.read_whole()
 }
 
 /// Converts a refusal at `offset` of `path` into the crate error.
@@ -210,7 +208,7 @@ pub struct Recovered {
     pub report: RecoveryReport,
 }
 
-fn load(storage: &dyn Storage, dir: &Path, index: u64) -> Result<(Arc<dyn StorageFile>, Vec<u8>)> {
+fn load(storage: &dyn Storage, dir: &Path, index: u64) -> Result<(Arc<dyn StorageFile>, WholeFile)> {
     let file = storage.open(&dir.join(segment_file_name(index)), OpenMode::Existing)?;
     let bytes = read_segment_file(&*file)?;
     Ok((file, bytes))
@@ -236,7 +234,7 @@ fn settle(
     dir: &Path,
     indices: &[u64],
     slot: BadSlot<'_>,
-    mut next: Option<(Arc<dyn StorageFile>, Vec<u8>)>,
+    mut next: Option<(Arc<dyn StorageFile>, WholeFile)>,
     report: &mut RecoveryReport,
 ) -> Result<()> {
     let path = slot.file.path().to_path_buf();
@@ -324,7 +322,7 @@ pub fn recover_log(
     let mut kept: Vec<Arc<Segment>> = Vec::new();
     let mut expected = replay_after_seq + 1;
     let mut tail = SEGMENT_HEADER_BYTES as u64;
-    let mut next_loaded: Option<(Arc<dyn StorageFile>, Vec<u8>)> = None;
+    let mut next_loaded: Option<(Arc<dyn StorageFile>, WholeFile)> = None;
     let mut i = 0;
     while i < indices.len() {
         let (file, bytes) = match next_loaded.take() {
