@@ -85,6 +85,13 @@ pub(crate) struct Journal {
     pub store_id: u64,
 }
 
+impl Journal {
+    /// Batches in the journal (replayed at open, or appended since).
+    pub fn batches(&self) -> u64 {
+        self.next_batch_seq - 1
+    }
+}
+
 fn corrupt(path: &Path, offset: u64, detail: impl Into<String>) -> Error {
     Error::Corruption { path: path.to_path_buf(), offset, detail: detail.into() }
 }

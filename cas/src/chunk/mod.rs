@@ -223,6 +223,25 @@ pub(crate) enum GrowthPhase {
 #[cfg(test)]
 pub(crate) type GrowthHook = Arc<dyn Fn(usize, GrowthPhase) + Send + Sync>;
 
+/// What opening the chunk store read and where its time went (all of it
+/// grows with the number of chunks: the whole index is rebuilt in memory).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OpenReport {
+    /// Index entries after the journal's replay.
+    pub entries: u64,
+    pub journal_batches: u64,
+    pub journal_bytes: u64,
+    /// Replaying the journal into the index.
+    pub journal_ms: u64,
+    /// Checking the referenced packs and deleting unreferenced ones.
+    pub packs_checked: u64,
+    pub packs_removed: u64,
+    pub packs_ms: u64,
+    /// Rebuilding the index's tables at their final size.
+    pub tables_ms: u64,
+    pub total_ms: u64,
+}
+
 /// The chunk store. `Send + Sync`; every method takes `&self`.
 pub struct ChunkStore {
     pub(crate) storage: Arc<dyn Storage>,
@@ -244,6 +263,8 @@ pub struct ChunkStore {
     pub(crate) syncs: AtomicU64,
     poisoned: AtomicBool,
     poison_reason: Mutex<String>,
+    /// Where the time of [`ChunkStore::open`] went.
+    pub(crate) opened: OpenReport,
     /// Called in the middle of each shard growth (tests).
     #[cfg(test)]
     growth_hook: Mutex<Option<GrowthHook>>,
@@ -397,6 +418,11 @@ impl ChunkStore {
     pub(crate) fn memory_bytes(w: &Writer, more_pending: usize) -> u64 {
         let pending = (w.pending.len() + more_pending) * std::mem::size_of::<JournalOp>();
         w.table_bytes_total + pending as u64
+    }
+
+    /// What opening this chunk store read, and where its time went.
+    pub fn open_report(&self) -> OpenReport {
+        self.opened
     }
 
     pub fn stats(&self) -> ChunkStats {

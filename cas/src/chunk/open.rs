@@ -7,8 +7,8 @@ use super::index::{self, Index, IndexMap, Key, Loc, PrefixBuild, SHARDS};
 use super::journal::{self, Journal, JournalOp};
 use super::pack::{self, PACK_HEADER_BYTES};
 use super::{
-    corrupt, pin, ActivePack, ChunkStore, ChunkStoreOptions, ClockCache, PackFiles, PackState, SyncState,
-    Writer, CACHE_SHARDS, CHUNK_BYTES,
+    corrupt, pin, ActivePack, ChunkStore, ChunkStoreOptions, ClockCache, OpenReport, PackFiles, PackState,
+    SyncState, Writer, CACHE_SHARDS, CHUNK_BYTES,
 };
 use crate::error::{Error, Result};
 use crate::storage::Storage;
@@ -17,6 +17,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 /// A store id that differs between stores (no RNG dependency needed).
 fn new_store_id() -> u64 {
@@ -42,6 +43,9 @@ impl ChunkStore {
             )));
         }
         let slots_per_pack = u32::try_from(slots).unwrap_or(u32::MAX);
+        let started = Instant::now();
+        let ms = |since: Instant| since.elapsed().as_millis() as u64;
+        let mut report = OpenReport::default();
         if !storage.exists(dir) {
             storage.create_dir_all(dir)?;
             storage.sync_dir(dir.parent().unwrap_or(Path::new("/")))?;
@@ -70,6 +74,10 @@ impl ChunkStore {
             Journal::create(storage.as_ref(), dir, new_store_id())?
         };
         let store_id = journal.store_id;
+        report.journal_batches = journal.batches();
+        report.journal_bytes = journal.len_bytes();
+        report.journal_ms = ms(started);
+        let packs_started = Instant::now();
 
         // Live entries and the highest referenced slot, per pack.
         let mut refs: HashMap<u32, (u32, u32)> = HashMap::new();
@@ -92,9 +100,11 @@ impl ChunkStore {
             let Some(&(live, max_slot)) = refs.get(&id) else {
                 // Crash leftover or emptied by GC: nothing points into it.
                 storage.remove_file(&path)?;
+                report.packs_removed += 1;
                 continue;
             };
             let (file, header, slots) = pack::open_checked(storage.as_ref(), &path, store_id, id, max_slot)?;
+            report.packs_checked += 1;
             packs.insert(id, PackState { slots, capacity: header.capacity_slots, live });
             files.insert(id, file);
         }
@@ -108,8 +118,10 @@ impl ChunkStore {
                 capacity: p.capacity,
             })
         });
+        report.packs_ms = ms(packs_started);
         // Fresh tables (replayed removes leave tombstones), so each shard's
         // size is what its capacity says.
+        let tables_started = Instant::now();
         let maps: Vec<IndexMap> = maps
             .into_iter()
             .map(|m| {
@@ -118,6 +130,9 @@ impl ChunkStore {
                 fresh
             })
             .collect();
+        report.tables_ms = ms(tables_started);
+        report.entries = maps.iter().map(|m| m.len() as u64).sum();
+        report.total_ms = ms(started);
         let table_bytes: Vec<u64> = maps.iter().map(|m| index::table_bytes(m.capacity())).collect();
         let index_bytes: u64 = table_bytes.iter().sum();
         if index_bytes > opts.index_memory_budget_bytes {
@@ -157,6 +172,7 @@ impl ChunkStore {
             syncs: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(String::new()),
+            opened: report,
             #[cfg(test)]
             growth_hook: Mutex::new(None),
         })

@@ -116,7 +116,20 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
     stop_here_for_tests(STOP_AT_STORE_OPEN);
     let store = cas::Store::open(storage, &store_dir, options.clone())
         .with_context(|| format!("opening store {}", store_dir.display()))?;
-    tracing::info!(store = %store_dir.display(), ms = opened.elapsed().as_millis() as u64, "store opened");
+    let chunks = store.chunks().open_report();
+    tracing::info!(
+        store = %store_dir.display(),
+        ms = opened.elapsed().as_millis() as u64,
+        chunks = chunks.entries,
+        journal_batches = chunks.journal_batches,
+        journal_bytes = chunks.journal_bytes,
+        journal_ms = chunks.journal_ms,
+        packs = chunks.packs_checked,
+        packs_removed = chunks.packs_removed,
+        packs_ms = chunks.packs_ms,
+        tables_ms = chunks.tables_ms,
+        "store opened"
+    );
     let path = Arc::new(
         serve::Server::start(sched::Config::default(), WORKERS, SYNC_THREADS)
             .map_err(|e| anyhow!("scheduler: {e}"))?,
