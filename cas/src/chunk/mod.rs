@@ -237,7 +237,9 @@ pub struct OpenReport {
     pub packs_checked: u64,
     pub packs_removed: u64,
     pub packs_ms: u64,
-    /// Rebuilding the index's tables at their final size.
+    /// Shards whose table was rebuilt at its final size (the rest were
+    /// sized right before the replay), and the time that took.
+    pub tables_rebuilt: u64,
     pub tables_ms: u64,
     pub total_ms: u64,
 }

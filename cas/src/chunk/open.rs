@@ -11,7 +11,7 @@ use super::{
     SyncState, Writer, CACHE_SHARDS, CHUNK_BYTES,
 };
 use crate::error::{Error, Result};
-use crate::storage::Storage;
+use crate::storage::{OpenMode, Storage};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
@@ -52,8 +52,19 @@ impl ChunkStore {
         }
         let names = storage.list_dir(dir)?;
         let pack_ids: Vec<u32> = names.iter().filter_map(|n| pack::parse_pack_file_name(n)).collect();
-        let mut maps: Vec<IndexMap> = (0..SHARDS).map(|_| IndexMap::default()).collect();
-        let journal = if storage.exists(&dir.join(journal::INDEX_FILE)) {
+        let journal_path = dir.join(journal::INDEX_FILE);
+        // Sized up front for every record the journal can hold, so the
+        // replay never rehashes a growing table (the rebuild below trims
+        // a shard that ends up smaller).
+        let records = storage
+            .open(&journal_path, OpenMode::Existing)
+            .and_then(|f| f.len())
+            .map_or(0, |len| len / journal::RECORD_BYTES as u64);
+        let mut maps: Vec<IndexMap> = (0..SHARDS)
+            .map(|_| IndexMap::with_capacity_and_hasher(shard_capacity(records), PrefixBuild::default()))
+            .collect();
+        let mut removed = [false; SHARDS];
+        let journal = if storage.exists(&journal_path) {
             Journal::open(storage.as_ref(), dir, |op| {
                 match op {
                     JournalOp::Put { hash, pack, slot, crc } => {
@@ -62,7 +73,9 @@ impl ChunkStore {
                     }
                     JournalOp::Remove { hash } => {
                         let key = Key(hash);
-                        maps[index::shard_of(&key)].remove(&key);
+                        let shard = index::shard_of(&key);
+                        maps[shard].remove(&key);
+                        removed[shard] = true;
                     }
                 }
                 Ok(())
@@ -119,12 +132,18 @@ impl ChunkStore {
             })
         });
         report.packs_ms = ms(packs_started);
-        // Fresh tables (replayed removes leave tombstones), so each shard's
-        // size is what its capacity says.
+        // Fresh tables where a shard's table is bigger than its entries
+        // need or replayed removes left tombstones, so each shard's size is
+        // what its capacity says.
         let tables_started = Instant::now();
         let maps: Vec<IndexMap> = maps
             .into_iter()
-            .map(|m| {
+            .zip(removed)
+            .map(|(m, removed)| {
+                if !removed && index::table_bytes(m.capacity()) == index::table_bytes(m.len()) {
+                    return m;
+                }
+                report.tables_rebuilt += 1;
                 let mut fresh = IndexMap::with_capacity_and_hasher(m.len(), PrefixBuild::default());
                 fresh.extend(m);
                 fresh
@@ -177,4 +196,12 @@ impl ChunkStore {
             growth_hook: Mutex::new(None),
         })
     }
+}
+
+/// The capacity to give each shard before replaying a journal of `records`
+/// records: the mean share plus four standard deviations (keys are
+/// uniform), so almost no shard grows during the replay.
+fn shard_capacity(records: u64) -> usize {
+    let mean = records as f64 / SHARDS as f64;
+    (mean + 4.0 * mean.sqrt() + 8.0) as usize
 }

@@ -440,3 +440,36 @@ fn a_mark_during_a_growth_lands_in_the_grown_table() {
         assert!(c.contains(&ChunkHash::of(&block(seed))), "chunk {seed} swept");
     }
 }
+
+/// Reopening sizes each shard from the journal before the replay, then
+/// keeps a shard's table only if it is the size a fresh table for its
+/// entries would be: the index's accounted bytes match its entries.
+#[test]
+fn reopen_tables_are_sized_for_their_entries() {
+    // 3,000 chunks: the up-front size is a class too big for each shard's
+    // ~12 entries, so every table is rebuilt. 61,440 (240 per shard): the
+    // up-front size and the final one share a class, so most are kept.
+    for (chunks, rebuilt_max) in [(3000u64, index::SHARDS as u64), (61_440, index::SHARDS as u64 / 4)] {
+        let s = MemStorage::new();
+        let c = open(&s, ChunkStoreOptions::default());
+        for part in (0..chunks).step_by(4096) {
+            insert(&c, part..(part + 4096).min(chunks));
+        }
+        c.sync().unwrap();
+        drop(c);
+        let c = open(&s, ChunkStoreOptions::default());
+        let report = c.open_report();
+        assert_eq!(report.entries, chunks);
+        assert!(report.tables_rebuilt <= rebuilt_max, "{report:?}");
+        check_tables_sized(&c);
+    }
+}
+
+fn check_tables_sized(c: &ChunkStore) {
+    let w = lock(&c.writer);
+    for shard in 0..index::SHARDS {
+        let len = c.index.read(shard).len();
+        assert_eq!(w.table_bytes[shard], index::table_bytes(len), "shard {shard} of {len} entries");
+    }
+    assert_eq!(w.table_bytes_total, w.table_bytes.iter().sum::<u64>());
+}

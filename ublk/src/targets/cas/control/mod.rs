@@ -127,6 +127,7 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
         packs = chunks.packs_checked,
         packs_removed = chunks.packs_removed,
         packs_ms = chunks.packs_ms,
+        tables_rebuilt = chunks.tables_rebuilt,
         tables_ms = chunks.tables_ms,
         "store opened"
     );
