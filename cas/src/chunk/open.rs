@@ -55,11 +55,13 @@ impl ChunkStore {
         let journal_path = dir.join(journal::INDEX_FILE);
         // Sized up front for every record the journal can hold, so the
         // replay never rehashes a growing table (the rebuild below trims
-        // a shard that ends up smaller).
+        // a shard that ends up smaller); never beyond what the memory
+        // budget holds (past it the tables grow as the replay needs).
         let records = storage
             .open(&journal_path, OpenMode::Existing)
             .and_then(|f| f.len())
-            .map_or(0, |len| len / journal::RECORD_BYTES as u64);
+            .map_or(0, |len| len / journal::RECORD_BYTES as u64)
+            .min(opts.index_memory_budget_bytes / index::BUCKET_BYTES);
         let mut maps: Vec<IndexMap> = (0..SHARDS)
             .map(|_| IndexMap::with_capacity_and_hasher(shard_capacity(records), PrefixBuild::default()))
             .collect();
