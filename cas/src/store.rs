@@ -62,7 +62,7 @@ use crate::storage::{Storage, StorageLock};
 use crate::tasks::Tasks;
 use crate::units::BLOCK_BYTES;
 use crate::wal::segment::{SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
-use open::{OpenImage, OpenImages};
+use open::{Begun, OpenImage, OpenImages};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
@@ -467,12 +467,16 @@ impl Store {
     /// Opens image `name`, replaying the part of its log its manifest does
     /// not cover, or returns it if already open. Reads see the log overlay,
     /// then the manifest's chunks, then holes; the compactor takes it on.
+    ///
+    /// The log's replay runs without the store's map of open images locked:
+    /// other images open, compact and report meanwhile; a second opener of
+    /// `name` waits for the first and gets the same image.
     pub fn open_image(&self, name: &str) -> Result<Arc<Image>> {
         let dir = self.image_dir(name)?;
-        let mut open = self.open.lock();
-        if let Some(image) = open.get(name).and_then(OpenImage::image) {
-            return Ok(image);
-        }
+        let opening = match self.open.begin(name) {
+            Begun::Open(image) => return Ok(image),
+            Begun::Opening(opening) => opening,
+        };
         let manifest = self.manifest(name)?;
         let cfg = self.image_config(name, manifest.covered())?;
         let view = Arc::new(CompactedView { manifest: manifest.clone(), chunks: self.chunks.clone() });
@@ -484,10 +488,7 @@ impl Store {
                 / 100;
             image.set_pressure_listener(threshold as u64, service.waker());
         }
-        open.insert(
-            name.to_string(),
-            OpenImage { image: Arc::downgrade(&image), compaction: Some(compaction) },
-        );
+        opening.finish(&image, Some(compaction));
         Ok(image)
     }
 
@@ -519,13 +520,13 @@ impl Store {
     /// compacted, is not compacted, and its log is replayed whole).
     pub fn open_image_with(&self, name: &str, manifest: Arc<dyn ManifestView>) -> Result<Arc<Image>> {
         let dir = self.image_dir(name)?;
-        let mut open = self.open.lock();
-        if let Some(image) = open.get(name).and_then(OpenImage::image) {
-            return Ok(image);
-        }
+        let opening = match self.open.begin(name) {
+            Begun::Open(image) => return Ok(image),
+            Begun::Opening(opening) => opening,
+        };
         let cfg = self.image_config(name, 0)?;
         let image = Arc::new(Image::open(self.storage.clone(), &dir, cfg, manifest)?);
-        open.insert(name.to_string(), OpenImage { image: Arc::downgrade(&image), compaction: None });
+        opening.finish(&image, None);
         Ok(image)
     }
 

@@ -7,17 +7,25 @@
 //! and its compaction state strongly, and goes, state and all, with the
 //! first lock of the map after the image was closed (its last `Arc`
 //! dropped).
+//!
+//! Opening an image replays its log, which can take a while; the map is
+//! not locked meanwhile, so the compactor, statistics and the opening of
+//! other images go on. An entry marked *opening* stands for the image
+//! until then: a second opener of the same name waits for it
+//! ([`OpenImages::begin`]), and removal and rollback see it as open.
 
 use crate::compact::ImageCompaction;
 use crate::image::Image;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
 /// One open image, and the compactor's state for it (None: opened with a
 /// custom view, never compacted).
 pub(crate) struct OpenImage {
     pub image: Weak<Image>,
     pub compaction: Option<Arc<ImageCompaction>>,
+    /// Being opened (its log replayed): `image` is empty until then.
+    pub opening: bool,
 }
 
 impl OpenImage {
@@ -26,22 +34,86 @@ impl OpenImage {
         self.image.upgrade()
     }
 
+    /// Open, or being opened.
     pub fn is_open(&self) -> bool {
-        self.image.strong_count() > 0
+        self.opening || self.image.strong_count() > 0
     }
 }
 
 /// The open images, by name (in name order: the compactor visits them in
 /// the same order every run).
 #[derive(Default)]
-pub(crate) struct OpenImages(Mutex<BTreeMap<String, OpenImage>>);
+pub(crate) struct OpenImages {
+    map: Mutex<BTreeMap<String, OpenImage>>,
+    /// Signalled when an opening ends, opened or not.
+    settled: Condvar,
+}
+
+/// What [`OpenImages::begin`] found.
+pub(crate) enum Begun<'a> {
+    /// Open already.
+    Open(Arc<Image>),
+    /// Marked opening for this caller, who finishes it or drops it.
+    Opening(Opening<'a>),
+}
+
+/// The right to open one image: [`Opening::finish`] puts the image in the
+/// map; dropped unfinished (the open failed), it takes the mark back out.
+pub(crate) struct Opening<'a> {
+    images: &'a OpenImages,
+    name: String,
+    done: bool,
+}
+
+impl Opening<'_> {
+    pub fn finish(mut self, image: &Arc<Image>, compaction: Option<Arc<ImageCompaction>>) {
+        let entry = OpenImage { image: Arc::downgrade(image), compaction, opening: false };
+        self.images.lock().insert(self.name.clone(), entry);
+        self.done = true;
+        self.images.settled.notify_all();
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.images.lock().remove(&self.name);
+            self.images.settled.notify_all();
+        }
+    }
+}
 
 impl OpenImages {
     /// The map, locked, without the entries of images closed since.
     pub fn lock(&self) -> MutexGuard<'_, BTreeMap<String, OpenImage>> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, o| o.is_open());
         map
+    }
+
+    /// Image `name` if it is open; else, once no one else is opening it,
+    /// the mark that makes this caller its opener.
+    pub fn begin(&self, name: &str) -> Begun<'_> {
+        let mut map = self.lock();
+        loop {
+            match map.get(name) {
+                Some(o) if o.opening => {
+                    map = self.settled.wait(map).unwrap_or_else(|p| p.into_inner());
+                    map.retain(|_, o| o.is_open());
+                }
+                Some(o) => match o.image() {
+                    Some(image) => return Begun::Open(image),
+                    None => {
+                        map.remove(name);
+                    }
+                },
+                None => {
+                    let entry = OpenImage { image: Weak::new(), compaction: None, opening: true };
+                    map.insert(name.to_string(), entry);
+                    return Begun::Opening(Opening { images: self, name: name.to_string(), done: false });
+                }
+            }
+        }
     }
 
     /// The compaction state of `image`, if it is the open image of its name
