@@ -102,34 +102,37 @@ pub fn recover_image(state: &crate::device::state::DeviceState, foreground: bool
 
 /// Has the daemon of store `dir` serve `req`: the running one, or one
 /// started now. Prints the device once it is usable.
+///
+/// The store's lock can be held by a daemon that no longer answers: one
+/// still starting (another `add` came first: its socket appears soon) or
+/// one exiting after its last device went (`del`, then `add` at once: its
+/// lock goes soon). Either way this waits, up to [`LOCKED_STORE_WAIT`], for
+/// a daemon to use or for the lock to come free.
 fn serve_via_daemon(dir: &Path, req: &AddImageArgs, foreground: bool) -> Result<()> {
-    if let Some(socket) = running_daemon(dir) {
-        return attach_via(&socket, req);
-    }
-    crate::device::driver::require_driver()?;
-    if !req.recover {
-        crate::device::driver::require_free_id(req.id)?;
-    }
-    let (d, r) = (dir.to_path_buf(), req.clone());
-    match launch::launch(foreground, Path::new(DAEMON_LOG), move |ready| {
-        daemon::serve_store(d, daemon::Serve::First(r), ready)
-    }) {
-        Err(e) if format!("{e:#}").contains("locked by another") => {
-            // Another `add` started this store's daemon first: use it.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                if let Some(socket) = running_daemon(dir) {
-                    return attach_via(&socket, req);
-                }
-                if Instant::now() > deadline {
-                    return Err(e);
-                }
+    let deadline = Instant::now() + LOCKED_STORE_WAIT;
+    loop {
+        if let Some(socket) = running_daemon(dir) {
+            return attach_via(&socket, req);
+        }
+        crate::device::driver::require_driver()?;
+        if !req.recover {
+            crate::device::driver::require_free_id(req.id)?;
+        }
+        let (d, r) = (dir.to_path_buf(), req.clone());
+        match launch::launch(foreground, Path::new(DAEMON_LOG), move |ready| {
+            daemon::serve_store(d, daemon::Serve::First(r), ready)
+        }) {
+            Err(e) if format!("{e:#}").contains("locked by another") && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(100));
             }
+            other => return other,
         }
-        other => other,
     }
 }
+
+/// How long `add` waits for a store locked by a daemon that does not
+/// answer (starting, or exiting) before it reports the lock.
+const LOCKED_STORE_WAIT: Duration = Duration::from_secs(10);
 
 /// `casblk daemon`: the store daemon in the foreground, for a service
 /// manager (see `daemon::Serve::Service`).
