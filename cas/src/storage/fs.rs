@@ -86,15 +86,9 @@ impl StorageFile for FsFile {
     }
 
     fn read_whole(&self) -> Result<WholeFile> {
-        let len = self.len()?;
-        match usize::try_from(len) {
-            Ok(0) => Ok(WholeFile::Read(Vec::new())),
-            Ok(n) => Ok(WholeFile::Mapped(Mapping::of(&self.file, n).map_err(|e| Error::io(&self.path, e))?)),
-            Err(_) => Err(Error::Corruption {
-                path: self.path.clone(),
-                offset: 0,
-                detail: format!("{len} bytes: larger than this machine can address"),
-            }),
+        match super::addressable_len(self)? {
+            0 => Ok(WholeFile::Read(Vec::new())),
+            n => Ok(WholeFile::Mapped(Mapping::of(&self.file, n).map_err(|e| Error::io(&self.path, e))?)),
         }
     }
 

@@ -165,15 +165,22 @@ pub trait StorageFile: Send + Sync {
     /// The whole file, for one scan (see [`WholeFile`]). The local
     /// filesystem maps it; other backends read it.
     fn read_whole(&self) -> Result<WholeFile> {
-        let len = usize::try_from(self.len()?).map_err(|_| crate::error::Error::Corruption {
-            path: self.path().to_path_buf(),
-            offset: 0,
-            detail: "larger than this machine can address".into(),
-        })?;
+        let len = addressable_len(self)?;
         let mut buf = vec![0u8; len];
         self.read_exact_at(&mut buf, 0)?;
         Ok(WholeFile::Read(buf))
     }
+}
+
+/// `file`'s length as a buffer length, or a corruption error if this
+/// machine cannot address it.
+fn addressable_len(file: &(impl StorageFile + ?Sized)) -> Result<usize> {
+    let len = file.len()?;
+    usize::try_from(len).map_err(|_| crate::error::Error::Corruption {
+        path: file.path().to_path_buf(),
+        offset: 0,
+        detail: format!("{len} bytes: larger than this machine can address"),
+    })
 }
 
 #[cfg(test)]
