@@ -49,6 +49,14 @@ pub(crate) struct OpenImages {
     settled: Condvar,
 }
 
+/// `map` without the entries of images closed since.
+fn without_closed(
+    mut map: MutexGuard<'_, BTreeMap<String, OpenImage>>,
+) -> MutexGuard<'_, BTreeMap<String, OpenImage>> {
+    map.retain(|_, o| o.is_open());
+    map
+}
+
 /// What [`OpenImages::begin`] found.
 pub(crate) enum Begun<'a> {
     /// Open already.
@@ -86,9 +94,7 @@ impl Drop for Opening<'_> {
 impl OpenImages {
     /// The map, locked, without the entries of images closed since.
     pub fn lock(&self) -> MutexGuard<'_, BTreeMap<String, OpenImage>> {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, o| o.is_open());
-        map
+        without_closed(self.map.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Image `name` if it is open; else, once no one else is opening it,
@@ -98,8 +104,7 @@ impl OpenImages {
         loop {
             match map.get(name) {
                 Some(o) if o.opening => {
-                    map = self.settled.wait(map).unwrap_or_else(|p| p.into_inner());
-                    map.retain(|_, o| o.is_open());
+                    map = without_closed(self.settled.wait(map).unwrap_or_else(|p| p.into_inner()));
                 }
                 Some(o) => match o.image() {
                     Some(image) => return Begun::Open(image),
