@@ -19,6 +19,7 @@ pub mod storage;
 pub mod store;
 mod sync;
 pub mod tasks;
+pub mod thread_time;
 pub mod units;
 pub mod wal;
 

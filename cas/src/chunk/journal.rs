@@ -83,6 +83,9 @@ pub(crate) struct Journal {
     len_bytes: u64,
     next_batch_seq: u64,
     pub store_id: u64,
+    /// Time `open` spent reading and checking batches (the rest of the
+    /// replay is its callback's).
+    pub read_time: std::time::Duration,
 }
 
 impl Journal {
@@ -134,13 +137,16 @@ fn encode_batch(out: &mut Vec<u8>, seq: u64, ops: &[JournalOp]) {
 /// What the bytes at a batch position turned out to be.
 enum Probe {
     /// A valid batch: its records and its padded length.
-    Valid(Vec<JournalOp>, u64),
+    /// The batch's records are in the scratch's `ops`; the next batch
+    /// starts this many bytes on.
+    Valid(u64),
     Invalid(String),
 }
 
 /// Decodes the records of a batch body (everything between header and crc).
-fn decode_records(body: &[u8], count: usize) -> std::result::Result<Vec<JournalOp>, String> {
-    let mut ops = Vec::with_capacity(count);
+fn decode_records(body: &[u8], count: usize, ops: &mut Vec<JournalOp>) -> std::result::Result<(), String> {
+    ops.clear();
+    ops.reserve(count);
     let mut d = Decoder::new(body);
     for i in 0..count {
         let (Some(code), Some(hash), Some(pack), Some(slot), Some(crc)) =
@@ -154,11 +160,26 @@ fn decode_records(body: &[u8], count: usize) -> std::result::Result<Vec<JournalO
             other => return Err(format!("record {i} has unknown op {other}")),
         });
     }
-    Ok(ops)
+    Ok(())
 }
 
-/// Reads and checks the batch at `offset` of a file of `len` bytes.
-fn probe(file: &dyn StorageFile, offset: u64, len: u64, want_seq: Option<u64>) -> Result<Probe> {
+/// Buffers a replay reuses from batch to batch, so it faults in one
+/// batch's worth of memory, not the whole journal's.
+#[derive(Default)]
+struct Scratch {
+    bytes: Vec<u8>,
+    ops: Vec<JournalOp>,
+}
+
+/// Reads and checks the batch at `offset` of a file of `len` bytes,
+/// decoding its records into `scratch.ops`.
+fn probe(
+    file: &dyn StorageFile,
+    scratch: &mut Scratch,
+    offset: u64,
+    len: u64,
+    want_seq: Option<u64>,
+) -> Result<Probe> {
     let avail = len - offset;
     if avail < BATCH_HEADER_BYTES as u64 + 4 {
         return Ok(Probe::Invalid(format!("{avail} bytes are too few for a batch")));
@@ -178,8 +199,9 @@ fn probe(file: &dyn StorageFile, offset: u64, len: u64, want_seq: Option<u64>) -
     if total > avail {
         return Ok(Probe::Invalid(format!("batch of {count} records runs past the end of the file")));
     }
-    let mut buf = vec![0u8; total as usize];
-    file.read_exact_at(&mut buf, offset)?;
+    let buf = &mut scratch.bytes;
+    buf.resize(total as usize, 0);
+    file.read_exact_at(buf, offset)?;
     let (covered, tail) = buf.split_at(buf.len() - 4);
     let expected = u32::from_le_bytes(tail.try_into().expect("4 bytes"));
     if format::crc32c(covered) != expected {
@@ -190,8 +212,8 @@ fn probe(file: &dyn StorageFile, offset: u64, len: u64, want_seq: Option<u64>) -
             return Ok(Probe::Invalid(format!("batch sequence {seq}, expected {want}")));
         }
     }
-    match decode_records(&covered[BATCH_HEADER_BYTES..], count as usize) {
-        Ok(ops) => Ok(Probe::Valid(ops, (padded(total as usize) as u64).min(avail))),
+    match decode_records(&covered[BATCH_HEADER_BYTES..], count as usize, &mut scratch.ops) {
+        Ok(()) => Ok(Probe::Valid((padded(total as usize) as u64).min(avail))),
         Err(e) => Ok(Probe::Invalid(e)),
     }
 }
@@ -206,7 +228,7 @@ fn valid_batch_after(file: &dyn StorageFile, from: u64, len: u64) -> Result<Opti
         for sector in (0..n).step_by(SECTOR_BYTES as usize) {
             if window.get(sector..sector + 4) == Some(&BATCH_MAGIC.to_le_bytes()[..]) {
                 let at = base + sector as u64;
-                if let Probe::Valid(..) = probe(file, at, len, None)? {
+                if let Probe::Valid(..) = probe(file, &mut Scratch::default(), at, len, None)? {
                     return Ok(Some(at));
                 }
             }
@@ -230,7 +252,13 @@ impl Journal {
         storage.rename(&tmp, &path)?;
         storage.sync_dir(dir)?;
         let file = storage.open(&path, OpenMode::Existing)?;
-        Ok(Journal { file, len_bytes: FILE_HEADER_BYTES, next_batch_seq: 1, store_id })
+        Ok(Journal {
+            file,
+            len_bytes: FILE_HEADER_BYTES,
+            next_batch_seq: 1,
+            store_id,
+            read_time: Default::default(),
+        })
     }
 
     /// Opens the journal in `dir`, replaying every durable batch through
@@ -264,10 +292,15 @@ impl Journal {
 
         let mut offset = FILE_HEADER_BYTES;
         let mut seq = 1;
+        let mut read_time = std::time::Duration::ZERO;
+        let mut scratch = Scratch::default();
         while offset < len {
-            match probe(file.as_ref(), offset, len, Some(seq))? {
-                Probe::Valid(ops, step) => {
-                    for op in ops {
+            let reading = std::time::Instant::now();
+            let probed = probe(file.as_ref(), &mut scratch, offset, len, Some(seq))?;
+            read_time += reading.elapsed();
+            match probed {
+                Probe::Valid(step) => {
+                    for &op in &scratch.ops {
                         apply(op)?;
                     }
                     offset += step;
@@ -289,7 +322,7 @@ impl Journal {
             }
         }
         let len_bytes = offset.min(len);
-        Ok(Journal { file, len_bytes, next_batch_seq: seq, store_id })
+        Ok(Journal { file, len_bytes, next_batch_seq: seq, store_id, read_time })
     }
 
     /// Appends `ops` as one batch and syncs it. The caller has already

@@ -233,6 +233,14 @@ pub struct OpenReport {
     pub journal_bytes: u64,
     /// Replaying the journal into the index.
     pub journal_ms: u64,
+    /// How the replay's wall time divided: on a CPU, waiting for one,
+    /// asleep (I/O, faults).
+    pub journal_time: crate::thread_time::TimeSplit,
+    /// Of `journal_ms`, reading and checking batches (the rest applied
+    /// their records to the tables); and the records applied.
+    pub journal_read_ms: u64,
+    pub journal_puts: u64,
+    pub journal_removes: u64,
     /// Checking the referenced packs and deleting unreferenced ones.
     pub packs_checked: u64,
     pub packs_removed: u64,

@@ -12,6 +12,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::storage::{OpenMode, Storage};
+use crate::thread_time::ThreadTime;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
@@ -44,6 +45,7 @@ impl ChunkStore {
         }
         let slots_per_pack = u32::try_from(slots).unwrap_or(u32::MAX);
         let started = Instant::now();
+        let thread_started = ThreadTime::now();
         let ms = |since: Instant| since.elapsed().as_millis() as u64;
         let mut report = OpenReport::default();
         if !storage.exists(dir) {
@@ -66,14 +68,17 @@ impl ChunkStore {
             .map(|_| IndexMap::with_capacity_and_hasher(shard_capacity(records), PrefixBuild::default()))
             .collect();
         let mut removed = [false; SHARDS];
+        let (mut puts, mut removes) = (0u64, 0u64);
         let journal = if storage.exists(&journal_path) {
             Journal::open(storage.as_ref(), dir, |op| {
                 match op {
                     JournalOp::Put { hash, pack, slot, crc } => {
+                        puts += 1;
                         let key = Key(hash);
                         maps[index::shard_of(&key)].insert(key, Loc { pack, slot, crc, epoch: 0 });
                     }
                     JournalOp::Remove { hash } => {
+                        removes += 1;
                         let key = Key(hash);
                         let shard = index::shard_of(&key);
                         maps[shard].remove(&key);
@@ -92,6 +97,9 @@ impl ChunkStore {
         report.journal_batches = journal.batches();
         report.journal_bytes = journal.len_bytes();
         report.journal_ms = ms(started);
+        report.journal_time = thread_started.split();
+        report.journal_read_ms = journal.read_time.as_millis() as u64;
+        (report.journal_puts, report.journal_removes) = (puts, removes);
         let packs_started = Instant::now();
 
         // Live entries and the highest referenced slot, per pack.
