@@ -1,7 +1,8 @@
 //! The device layer every target shares: a ublk device's shape, its
 //! lifecycle from ADD (or START_USER_RECOVERY) to its deletion, and the
 //! pieces around it: the driver (`driver`), device parameters (`params`),
-//! the per-queue ring (`ring`), launching a daemon (`launch`), and what a
+//! the per-queue ring (`ring`), launching a daemon (`launch`) and its
+//! memory settings (`memory`), and what a
 //! device leaves in /run for recovery (`state`, `recovering`).
 //!
 //! ```text
@@ -19,6 +20,7 @@
 
 pub mod driver;
 pub mod launch;
+pub mod memory;
 pub mod params;
 pub mod recovering;
 pub mod ring;
