@@ -1,6 +1,6 @@
 # fio with verify=crc32c through a store image: random mixed sizes with
-# periodic fsync (FLUSH), then O_DSYNC writes (FUA), then a verify-only
-# pass after detaching and reattaching.
+# periodic fsync (FLUSH), then O_DSYNC writes (FUA), then writes of up to
+# 512 KiB, then a verify-only pass after detaching and reattaching.
 source "$(dirname "$0")/lib.sh"
 store=$(new_store vm 256M)
 dev=$(add_image "$store" vm -q 2 -d 32)
@@ -16,10 +16,16 @@ run_fio rand --rw=randwrite --bsrange=4k-64k --size=48M --iodepth=16 --fsync=32 
 note "random writes with fsync + verify: ok"
 run_fio fua --rw=write --bs=16k --size=16M --offset=64M --iodepth=4 --sync=dsync --do_verify=1
 note "O_DSYNC (FUA) writes + verify: ok"
+# Writes past the 64 KiB each tag keeps resident: their buffer's tail is
+# handed back to the kernel after each one, then refilled by the next
+# request (read or write) on the same tag.
+run_fio big --rw=randwrite --bsrange=64k-512k --size=64M --offset=96M --iodepth=32 --do_verify=1 --randseed=11
+note "large writes (tag buffers released after each) + verify: ok"
 "$CASBLK" del -a
 wait_no_devices
 dev=$(add_image "$store" vm)
 run_fio rand --rw=randwrite --bsrange=4k-64k --size=48M --iodepth=16 --randseed=7 --verify_only
+run_fio big --rw=randwrite --bsrange=64k-512k --size=64M --offset=96M --iodepth=32 --randseed=11 --verify_only
 note "verify-only after reattach: ok"
 "$CASBLK" del -a
 wait_no_devices

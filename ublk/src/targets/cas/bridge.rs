@@ -42,7 +42,49 @@ impl TagBuffers {
     pub fn buf(&self, tag: u16) -> &IoBuf<u8> {
         &self.bufs[usize::from(tag)]
     }
+
+    /// Returns to the kernel the pages of `tag`'s buffer past its first
+    /// [`RESIDENT_BYTES_PER_TAG`], after a write of `len_bytes` whose data
+    /// the engine has consumed, before the tag is committed (after the
+    /// commit the kernel may already be filling the buffer with the next
+    /// request). Without it every tag that ever took a large write keeps
+    /// its whole buffer resident: 64 MiB per device at the defaults.
+    /// Small writes, and reads (whose data the kernel copies out during
+    /// the commit), keep their pages.
+    pub fn release_after_write(&self, tag: u16, len_bytes: u64) {
+        const PAGE_BYTES: usize = 4096;
+        let buf = &self.bufs[usize::from(tag)];
+        // Whole pages only, and none past the allocation's end.
+        let whole_pages = buf.len() / PAGE_BYTES * PAGE_BYTES;
+        let end = usize::try_from(len_bytes).unwrap_or(usize::MAX).saturating_add(PAGE_BYTES - 1)
+            / PAGE_BYTES
+            * PAGE_BYTES;
+        let end = end.min(whole_pages);
+        if end <= RESIDENT_BYTES_PER_TAG {
+            return;
+        }
+        // SAFETY: [RESIDENT_BYTES_PER_TAG, end) is whole pages inside the
+        // tag's live allocation (IoBuf aligns it to 4096; `end` is at most
+        // its length rounded down to a page). Nothing reads the range now:
+        // the worker is done with this write and the kernel fills the
+        // buffer again only after the commit. MADV_DONTNEED leaves the
+        // range mapped, reading as zeros until written.
+        let rc = unsafe {
+            libc::madvise(
+                buf.as_mut_ptr().add(RESIDENT_BYTES_PER_TAG).cast(),
+                end - RESIDENT_BYTES_PER_TAG,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "madvise of a tag buffer failed");
+        }
+    }
 }
+
+/// Bytes of each tag buffer kept resident between requests: enough for
+/// the small requests that dominate random IO, so those never fault.
+pub const RESIDENT_BYTES_PER_TAG: usize = 64 << 10;
 
 impl serve::TagBuffers for TagBuffers {
     unsafe fn request_bytes(&self, tag: u16, len: usize) -> &mut [u8] {

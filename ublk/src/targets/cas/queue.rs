@@ -92,10 +92,15 @@ async fn serve_tag(
     sched: &Sched,
     slots: &LocalSlots,
 ) -> Result<(), UblkError> {
-    let buf = core.queues[usize::from(q.get_qid())].bufs.buf(tag);
+    let bufs = &core.queues[usize::from(q.get_qid())].bufs;
+    let buf = bufs.buf(tag);
     q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(buf)).await?;
     loop {
         let res = handle(q, tag, core, sched, slots).await;
+        let iod = q.get_iod(tag);
+        if iod.op_flags & 0xff == libublk::sys::UBLK_IO_OP_WRITE {
+            bufs.release_after_write(tag, u64::from(iod.nr_sectors) << SECTOR_SHIFT);
+        }
         q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?;
     }
 }
