@@ -97,6 +97,10 @@ pub struct StoreOptions {
     /// their own thread).
     pub compaction_threads: u64,
     /// Log record bytes per compaction batch (one manifest commit each).
+    /// A pass holds two batch buffers (one read while the other is
+    /// inserted), so this sets most of compaction's resident memory: at
+    /// 16 MiB the daemon's peak in `ci/bench device` is 154 MiB instead of
+    /// 177 at 32, with the same drain rate there and natively.
     pub compaction_batch_bytes: u64,
     /// Compact at once (making the log durable if needed) when an image's
     /// log uses this percentage of its quota (1 ..= 100).
@@ -127,7 +131,7 @@ impl Default for StoreOptions {
             compaction_memory_bytes: 128 << 20,
             background_compaction: true,
             compaction_threads: 3,
-            compaction_batch_bytes: 32 << 20,
+            compaction_batch_bytes: 16 << 20,
             compaction_trigger_percent: 50,
             compaction_interval_ms: 1000,
             pack_bytes: 64 << 20,
