@@ -99,8 +99,9 @@ pub struct StoreOptions {
     /// Log record bytes per compaction batch (one manifest commit each).
     /// A pass holds two batch buffers (one read while the other is
     /// inserted), so this sets most of compaction's resident memory: at
-    /// 16 MiB the daemon's peak in `ci/bench device` is 154 MiB instead of
-    /// 177 at 32, with the same drain rate there and natively.
+    /// 16 MiB the daemon's peak in a one-repetition cas run of
+    /// `ci/bench device` was 154 MiB instead of 177 at 32, with the same
+    /// drain rate there and natively.
     pub compaction_batch_bytes: u64,
     /// Compact at once (making the log durable if needed) when an image's
     /// log uses this percentage of its quota (1 ..= 100).

@@ -9,7 +9,7 @@
 //! waited for a CPU was starved; one asleep waited on the disk or a lock.
 //! Without procfs every figure reads zero and `asleep` takes the wall time.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The thread's counters at one moment.
 #[derive(Clone, Copy, Debug)]
@@ -66,11 +66,11 @@ impl ThreadTime {
             major_faults: now.stat.major_faults.saturating_sub(self.stat.major_faults),
         }
     }
+}
 
-    /// Wall time since the reading.
-    pub fn elapsed(&self) -> Duration {
-        self.at.elapsed()
-    }
+/// Nanoseconds the calling thread has run on a CPU; `None` without procfs.
+pub fn on_cpu_ns() -> Option<u64> {
+    read_schedstat().map(|(on_cpu, _)| on_cpu)
 }
 
 /// `/proc/thread-self/schedstat`: ns on a CPU, ns runnable, timeslices.
@@ -78,7 +78,9 @@ fn read_schedstat() -> Option<(u64, u64)> {
     parse_schedstat(&std::fs::read_to_string("/proc/thread-self/schedstat").ok()?)
 }
 
-fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
+/// Nanoseconds on a CPU and runnable, from a `schedstat` file's text (any
+/// thread's: `/proc/<pid>/task/<tid>/schedstat`).
+pub fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
     let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
     Some((fields.next()??, fields.next()??))
 }
@@ -130,9 +132,10 @@ mod tests {
 
     #[test]
     fn busy_time_counts_as_on_cpu() {
+        use std::time::Duration;
         let start = ThreadTime::now();
         let mut x = 0u64;
-        while start.elapsed() < Duration::from_millis(60) {
+        while start.at.elapsed() < Duration::from_millis(60) {
             x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
         }
         let split = start.split();

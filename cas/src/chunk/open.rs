@@ -96,8 +96,8 @@ impl ChunkStore {
         let store_id = journal.store_id;
         report.journal_batches = journal.batches();
         report.journal_bytes = journal.len_bytes();
-        report.journal_ms = ms(started);
         report.journal_time = thread_started.split();
+        report.journal_ms = report.journal_time.wall_ms;
         report.journal_read_ms = journal.read_time.as_millis() as u64;
         (report.journal_puts, report.journal_removes) = (puts, removes);
         let packs_started = Instant::now();

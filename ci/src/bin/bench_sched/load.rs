@@ -209,12 +209,9 @@ pub fn run_arm(
     ArmResult { secs, streams, sched, traces, request_path_cpu_ns }
 }
 
-/// Nanoseconds the calling thread has run on a CPU (the first field of
-/// /proc/thread-self/schedstat).
+/// Nanoseconds the calling thread has run on a CPU.
 fn thread_cpu_ns() -> u64 {
-    let text =
-        std::fs::read_to_string("/proc/thread-self/schedstat").expect("read /proc/thread-self/schedstat");
-    text.split_whitespace().next().and_then(|f| f.parse().ok()).expect("a schedstat line")
+    cas::thread_time::on_cpu_ns().expect("read /proc/thread-self/schedstat")
 }
 
 /// CPU nanoseconds of the request path's own threads (serve's workers and
@@ -228,7 +225,7 @@ fn serve_threads_cpu_ns() -> u64 {
                 .is_ok_and(|c| c.starts_with("casblk-worker") || c.starts_with("casblk-sync"))
         })
         .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next().and_then(|f| f.parse::<u64>().ok()))
+        .filter_map(|s| cas::thread_time::parse_schedstat(&s).map(|(on_cpu_ns, _)| on_cpu_ns))
         .sum()
 }
 

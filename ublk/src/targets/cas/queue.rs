@@ -98,7 +98,7 @@ async fn serve_tag(
     loop {
         let res = handle(q, tag, core, sched, slots).await;
         let iod = q.get_iod(tag);
-        if iod.op_flags & 0xff == libublk::sys::UBLK_IO_OP_WRITE {
+        if classify(iod.op_flags & 0xff) == Some(sched::Op::Write) {
             bufs.release_after_write(tag, u64::from(iod.nr_sectors) << SECTOR_SHIFT);
         }
         q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?;
