@@ -272,7 +272,7 @@ impl Store {
         storage.create_dir_all(&dir.join("images"))?;
         storage.create_dir_all(&dir.join("chunks"))?;
         storage.sync_dir(dir)?;
-        files::write_atomic(&*storage, dir, STORE_FILE, &files::encode_store(1))?;
+        files::write_atomic(&*storage, dir, STORE_FILE, &files::encode_store(files::STORE_VERSION))?;
         Store::start(storage, dir, opts, held)
     }
 
@@ -283,7 +283,11 @@ impl Store {
             return Err(Error::NotFound(format!("casblk store at {} (no {STORE_FILE} file)", dir.display())));
         }
         let held = storage.lock_exclusive(&dir.join(LOCK_FILE))?;
-        files::read_store(&*storage, &dir.join(STORE_FILE))?;
+        if files::read_store(&*storage, &dir.join(STORE_FILE))? < files::STORE_VERSION {
+            // Before anything of the newer format is written (see files.rs).
+            let bytes = files::encode_store(files::STORE_VERSION);
+            files::write_atomic(&*storage, dir, STORE_FILE, &bytes)?;
+        }
         Store::start(storage, dir, opts, held)
     }
 

@@ -5,7 +5,7 @@
 
 mod chunk_support;
 
-use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
+use cas::chunk::{ChunkHash, ChunkRef, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
 use cas::gc::{self, GcOptions};
 use cas::manifest::{Manifest, ManifestOptions};
 use cas::storage::{MemStorage, Storage};
@@ -34,17 +34,31 @@ fn setup(images: usize) -> (Arc<ChunkStore>, Vec<Arc<Manifest>>) {
     (c, ms)
 }
 
-fn insert(c: &ChunkStore, pin: &cas::chunk::ChunkPin<'_>, ids: &[u64]) {
+/// Inserts chunks `ids`; returns where each is, as the leaves will say.
+fn insert(c: &ChunkStore, pin: &cas::chunk::ChunkPin<'_>, ids: &[u64]) -> Vec<ChunkRef> {
     let blocks: Vec<Vec<u8>> = ids.iter().map(|&id| block(id)).collect();
     let items: Vec<(ChunkHash, &[u8])> =
         ids.iter().zip(&blocks).map(|(&id, b)| (block_hash(id), &b[..])).collect();
-    c.insert_missing(pin, &items).unwrap();
+    let mut refs = Vec::new();
+    c.insert_located(pin, &items, &mut refs).unwrap();
+    refs
 }
 
+/// Commits `edits` (block, content id) as unlocated refs (reads find them
+/// through the index).
 fn commit(m: &Manifest, edits: &[(u64, u64)], covered: u64) {
     let mut e = m.begin();
     for &(b, id) in edits {
-        e.set(b, Some(block_hash(id)));
+        e.set(b, Some(block_hash(id).into()));
+    }
+    e.commit(covered).unwrap();
+}
+
+/// Commits `edits` with the refs `insert` returned for them.
+fn commit_located(m: &Manifest, edits: &[(u64, u64)], refs: &[ChunkRef], covered: u64) {
+    let mut e = m.begin();
+    for (&(b, _), r) in edits.iter().zip(refs) {
+        e.set(b, Some(*r));
     }
     e.commit(covered).unwrap();
 }
@@ -58,17 +72,17 @@ fn a_pin_from_before_the_epoch_delays_the_mark() {
     let m = &ms[0];
     {
         let pin = c.pin();
-        insert(&c, &pin, &[7]);
+        let _ = insert(&c, &pin, &[7]);
         c.sync().unwrap();
         commit(m, &[(0, 7)], 1);
     }
     {
         let pin = c.pin();
-        insert(&c, &pin, &[8]);
+        let _ = insert(&c, &pin, &[8]);
         commit(m, &[(0, 8)], 2); // chunk 7 is now unreferenced
     }
     let pin = c.pin();
-    insert(&c, &pin, &[7]); // duplicate hit, will be referenced again
+    let _ = insert(&c, &pin, &[7]); // duplicate hit, will be referenced again
     let gc_thread = {
         let (c, m) = (c.clone(), m.clone());
         std::thread::spawn(move || gc::run(&c, &[&m], &GcOptions::default()).unwrap())
@@ -94,7 +108,7 @@ fn a_pin_from_the_new_epoch_protects_what_it_touches() {
     let m = &ms[0];
     {
         let pin = c.pin();
-        insert(&c, &pin, &[7, 8]);
+        let _ = insert(&c, &pin, &[7, 8]);
         c.sync().unwrap();
         commit(m, &[(0, 7)], 1);
         commit(m, &[(0, 8)], 2); // chunk 7 unreferenced
@@ -113,7 +127,7 @@ fn a_pin_from_the_new_epoch_protects_what_it_touches() {
         drop(p);
         std::thread::sleep(Duration::from_millis(1));
     };
-    insert(&c, &new, &[7]); // duplicate hit in the new epoch
+    let _ = insert(&c, &new, &[7]); // duplicate hit in the new epoch
     drop(old); // GC marks (chunk 7 not referenced yet) and sweeps
     let report = gc_thread.join().unwrap();
     c.sync().unwrap();
@@ -156,11 +170,11 @@ fn random_run(seed: u64) {
                         .map(|_| (rng.gen_range(0..64), rng.gen_range(0..120)))
                         .collect();
                     let ids: Vec<u64> = edits.iter().map(|e| e.1).collect();
-                    insert(&c, &pin, &ids);
+                    let refs = insert(&c, &pin, &ids);
                     c.sync().unwrap();
                     let mut guard = model.lock().unwrap();
                     let covered = m.covered() + 1;
-                    commit(m, &edits, covered);
+                    commit_located(m, &edits, &refs, covered);
                     guard[img].extend(edits.iter().copied());
                     drop(guard);
                     drop(pin);
@@ -177,7 +191,7 @@ fn random_run(seed: u64) {
                 for (m, content) in ms.iter().zip(guard.iter()) {
                     for (&b, &id) in content.iter().take(8) {
                         let h = m.lookup(b).unwrap().expect("committed block is mapped");
-                        c.read(&h, &mut out).unwrap();
+                        c.read_ref(&h, &mut out).unwrap();
                         assert_eq!(out, block(id));
                     }
                 }
@@ -207,9 +221,9 @@ fn random_run(seed: u64) {
     for (m, content) in ms.iter().zip(model.iter()) {
         for (&b, &id) in content {
             let h = m.lookup(b).unwrap().unwrap();
-            c.read(&h, &mut out).unwrap();
+            c.read_ref(&h, &mut out).unwrap();
             assert_eq!(out, block(id), "image block {b}");
-            live.insert(h);
+            live.insert(h.tag);
         }
     }
     assert_eq!(c.len(), live.len() as u64, "exactly the referenced chunks remain");

@@ -4,7 +4,7 @@
 //! the directory sync after the rename) poison it until reopened, and the
 //! reopened manifest is the old tree or the new one.
 
-use cas::chunk::ChunkHash;
+use cas::chunk::{ChunkHash, ChunkRef};
 use cas::manifest::{Manifest, ManifestOptions};
 use cas::storage::{CrashMode, Fault, FaultOp, MemStorage, Storage};
 use cas::Error;
@@ -24,8 +24,8 @@ fn open(s: &MemStorage) -> Manifest {
     Manifest::open(Arc::new(s.clone()), Path::new(PATH), ManifestOptions::default()).unwrap()
 }
 
-fn h(tag: u8) -> ChunkHash {
-    ChunkHash::from_bytes([tag; 32])
+fn h(tag: u8) -> ChunkRef {
+    ChunkHash::from_bytes([tag; 32]).into()
 }
 
 fn commit(m: &Manifest, tag: u8, covered: u64) -> cas::Result<()> {

@@ -5,7 +5,7 @@
 //! Scale with CAS_FUZZ_ITERS. With CAS_FUZZ_CORPUS_OUT=DIR it also writes
 //! its seed pages there, to seed `cargo fuzz run manifest_page DIR`.
 
-use cas::chunk::ChunkHash;
+use cas::chunk::{ChunkHash, ChunkLoc, ChunkRef};
 use cas::manifest::{
     fuzz_decode_page, fuzz_decode_root, fuzz_encode_page, Manifest, ManifestOptions, PAGE_BYTES,
 };
@@ -26,9 +26,13 @@ fn corpus() -> Vec<Vec<u8>> {
     let m = Manifest::open(Arc::new(s.clone()), Path::new("/m/f"), ManifestOptions::default()).unwrap();
     let mut e = m.begin();
     for b in (0..3000u64).step_by(3) {
-        e.set(b, Some(ChunkHash::from_bytes([(b % 251) as u8 + 1; 32])));
+        let tag = ChunkHash::from_bytes([(b % 251) as u8 + 1; 32]).tag();
+        // Every third entry unlocated, as a leaf from before locations reads.
+        let at =
+            (b % 3 != 0).then_some(ChunkLoc { pack: (b % 7) as u32 + 1, slot: b as u32, crc: !(b as u32) });
+        e.set(b, Some(ChunkRef { tag, at }));
     }
-    e.set(u64::MAX, Some(ChunkHash::from_bytes([7; 32])));
+    e.set(u64::MAX, Some(ChunkHash::from_bytes([7; 32]).into()));
     e.commit(1).unwrap();
     let f = s.open(Path::new("/m/f"), OpenMode::Existing).unwrap();
     let len = f.len().unwrap() as usize;

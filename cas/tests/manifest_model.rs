@@ -7,7 +7,7 @@
 
 mod chunk_support;
 
-use cas::chunk::ChunkHash;
+use cas::chunk::{ChunkHash, ChunkLoc, ChunkRef};
 use cas::manifest::{Manifest, ManifestOptions};
 use cas::storage::{CrashMode, MemStorage, Storage};
 use chunk_support::{crashing, seeds, with_seed};
@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-type Model = BTreeMap<u64, ChunkHash>;
+type Model = BTreeMap<u64, ChunkRef>;
 
 const PATH: &str = "/img/manifest";
 
@@ -45,14 +45,17 @@ fn contents(m: &Manifest) -> Model {
     m.iter().map(|r| r.unwrap()).collect()
 }
 
-fn hash(rng: &mut StdRng) -> ChunkHash {
+/// A random ref: located or not, as leaves hold both.
+fn hash(rng: &mut StdRng) -> ChunkRef {
     let mut h = [0u8; ChunkHash::BYTES];
     rng.fill(&mut h[..]);
-    ChunkHash::from_bytes(h)
+    let at =
+        rng.gen_bool(0.5).then(|| ChunkLoc { pack: rng.gen_range(1..100), slot: rng.gen(), crc: rng.gen() });
+    ChunkRef { tag: ChunkHash::from_bytes(h).tag(), at }
 }
 
 /// A random batch: mostly a dense region, some far blocks, some holes.
-fn batch(rng: &mut StdRng, model: &Model) -> Vec<(u64, Option<ChunkHash>)> {
+fn batch(rng: &mut StdRng, model: &Model) -> Vec<(u64, Option<ChunkRef>)> {
     let n = match rng.gen_range(0..10) {
         0 => 0,
         1..=6 => rng.gen_range(1..40),
@@ -74,7 +77,7 @@ fn batch(rng: &mut StdRng, model: &Model) -> Vec<(u64, Option<ChunkHash>)> {
     edits
 }
 
-fn apply(model: &Model, edits: &[(u64, Option<ChunkHash>)]) -> Model {
+fn apply(model: &Model, edits: &[(u64, Option<ChunkRef>)]) -> Model {
     let mut m = model.clone();
     for &(b, v) in edits {
         match v {
@@ -168,8 +171,8 @@ fn random_batches_commits_and_crashes_match_the_model() {
 /// is crashed after every possible number of storage operations.
 fn crash_every_point(
     name: &str,
-    setup: &[Vec<(u64, Option<ChunkHash>)>],
-    last: Option<&[(u64, Option<ChunkHash>)]>,
+    setup: &[Vec<(u64, Option<ChunkRef>)>],
+    last: Option<&[(u64, Option<ChunkRef>)]>,
 ) {
     let mut budget = 0;
     loop {
@@ -218,7 +221,7 @@ fn crash_every_point(
             }
             // The survivor commits again normally.
             let mut e = m.begin();
-            let nine = ChunkHash::from_bytes([9; 32]);
+            let nine: ChunkRef = ChunkHash::from_bytes([9; 32]).into();
             e.set(1, Some(nine));
             e.commit(covered + 2).unwrap();
             assert_eq!(m.lookup(1).unwrap(), Some(nine));
@@ -228,8 +231,8 @@ fn crash_every_point(
     }
 }
 
-fn run_of(first: u64, n: u64, tag: u8) -> Vec<(u64, Option<ChunkHash>)> {
-    (first..first + n).map(|b| (b, Some(ChunkHash::from_bytes([tag; 32])))).collect()
+fn run_of(first: u64, n: u64, tag: u8) -> Vec<(u64, Option<ChunkRef>)> {
+    (first..first + n).map(|b| (b, Some(ChunkHash::from_bytes([tag; 32]).into()))).collect()
 }
 
 #[test]

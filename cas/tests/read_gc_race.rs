@@ -8,7 +8,7 @@
 
 mod common;
 
-use cas::image::{ChunkHash, ManifestView};
+use cas::image::{ChunkRef, ManifestView};
 use cas::Result;
 use common::*;
 use std::sync::{Arc, Mutex};
@@ -22,11 +22,11 @@ struct AfterLookup {
 }
 
 impl ManifestView for AfterLookup {
-    fn lookup(&self, block: u64) -> Result<Option<ChunkHash>> {
+    fn lookup(&self, block: u64) -> Result<Option<ChunkRef>> {
         self.inner.lookup(block)
     }
 
-    fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkHash>]) -> Result<()> {
+    fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkRef>]) -> Result<()> {
         self.inner.lookup_range(first_block, out)?;
         if let Some(hook) = self.hook.lock().unwrap().take() {
             hook();
@@ -34,8 +34,8 @@ impl ManifestView for AfterLookup {
         Ok(())
     }
 
-    fn read_chunk(&self, hash: &ChunkHash, out: &mut [u8]) -> Result<()> {
-        self.inner.read_chunk(hash, out)
+    fn read_chunk(&self, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
+        self.inner.read_chunk(r, out)
     }
 }
 

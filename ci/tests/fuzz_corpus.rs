@@ -10,8 +10,8 @@
 //!   is kept by copying its input to `fuzz/regressions/<target>/<name>`
 //!   (a name saying what it broke), which makes it a test here.
 
-use cas::chunk::{ChunkHash, PackHeader};
-use cas::manifest::{Manifest, ManifestOptions, PAGE_BYTES};
+use cas::chunk::{ChunkHash, ChunkLoc, ChunkRef, PackHeader};
+use cas::manifest::{fuzz_encode_page, Body, LeafBody, Manifest, ManifestOptions, Page, PAGE_BYTES};
 use cas::storage::{MemStorage, OpenMode, Storage};
 use cas::wal::{RecordHeader, RecordKind, SegmentHeader};
 use std::path::{Path, PathBuf};
@@ -51,7 +51,11 @@ fn manifest_seeds() -> Vec<Vec<u8>> {
     let m = Manifest::open(Arc::new(s.clone()), Path::new("/m/f"), ManifestOptions::default()).unwrap();
     let mut e = m.begin();
     for b in (0..400u64).step_by(3) {
-        e.set(b, Some(ChunkHash::from_bytes([(b % 251) as u8 + 1; 32])));
+        let tag = ChunkHash::from_bytes([(b % 251) as u8 + 1; 32]).tag();
+        // Every third entry unlocated, as a leaf from before locations reads.
+        let at =
+            (b % 3 != 0).then_some(ChunkLoc { pack: (b % 7) as u32 + 1, slot: b as u32, crc: !(b as u32) });
+        e.set(b, Some(ChunkRef { tag, at }));
     }
     e.commit(1).unwrap();
     let f = s.open(Path::new("/m/f"), OpenMode::Existing).unwrap();
@@ -60,7 +64,10 @@ fn manifest_seeds() -> Vec<Vec<u8>> {
     let pages: Vec<Vec<u8>> = all.chunks(PAGE_BYTES).map(<[u8]>::to_vec).collect();
     // A root slot, a leaf, and the last page written (the root page).
     let root_slot = pages.iter().take(2).find(|p| p.starts_with(b"CASMROOT")).expect("a root slot").clone();
-    vec![root_slot, pages[2].clone(), pages.last().unwrap().clone()]
+    // And a leaf as written before locations (version 1: whole hashes).
+    let v1 = LeafBody::v1_with(&[(0, ChunkHash::of(b"a")), (125, ChunkHash::of(b"b"))]);
+    let v1 = Page { level: 0, first_block: 126, generation: 1, crc: 0, body: Body::Leaf(v1) };
+    vec![root_slot, pages[2].clone(), pages.last().unwrap().clone(), fuzz_encode_page(&v1)]
 }
 
 fn seeds(target: &str) -> Vec<Vec<u8>> {

@@ -12,7 +12,7 @@
 
 use super::journal::{self, Journal, JournalOp};
 use super::pack::{self, CHUNK_BYTES};
-use super::ChunkHash;
+use super::{ChunkHash, ChunkTag};
 use crate::format;
 use crate::fsck::{Finding, FsckReport};
 use crate::storage::{Change, Storage};
@@ -116,6 +116,7 @@ impl IndexCheck {
                 JournalOp::Remove { hash } => {
                     map.remove(&hash);
                 }
+                JournalOp::NextPack { .. } => {}
             }
             Ok(())
         });
@@ -154,9 +155,10 @@ impl IndexCheck {
         Some(IndexCheck { dir: dir.to_path_buf(), store_id: journal.store_id, entries, pack_files })
     }
 
-    /// The entry named `hash`.
-    pub fn find(&mut self, hash: &ChunkHash) -> Option<&mut Entry> {
-        let i = self.entries.binary_search_by(|e| e.hash.cmp(hash)).ok()?;
+    /// The entry whose hash starts with `tag` (entries are sorted by hash,
+    /// so also by tag).
+    pub fn find(&mut self, tag: &ChunkTag) -> Option<&mut Entry> {
+        let i = self.entries.binary_search_by(|e| e.hash.tag().cmp(tag)).ok()?;
         Some(&mut self.entries[i])
     }
 

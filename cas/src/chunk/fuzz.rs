@@ -27,6 +27,7 @@ pub fn fuzz_replay_index(bytes: &[u8]) -> Result<(u64, u64)> {
         match op {
             JournalOp::Put { .. } => puts += 1,
             JournalOp::Remove { .. } => removes += 1,
+            JournalOp::NextPack { .. } => {}
         }
         Ok(())
     })?;
@@ -57,7 +58,8 @@ pub fn fuzz_reseal_index(bytes: &mut [u8]) {
     }
 }
 
-/// A valid journal of `batches` batches of puts and a remove each (seeds).
+/// A valid journal of `batches` batches of a next-pack record, puts and a
+/// remove each (seeds).
 pub fn fuzz_sample_index(batches: u32) -> Vec<u8> {
     let storage = MemStorage::new();
     let dir = Path::new("/chunks");
@@ -70,8 +72,8 @@ pub fn fuzz_sample_index(batches: u32) -> Vec<u8> {
                 h[..4].copy_from_slice(&(b * 16 + i).to_le_bytes());
                 ChunkHash::from_bytes(h)
             };
-            let mut ops: Vec<JournalOp> =
-                (0..3).map(|i| JournalOp::Put { hash: hash(i), pack: 1, slot: b * 3 + i, crc: i }).collect();
+            let mut ops = vec![JournalOp::NextPack { id: 2 + b }];
+            ops.extend((0..3).map(|i| JournalOp::Put { hash: hash(i), pack: 1, slot: b * 3 + i, crc: i }));
             ops.push(JournalOp::Remove { hash: hash(0) });
             j.append(&ops)?;
         }

@@ -23,15 +23,35 @@
 //! the shard's *read* lock, with readers still inside, and then swap the
 //! copy in under the write lock in O(1) (see `ChunkStore::grow_shard`).
 
-use super::{ChunkHash, Writer};
+use super::{ChunkHash, ChunkTag, Writer};
 use crossbeam::utils::CachePadded;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-/// A chunk hash as a map key (hashes by its first 8 bytes).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+/// A chunk hash as a map key: equal to another when their tags (first 20
+/// bytes, [`ChunkTag`]) are, so a manifest's tag finds the entry its full
+/// hash made; hashes by its first 8 bytes.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Key(pub ChunkHash);
+
+impl Key {
+    /// The key a tag looks up (the hash's bytes past the tag are zero; the
+    /// entry found carries the full hash).
+    pub fn of_tag(tag: &ChunkTag) -> Key {
+        let mut bytes = [0u8; ChunkHash::BYTES];
+        bytes[..ChunkTag::BYTES].copy_from_slice(tag.as_bytes());
+        Key(ChunkHash::from_bytes(bytes))
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.0.as_bytes()[..ChunkTag::BYTES] == other.0.as_bytes()[..ChunkTag::BYTES]
+    }
+}
+
+impl Eq for Key {}
 
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
@@ -191,5 +211,17 @@ mod tests {
         assert_eq!(shard_of(&key(7)), 7);
         let h = |k: &Key| PrefixBuild::default().hash_one(k);
         assert_eq!(h(&key(7)), h(&key(200)), "byte 8 does not feed the table's hash");
+    }
+
+    #[test]
+    fn a_tag_finds_the_entry_of_its_full_hash() {
+        let full = ChunkHash::of(b"full");
+        let mut m = IndexMap::default();
+        m.insert(Key(full), Loc { pack: 1, slot: 2, crc: 3, epoch: 0 });
+        let by_tag = Key::of_tag(&full.tag());
+        assert_ne!(by_tag.0, full);
+        assert_eq!(m.get(&by_tag).map(|l| l.slot), Some(2));
+        assert_eq!(shard_of(&by_tag), shard_of(&Key(full)));
+        assert_eq!(m.keys().next().map(|k| k.0), Some(full), "the entry keeps the full hash");
     }
 }

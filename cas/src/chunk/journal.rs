@@ -25,7 +25,16 @@
 //! record:
 //!  0      1              33         37         41              45
 //!  | op u8 | hash [u8;32] | pack u32 | slot u32 | chunk crc32c  |     op 1 = put, 2 = remove (zero fields)
+//!                                                                      op 3 = next pack (version 2: only pack)
 //! ```
+//!
+//! Version 2 adds the next-pack record: pack ids below it are never given
+//! out again, whether or not their files still exist. Manifest leaves name
+//! chunks by pack and slot, so a reused id could send a stale location to
+//! another chunk's bytes. Every pack creation queues one (in the sync that
+//! makes the pack's first chunks durable), and every checkpoint starts with
+//! one. A version 1 journal is replayed as it is and rewritten as version 2
+//! when the chunk store opens.
 //!
 //! Crash rules. A batch is written and synced in one `sync`, only after the
 //! pack bytes its puts point at are synced, so a durable put never points
@@ -45,7 +54,7 @@ use std::sync::Arc;
 
 pub(crate) const INDEX_FILE: &str = "index";
 pub(crate) const INDEX_TMP_FILE: &str = "index.tmp";
-pub(crate) const INDEX_VERSION: u32 = 1;
+pub(crate) const INDEX_VERSION: u32 = 2;
 const INDEX_MAGIC: [u8; 8] = *b"CASCIDX\0";
 const FILE_HEADER_BYTES: u64 = SECTOR_BYTES;
 pub(crate) const FILE_HEADER_USED: usize = 8 + 4 + 4 + 8 + 4;
@@ -60,6 +69,7 @@ const SCAN_WINDOW_BYTES: usize = 1 << 20;
 
 const OP_PUT: u8 = 1;
 const OP_REMOVE: u8 = 2;
+const OP_NEXT_PACK: u8 = 3;
 
 /// One change to the index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +78,8 @@ pub(crate) enum JournalOp {
     Put { hash: ChunkHash, pack: u32, slot: u32, crc: u32 },
     /// `hash` is no longer stored.
     Remove { hash: ChunkHash },
+    /// No pack id below `id` is given out again.
+    NextPack { id: u32 },
 }
 
 /// Why a checkpoint failed, and whether the old journal is still in place.
@@ -83,6 +95,8 @@ pub(crate) struct Journal {
     len_bytes: u64,
     next_batch_seq: u64,
     pub store_id: u64,
+    /// The file's format version (1: no next-pack records).
+    pub version: u32,
     /// Time `open` spent reading and checking batches (the rest of the
     /// replay is its callback's).
     pub read_time: std::time::Duration,
@@ -121,6 +135,7 @@ fn encode_batch(out: &mut Vec<u8>, seq: u64, ops: &[JournalOp]) {
         let (code, hash, pack, slot, crc) = match *op {
             JournalOp::Put { hash, pack, slot, crc } => (OP_PUT, hash, pack, slot, crc),
             JournalOp::Remove { hash } => (OP_REMOVE, hash, 0, 0, 0),
+            JournalOp::NextPack { id } => (OP_NEXT_PACK, ChunkHash::from_bytes([0; 32]), id, 0, 0),
         };
         out.push(code);
         out.extend_from_slice(hash.as_bytes());
@@ -157,6 +172,10 @@ fn decode_records(body: &[u8], count: usize, ops: &mut Vec<JournalOp>) -> std::r
         ops.push(match code {
             OP_PUT => JournalOp::Put { hash, pack, slot, crc },
             OP_REMOVE => JournalOp::Remove { hash },
+            OP_NEXT_PACK if hash.as_bytes() == &[0; 32] && slot == 0 && crc == 0 => {
+                JournalOp::NextPack { id: pack }
+            }
+            OP_NEXT_PACK => return Err(format!("next-pack record {i} has a hash, slot or crc")),
             other => return Err(format!("record {i} has unknown op {other}")),
         });
     }
@@ -257,6 +276,7 @@ impl Journal {
             len_bytes: FILE_HEADER_BYTES,
             next_batch_seq: 1,
             store_id,
+            version: INDEX_VERSION,
             read_time: Default::default(),
         })
     }
@@ -286,7 +306,8 @@ impl Journal {
         }
         let body = format::unseal(&head, &path, 0)?;
         let mut d = Decoder::new(&body[8..]);
-        format::check_version("chunk index", d.u32().unwrap_or(0), INDEX_VERSION)?;
+        let version = d.u32().unwrap_or(0);
+        format::check_version("chunk index", version, INDEX_VERSION)?;
         let _reserved = d.u32();
         let store_id = d.u64().unwrap_or(0);
 
@@ -322,7 +343,7 @@ impl Journal {
             }
         }
         let len_bytes = offset.min(len);
-        Ok(Journal { file, len_bytes, next_batch_seq: seq, store_id, read_time })
+        Ok(Journal { file, len_bytes, next_batch_seq: seq, store_id, version, read_time })
     }
 
     /// Appends `ops` as one batch and syncs it. The caller has already
@@ -378,6 +399,7 @@ impl Journal {
         self.file = storage.open(&path, OpenMode::Existing).map_err(replaced)?;
         self.len_bytes = offset;
         self.next_batch_seq = seq;
+        self.version = INDEX_VERSION;
         storage.sync_dir(dir).map_err(replaced)
     }
 

@@ -21,7 +21,7 @@
 use super::index::{self, Key, Loc, SHARDS};
 use super::journal::JournalOp;
 use super::pack::{self, CHUNK_BYTES};
-use super::{lock, ChunkHash, ChunkStore};
+use super::{lock, ChunkStore, ChunkTag};
 use crate::error::{Error, Result};
 use crate::format;
 use std::time::Duration;
@@ -76,14 +76,15 @@ impl ChunkStore {
         self.pins.advance(wait)
     }
 
-    /// Stamps `hashes` live in `epoch`; returns how many are not stored.
+    /// Stamps the chunks `tags` name live in `epoch`; returns how many are
+    /// not stored.
     /// Under the writer lock like every index change (a shard growth copies
     /// the shard and must not miss a stamp).
-    pub(crate) fn gc_mark(&self, epoch: u32, hashes: &[ChunkHash]) -> u64 {
+    pub(crate) fn gc_mark(&self, epoch: u32, tags: &[ChunkTag]) -> u64 {
         let mut w = lock(&self.writer);
         let mut missing = 0;
-        for h in hashes {
-            let key = Key(*h);
+        for tag in tags {
+            let key = Key::of_tag(tag);
             match self.index.write(&mut w, index::shard_of(&key)).get_mut(&key) {
                 Some(loc) => loc.epoch = loc.epoch.max(epoch),
                 None => missing += 1,

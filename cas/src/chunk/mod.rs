@@ -6,6 +6,7 @@
 //! ```text
 //! chunks/
 //!   index               the index journal (journal.rs): hash -> (pack, slot, crc32c)
+//!                       and the lowest pack id never given out
 //!   pack-00000001.pack  append-only pack files (pack.rs): header + 4 KiB slots
 //!   pack-00000002.pack
 //!   ...
@@ -28,10 +29,14 @@
 //!  cache shard
 //! ```
 //!
-//! A read takes one shard's read lock and, inside it, `files` to clone the
-//! pack's handle: the entry cannot move while the shard is read-locked, and
-//! a pack is deleted only once no entry points into it, so the location
-//! and the handle agree. Exclusive holds are O(entries changed): a growth
+//! A read of a located [`ChunkRef`] (what manifest leaves hold) takes only
+//! `files`, to clone its pack's handle, and never the index: pack ids are
+//! never reused (the journal's next-pack record) and a slot's bytes never
+//! change while its pack exists. A read through the index (by hash, of an
+//! unlocated ref, or of a ref whose pack GC deleted) takes one shard's read
+//! lock and, inside it, `files`: the entry cannot move while the shard is
+//! read-locked, and a pack is deleted only once no entry points into it,
+//! so the location and the handle agree. Exclusive holds are O(entries changed): a growth
 //! builds the bigger table beside the old one (see `grow_shard`).
 //!
 //! Writes: [`ChunkStore::insert_missing`] stores each chunk not yet present
@@ -92,7 +97,7 @@ use trace::IoSource;
 /// only the reads that hash to the same shard.
 const CACHE_SHARDS: usize = 64;
 
-pub use crate::units::ChunkHash;
+pub use crate::units::{ChunkHash, ChunkLoc, ChunkRef, ChunkTag};
 
 /// True when `data` is all zeros (a hole, never stored as a chunk).
 pub fn is_zero_block(data: &[u8]) -> bool {
@@ -158,6 +163,10 @@ pub struct ChunkStats {
     pub cache_entries: u64,
     /// fdatasync and directory syncs the store has issued.
     pub syncs: u64,
+    /// Chunk reads that had to find their chunk in the index: reads by
+    /// hash, of unlocated refs (leaves written before locations), and of
+    /// refs whose pack GC deleted. Reads of located refs do not count.
+    pub read_index_lookups: u64,
 }
 
 /// One pack file's slot counts (the writer's bookkeeping; readers only
@@ -271,6 +280,8 @@ pub struct ChunkStore {
     pub(crate) gc_lock: Mutex<()>,
     pub(crate) cache: ClockCache<Key, Arc<[u8]>, PrefixBuild>,
     pub(crate) syncs: AtomicU64,
+    /// See [`ChunkStats::read_index_lookups`].
+    pub(crate) read_index_lookups: AtomicU64,
     poisoned: AtomicBool,
     poison_reason: Mutex<String>,
     /// Where the time of [`ChunkStore::open`] went.
@@ -313,45 +324,63 @@ impl ChunkStore {
         ChunkPin { pins: &self.pins, epoch: self.pins.acquire() }
     }
 
-    /// Reads chunk `hash` into `out` (4096 bytes) through the clean cache.
-    /// Fails with `NotFound` if the chunk is not stored, and with
-    /// `ChecksumMismatch` (leaving `out` zeroed) if its bytes are damaged.
+    /// Reads chunk `hash` into `out` (4096 bytes) through the clean cache,
+    /// finding it in the index. Fails with `NotFound` if the chunk is not
+    /// stored, and with `ChecksumMismatch` (leaving `out` zeroed) if its
+    /// bytes are damaged.
     pub fn read(&self, hash: &ChunkHash, out: &mut [u8]) -> Result<()> {
+        self.read_ref(&ChunkRef::unlocated(hash), out)
+    }
+
+    /// Reads the chunk a manifest leaf names into `out` (4096 bytes),
+    /// through the clean cache. A located ref whose pack exists is read
+    /// there without consulting the index: ids are never reused and a
+    /// slot's bytes never change while its pack exists. Only an unlocated
+    /// ref, or one whose pack GC has deleted (the chunk moved or was
+    /// swept), asks the index ([`ChunkStats::read_index_lookups`]).
+    /// Errors as [`ChunkStore::read`].
+    pub fn read_ref(&self, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
         if out.len() != CHUNK_BYTES {
             return Err(Error::InvalidArgument(format!(
                 "chunk reads are {CHUNK_BYTES} bytes, not {}",
                 out.len()
             )));
         }
-        let key = Key(*hash);
+        let key = Key::of_tag(&r.tag);
         let begun = crate::observe::begin();
         if let Some(bytes) = self.cache.get(&key) {
             out.copy_from_slice(&bytes);
             crate::observe::end(IoSource::Cache, begun);
             return Ok(());
         }
-        let (loc, file) = {
-            let shard = self.index.read(index::shard_of(&key));
-            let Some(loc) = shard.get(&key).copied() else {
-                return Err(Error::NotFound(format!("chunk {hash}")));
-            };
-            // Still inside the shard's read lock: the entry cannot move, so
-            // its pack cannot be deleted (see the module docs).
-            let file = self.read_files().get(&loc.pack).expect("every index entry's pack is open").clone();
-            drop(shard);
-            (loc, file)
+        let located = r.at.and_then(|at| Some((at, self.read_files().get(&at.pack)?.clone())));
+        let (at, file) = match located {
+            Some(found) => found,
+            None => {
+                self.read_index_lookups.fetch_add(1, Ordering::Relaxed);
+                let shard = self.index.read(index::shard_of(&key));
+                let Some(loc) = shard.get(&key).copied() else {
+                    return Err(Error::NotFound(format!("chunk {}", r.tag)));
+                };
+                // Still inside the shard's read lock: the entry cannot move, so
+                // its pack cannot be deleted (see the module docs).
+                let file =
+                    self.read_files().get(&loc.pack).expect("every index entry's pack is open").clone();
+                drop(shard);
+                (ChunkLoc { pack: loc.pack, slot: loc.slot, crc: loc.crc }, file)
+            }
         };
-        let offset = pack::slot_offset(loc.slot);
+        let offset = pack::slot_offset(at.slot);
         let read = file.read_exact_at(out, offset);
         crate::observe::end(IoSource::Chunk, begun);
         read?;
         let actual = format::crc32c(out);
-        if actual != loc.crc {
+        if actual != at.crc {
             out.fill(0);
             return Err(Error::ChecksumMismatch {
                 path: file.path().to_path_buf(),
                 offset,
-                expected: loc.crc,
+                expected: at.crc,
                 actual,
             });
         }
@@ -450,6 +479,7 @@ impl ChunkStore {
             cache_misses: self.cache.misses(),
             cache_entries: self.cache.len() as u64,
             syncs: self.syncs.load(Ordering::Relaxed),
+            read_index_lookups: self.read_index_lookups.load(Ordering::Relaxed),
         }
     }
 

@@ -69,6 +69,7 @@ impl ChunkStore {
             .collect();
         let mut removed = [false; SHARDS];
         let (mut puts, mut removes) = (0u64, 0u64);
+        let mut next_pack_floor = 1u32;
         let journal = if storage.exists(&journal_path) {
             Journal::open(storage.as_ref(), dir, |op| {
                 match op {
@@ -84,6 +85,7 @@ impl ChunkStore {
                         maps[shard].remove(&key);
                         removed[shard] = true;
                     }
+                    JournalOp::NextPack { id } => next_pack_floor = next_pack_floor.max(id),
                 }
                 Ok(())
             })?
@@ -131,7 +133,8 @@ impl ChunkStore {
             packs.insert(id, PackState { slots, capacity: header.capacity_slots, live });
             files.insert(id, file);
         }
-        let next_pack_id = pack_ids.iter().max().map_or(1, |m| m + 1);
+        // Never an id given out before, even if its file is gone (journal.rs).
+        let next_pack_id = pack_ids.iter().max().map_or(1, |m| m + 1).max(next_pack_floor);
         // Keep appending to the newest pack if it has room.
         let active = packs.iter().next_back().and_then(|(&id, p)| {
             (p.slots < p.capacity).then(|| ActivePack {
@@ -172,7 +175,8 @@ impl ChunkStore {
             );
         }
         let cache_entries = (opts.cache_bytes / CHUNK_BYTES as u64) as usize;
-        Ok(ChunkStore {
+        let old_journal = journal.version < journal::INDEX_VERSION;
+        let store = ChunkStore {
             storage,
             dir: dir.to_path_buf(),
             store_id,
@@ -199,12 +203,19 @@ impl ChunkStore {
             gc_lock: Mutex::new(()),
             cache: ClockCache::new(cache_entries, CACHE_SHARDS),
             syncs: AtomicU64::new(0),
+            read_index_lookups: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(String::new()),
             opened: report,
             #[cfg(test)]
             growth_hook: Mutex::new(None),
-        })
+        };
+        if old_journal {
+            // Rewritten as the current version, with the next pack id,
+            // before any pack is created.
+            store.checkpoint(&mut super::lock(&store.sync_state))?;
+        }
+        Ok(store)
     }
 }
 

@@ -291,7 +291,7 @@ fn journal_checkpoints_and_reopens_the_same() {
     assert!(shrank, "the journal never shrank");
     // Removes are checkpointed away too.
     let e = c.gc_advance_epoch(std::time::Duration::from_secs(1)).unwrap();
-    let keep: Vec<ChunkHash> = (0..100).map(|i| ChunkHash::of(&block(i))).collect();
+    let keep: Vec<ChunkTag> = (0..100).map(|i| ChunkHash::of(&block(i)).tag()).collect();
     c.gc_mark(e, &keep);
     assert_eq!(c.gc_sweep(e).unwrap().removed, 100);
     c.sync().unwrap();
@@ -415,7 +415,8 @@ fn a_mark_during_a_growth_lands_in_the_grown_table() {
             let (c, hashes) = (weak.upgrade().expect("store alive"), marked.clone());
             let (tx, rx) = mpsc::channel();
             *slot = Some(std::thread::spawn(move || {
-                let missing = c.gc_mark(epoch, &hashes);
+                let tags: Vec<ChunkTag> = hashes.iter().map(|h| h.tag()).collect();
+                let missing = c.gc_mark(epoch, &tags);
                 // Nobody listens once the growth went on without it.
                 let _ = tx.send(());
                 missing
@@ -472,4 +473,73 @@ fn check_tables_sized(c: &ChunkStore) {
         assert_eq!(w.table_bytes[shard], index::table_bytes(len), "shard {shard} of {len} entries");
     }
     assert_eq!(w.table_bytes_total, w.table_bytes.iter().sum::<u64>());
+}
+
+fn pack_files(s: &MemStorage) -> Vec<u32> {
+    let names = s.list_dir(Path::new("/chunks")).unwrap();
+    names.iter().filter_map(|n| pack::parse_pack_file_name(n)).collect()
+}
+
+/// Manifest leaves name chunks by pack and slot, so an id whose pack is
+/// gone must never name another pack: not even after two reopens that
+/// deleted every pack file.
+#[test]
+fn pack_ids_are_never_given_out_again() {
+    let s = MemStorage::new();
+    let c = open(&s, small_opts());
+    insert(&c, 1..=20); // packs 1, 2 and 3
+    c.sync().unwrap();
+    let e = c.gc_advance_epoch(std::time::Duration::from_secs(1)).unwrap();
+    assert_eq!(c.gc_sweep(e).unwrap().removed, 20);
+    c.sync().unwrap();
+    drop(c);
+    drop(open(&s, small_opts())); // deletes the unreferenced packs
+    assert_eq!(pack_files(&s), Vec::<u32>::new());
+    let c = open(&s, small_opts());
+    let b = block(99);
+    let mut refs = Vec::new();
+    c.insert_located(&c.pin(), &[(ChunkHash::of(&b), &b[..])], &mut refs).unwrap();
+    assert_eq!(refs[0].at.map(|at| at.pack), Some(4), "{refs:?}");
+    // A checkpoint carries the floor too.
+    c.sync().unwrap();
+    c.checkpoint(&mut lock(&c.sync_state)).unwrap();
+    let e = c.gc_advance_epoch(std::time::Duration::from_secs(1)).unwrap();
+    c.gc_sweep(e).unwrap();
+    c.sync().unwrap();
+    drop(c);
+    drop(open(&s, small_opts()));
+    let c = open(&s, small_opts());
+    c.insert_located(&c.pin(), &[(ChunkHash::of(&b), &b[..])], &mut refs).unwrap();
+    assert_eq!(refs[0].at.map(|at| at.pack), Some(5), "{refs:?}");
+}
+
+/// A journal from before the next-pack record (version 1) replays, and the
+/// open rewrites it as the current version with the floor in it.
+#[test]
+fn a_version_1_journal_is_rewritten_on_open() {
+    let s = MemStorage::new();
+    let c = open(&s, small_opts());
+    insert(&c, 1..=10);
+    c.sync().unwrap();
+    drop(c);
+    let path = Path::new("/chunks").join(journal::INDEX_FILE);
+    let f = s.open(&path, crate::storage::OpenMode::Existing).unwrap();
+    let mut head = vec![0u8; journal::FILE_HEADER_USED];
+    f.read_exact_at(&mut head, 0).unwrap();
+    head[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let crc = format::crc32c(&head[..head.len() - 4]);
+    let at = head.len() - 4;
+    head[at..].copy_from_slice(&crc.to_le_bytes());
+    f.write_all_at(&head, 0).unwrap();
+    f.sync_data().unwrap();
+    drop(f);
+    let c = open(&s, small_opts());
+    assert_eq!(lock(&c.sync_state).journal.version, journal::INDEX_VERSION);
+    for seed in 1..=10 {
+        assert_eq!(read(&c, seed).unwrap(), block(seed));
+    }
+    let b = block(99);
+    let mut refs = Vec::new();
+    c.insert_located(&c.pin(), &[(ChunkHash::of(&b), &b[..])], &mut refs).unwrap();
+    assert_eq!(refs[0].at.map(|at| at.pack), Some(2), "the newest pack has room: appends go on there");
 }

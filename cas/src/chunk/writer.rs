@@ -25,11 +25,14 @@
 use super::index::{self, Key, Loc, PrefixBuild, SHARDS};
 use super::journal::{self, JournalOp};
 use super::pack::{self, PackHeader, CHUNK_BYTES, PACK_HEADER_BYTES};
-use super::{lock, ActivePack, ChunkHash, ChunkPin, ChunkStore, GrowthPhase, InsertStats, PackState, Writer};
+use super::{
+    lock, ActivePack, ChunkHash, ChunkLoc, ChunkPin, ChunkRef, ChunkStore, GrowthPhase, InsertStats,
+    PackState, Writer,
+};
 use crate::error::{Error, Result};
 use crate::format;
 use crate::storage::OpenMode;
-use std::collections::HashSet;
+use std::collections::hash_map::{Entry, HashMap};
 
 /// Chunks per pwrite (4 MiB): bounds the run buffer.
 pub(crate) const RUN_CHUNKS: usize = 1024;
@@ -58,6 +61,20 @@ impl ChunkStore {
     ///
     /// [`sync`]: ChunkStore::sync
     pub fn insert_missing(&self, pin: &ChunkPin<'_>, chunks: &[(ChunkHash, &[u8])]) -> Result<InsertStats> {
+        self.insert_located(pin, chunks, &mut Vec::new())
+    }
+
+    /// [`ChunkStore::insert_missing`] that also says where each chunk is:
+    /// `refs` gets one located [`ChunkRef`] per entry of `chunks`, in
+    /// order (the stored copy for a duplicate), for the manifest leaves
+    /// that will name them. Left empty on an error.
+    pub fn insert_located(
+        &self,
+        pin: &ChunkPin<'_>,
+        chunks: &[(ChunkHash, &[u8])],
+        refs: &mut Vec<ChunkRef>,
+    ) -> Result<InsertStats> {
+        refs.clear();
         assert!(std::ptr::eq(pin.pins, &self.pins), "a pin from another chunk store");
         for (i, (_, data)) in chunks.iter().enumerate() {
             if data.len() != CHUNK_BYTES {
@@ -80,37 +97,57 @@ impl ChunkStore {
         // Classify (the writer lock keeps the index still): stored,
         // repeated in this call, missing.
         let mut missing: Vec<usize> = Vec::new();
-        let mut seen: HashSet<Key, PrefixBuild> = HashSet::default();
+        let mut locs: Vec<Option<ChunkLoc>> = vec![None; chunks.len()];
+        // Repeats of a missing chunk: (entry, its first occurrence).
+        let mut repeats: Vec<(usize, usize)> = Vec::new();
+        let mut seen: HashMap<Key, usize, PrefixBuild> = HashMap::default();
         for (i, (hash, _)) in chunks.iter().enumerate() {
             let key = Key(*hash);
             match self.index.get(&key) {
                 Some(loc) => {
                     stats.dup_chunks += 1;
+                    locs[i] = Some(ChunkLoc { pack: loc.pack, slot: loc.slot, crc: loc.crc });
                     if loc.epoch < pin.epoch {
                         let mut shard = self.index.write(w, index::shard_of(&key));
                         let loc = shard.get_mut(&key).expect("the writer lock keeps entries");
                         loc.epoch = loc.epoch.max(pin.epoch);
                     }
                 }
-                None if seen.insert(key) => missing.push(i),
-                None => stats.dup_chunks += 1,
+                None => match seen.entry(key) {
+                    Entry::Vacant(v) => {
+                        v.insert(i);
+                        missing.push(i);
+                    }
+                    Entry::Occupied(o) => {
+                        stats.dup_chunks += 1;
+                        repeats.push((i, *o.get()));
+                    }
+                },
             }
         }
-        if missing.is_empty() {
-            return Ok(stats);
+        if !missing.is_empty() {
+            self.reserve(w, missing.iter().map(|&i| Key(chunks[i].0)))?;
+            let placed =
+                self.write_chunks(w, missing.iter().map(|&i| chunks[i].1), &mut stats.bytes_written)?;
+            for (&i, p) in missing.iter().zip(&placed) {
+                let key = Key(chunks[i].0);
+                let loc = Loc { pack: p.pack, slot: p.slot, crc: p.crc, epoch: pin.epoch };
+                // `reserve` made room: this insert never resizes under the lock.
+                self.index.write(w, index::shard_of(&key)).insert(key, loc);
+                w.packs.get_mut(&p.pack).expect("placed in an open pack").live += 1;
+                w.pending.push(JournalOp::Put { hash: key.0, pack: p.pack, slot: p.slot, crc: p.crc });
+                locs[i] = Some(ChunkLoc { pack: p.pack, slot: p.slot, crc: p.crc });
+            }
+            w.seq += placed.len() as u64;
+            stats.new_chunks = placed.len() as u64;
         }
-        self.reserve(w, missing.iter().map(|&i| Key(chunks[i].0)))?;
-        let placed = self.write_chunks(w, missing.iter().map(|&i| chunks[i].1), &mut stats.bytes_written)?;
-        for (&i, p) in missing.iter().zip(&placed) {
-            let key = Key(chunks[i].0);
-            let loc = Loc { pack: p.pack, slot: p.slot, crc: p.crc, epoch: pin.epoch };
-            // `reserve` made room: this insert never resizes under the lock.
-            self.index.write(w, index::shard_of(&key)).insert(key, loc);
-            w.packs.get_mut(&p.pack).expect("placed in an open pack").live += 1;
-            w.pending.push(JournalOp::Put { hash: key.0, pack: p.pack, slot: p.slot, crc: p.crc });
+        for (i, first) in repeats {
+            locs[i] = locs[first];
         }
-        w.seq += placed.len() as u64;
-        stats.new_chunks = placed.len() as u64;
+        refs.extend(chunks.iter().zip(locs).map(|((hash, _), at)| {
+            debug_assert!(at.is_some(), "every chunk is stored or placed");
+            ChunkRef { tag: hash.tag(), at }
+        }));
         Ok(stats)
     }
 
@@ -233,6 +270,9 @@ impl ChunkStore {
         self.note_slots(w);
         let id = w.next_pack_id;
         w.next_pack_id = id.checked_add(1).expect("pack id space exhausted");
+        // Durable with the first chunks placed in the pack (journal.rs).
+        w.pending.push(JournalOp::NextPack { id: w.next_pack_id });
+        w.seq += 1;
         let path = self.dir.join(pack::pack_file_name(id));
         let file = self.storage.open(&path, OpenMode::CreateNew)?;
         let header = PackHeader { store_id: self.store_id, pack_id: id, capacity_slots: self.slots_per_pack };
@@ -303,7 +343,7 @@ impl ChunkStore {
 
     /// Rewrites the journal as exactly the current index (all of it made
     /// durable first). Skipped when the snapshot would break the budget.
-    fn checkpoint(&self, s: &mut super::SyncState) -> Result<()> {
+    pub(crate) fn checkpoint(&self, s: &mut super::SyncState) -> Result<()> {
         let (snapshot, ops, upto, dirty, dir_dirty) = {
             // The writer lock keeps the index still while it is copied.
             let mut w = lock(&self.writer);
@@ -315,7 +355,7 @@ impl ChunkStore {
                 );
                 return Ok(());
             }
-            let mut snapshot: Vec<JournalOp> = Vec::new();
+            let mut snapshot: Vec<JournalOp> = vec![JournalOp::NextPack { id: w.next_pack_id }];
             self.index.for_each(|k, l| {
                 snapshot.push(JournalOp::Put { hash: k.0, pack: l.pack, slot: l.slot, crc: l.crc })
             });

@@ -5,8 +5,9 @@
 //! ```text
 //!  per sub-batch:  Partial -> base (manifest chunk or hole) + new sectors -> hash
 //!                  Holes   -> set None where the manifest maps something
-//!                  Chunk   -> set Some(hash)
-//!                  insert_missing(pin, new chunks)          one writer lock hold
+//!                  Chunk   -> set the chunk's ref, once inserted
+//!                  insert_located(pin, new chunks)          one writer lock hold
+//!                  -> the edits, in item order, with each chunk's location
 //!  per batch end:  CommitJob { edit, pin, covered, next } -> commit stage
 //! ```
 //!
@@ -23,7 +24,7 @@ use super::commit::{CommitJob, CommitStage, Flow};
 use super::reader::Cursor;
 use super::stats::CompactStats;
 use super::ImageCompaction;
-use crate::chunk::{is_zero_block, ChunkHash, ChunkPin, ChunkStore};
+use crate::chunk::{is_zero_block, ChunkHash, ChunkPin, ChunkRef, ChunkStore};
 use crate::error::Result;
 use crate::manifest::{ManifestEdit, LEAF_ENTRIES};
 use crate::units::{BLOCK_BYTES, SECTORS_PER_BLOCK, SECTOR_BYTES};
@@ -41,7 +42,10 @@ pub struct Inserter<'s> {
     merged: GrowBuf,
     lease: Lease<'s>,
     base: Box<[u8; BLOCK]>,
-    lookups: Vec<Option<ChunkHash>>,
+    lookups: Vec<Option<ChunkRef>>,
+    /// The sub-batch's edits in item order: a hole, or the n-th new chunk.
+    sets: Vec<(u64, Option<usize>)>,
+    refs: Vec<ChunkRef>,
     stage: CommitStage<'s>,
     pub work: CompactStats,
     /// The covered seq of the last batch handed on.
@@ -64,6 +68,8 @@ impl<'s> Inserter<'s> {
             lease,
             base: Box::new([0u8; BLOCK]),
             lookups: Vec::new(),
+            sets: Vec::new(),
+            refs: Vec::new(),
             stage,
             work: CompactStats { bytes_initialized: BLOCK as u64, ..CompactStats::default() },
             covered: state.manifest.covered(),
@@ -82,8 +88,8 @@ impl<'s> Inserter<'s> {
         if self.pin.is_none() {
             self.pin = Some(self.chunks.pin());
         }
-        let edit = self.edit.get_or_insert_with(|| manifest.begin());
         self.merged.clear();
+        self.sets.clear();
         // (hash, where): Some(at) in the sub-batch, None: in `merged` (in order).
         let mut new: Vec<(ChunkHash, Option<At>)> = Vec::with_capacity(sb.items.len());
         for item in &sb.items {
@@ -97,21 +103,21 @@ impl<'s> Inserter<'s> {
                         manifest.lookup_range(block, &mut self.lookups)?;
                         for (i, old) in self.lookups.iter().enumerate() {
                             if old.is_some() {
-                                edit.set(block + i as u64, None);
+                                self.sets.push((block + i as u64, None));
                             }
                         }
                         done += n;
                     }
                 }
                 Item::Chunk { block, hash, at } => {
-                    edit.set(block, Some(hash));
+                    self.sets.push((block, Some(new.len())));
                     new.push((hash, Some(at)));
                 }
                 Item::Partial { block, mask, at } => {
                     let old = manifest.lookup(block)?;
                     match old {
-                        Some(h) => {
-                            self.chunks.read(&h, &mut self.base[..])?;
+                        Some(r) => {
+                            self.chunks.read_ref(&r, &mut self.base[..])?;
                             self.work.background_reads += 1;
                             self.work.background_read_bytes += BLOCK as u64;
                         }
@@ -128,7 +134,7 @@ impl<'s> Inserter<'s> {
                     }
                     if is_zero_block(&self.base[..]) {
                         if old.is_some() {
-                            edit.set(block, None);
+                            self.sets.push((block, None));
                         }
                         self.work.blocks_holes += 1;
                         continue;
@@ -137,7 +143,7 @@ impl<'s> Inserter<'s> {
                     let hash = ChunkHash::of(&self.base[..]);
                     self.work.hash_ns += th.elapsed().as_nanos() as u64;
                     self.merged.extend(&self.base[..], &mut self.lease, &mut self.work.bytes_initialized)?;
-                    edit.set(block, Some(hash));
+                    self.sets.push((block, Some(new.len())));
                     new.push((hash, None));
                     self.work.blocks_mapped += 1;
                 }
@@ -156,10 +162,14 @@ impl<'s> Inserter<'s> {
                 })
                 .collect();
             let pin = self.pin.as_ref().expect("pinned above");
-            let st = self.chunks.insert_missing(pin, &list)?;
+            let st = self.chunks.insert_located(pin, &list, &mut self.refs)?;
             self.work.chunks_new += st.new_chunks;
             self.work.chunks_dup += st.dup_chunks;
             self.work.chunk_bytes_written += st.bytes_written;
+        }
+        let edit = self.edit.get_or_insert_with(|| manifest.begin());
+        for &(block, new) in &self.sets {
+            edit.set(block, new.map(|n| self.refs[n]));
         }
         self.work.insert_ns += t.elapsed().as_nanos() as u64;
         Ok(Flow::Continue)

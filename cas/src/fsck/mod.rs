@@ -270,11 +270,17 @@ fn check_image(
 fn count_references(m: &Manifest, name: &str, index: &mut IndexCheck, report: &mut FsckReport) {
     let path = m.path().to_path_buf();
     let mut missing = Vec::new();
+    let mut wrong_crc = Vec::new();
     let mut damaged = Vec::new();
     let counts = m.check_tree(
-        &mut |block, hash| match index.find(hash) {
-            Some(e) => e.refs = e.refs.saturating_add(1),
-            None => missing.push((block, *hash)),
+        &mut |block, r| match index.find(&r.tag) {
+            Some(e) => {
+                e.refs = e.refs.saturating_add(1);
+                if r.at.is_some_and(|at| at.crc != e.crc) {
+                    wrong_crc.push((block, *r, e.crc));
+                }
+            }
+            None => missing.push((block, r.tag)),
         },
         &mut |e, first, span| {
             damaged.push((Finding::from_error("manifest-page", Some(name), &path, e), first, span))
@@ -286,13 +292,24 @@ fn count_references(m: &Manifest, name: &str, index: &mut IndexCheck, report: &m
         f.detail += &format!(" (blocks {first}..{} are unreadable)", u128::from(first) + span);
         report.problem(f);
     }
-    for (block, hash) in missing {
+    for (block, tag) in missing {
         let detail = format!(
-            "block {block} (byte {}) maps chunk {}, which the chunk index does not have",
+            "block {block} (byte {}) maps chunk {tag}, which the chunk index does not have",
             block * BLOCK_BYTES,
-            hash
         );
         report.problem(Finding::new("missing-chunk", Some(name), &path, detail));
+    }
+    for (block, r, crc) in wrong_crc {
+        let at = r.at.expect("only located refs disagree");
+        let detail = format!(
+            "block {block} (byte {}) maps chunk {} at pack {} slot {} with crc32c {:#010x}; the chunk index says {crc:#010x}",
+            block * BLOCK_BYTES,
+            r.tag,
+            at.pack,
+            at.slot,
+            at.crc
+        );
+        report.problem(Finding::new("ref-checksum", Some(name), &path, detail));
     }
     let stats = m.stats();
     if counts.damaged_pages == 0
@@ -311,8 +328,8 @@ fn name_damaged_blocks(m: &Manifest, name: &str, index: &mut IndexCheck, report:
     let path = m.path().to_path_buf();
     let mut found = Vec::new();
     m.check_tree(
-        &mut |block, hash| {
-            if let Some(e) = index.find(hash) {
+        &mut |block, r| {
+            if let Some(e) = index.find(&r.tag) {
                 if matches!(e.state, ChunkState::Damaged | ChunkState::Lost) {
                     found.push((block, *e));
                 }

@@ -37,7 +37,7 @@
 //!
 //! [`ChunkPin`]: crate::chunk::ChunkPin
 
-use crate::chunk::{lock, ChunkHash, ChunkStore};
+use crate::chunk::{lock, ChunkStore, ChunkTag};
 use crate::error::Result;
 use crate::manifest::Manifest;
 use std::time::Duration;
@@ -99,11 +99,11 @@ pub fn run(chunks: &ChunkStore, manifests: &[&Manifest], opts: &GcOptions) -> Re
     let mut report = GcReport { epoch, manifests: manifests.len() as u64, ..GcReport::default() };
 
     // Mark. Any error returns before the sweep.
-    let mut batch: Vec<ChunkHash> = Vec::with_capacity(opts.mark_batch.clamp(1, 1 << 16));
+    let mut batch: Vec<ChunkTag> = Vec::with_capacity(opts.mark_batch.clamp(1, 1 << 16));
     for m in manifests {
         for item in m.iter() {
-            let (_, hash) = item?;
-            batch.push(hash);
+            let (_, r) = item?;
+            batch.push(r.tag);
             if batch.len() == batch.capacity() {
                 report.missing_references += chunks.gc_mark(epoch, &batch);
                 report.references += batch.len() as u64;

@@ -7,23 +7,23 @@
 
 use crate::error::Result;
 
-pub use crate::units::{ChunkHash, BLOCK_BYTES};
+pub use crate::units::{ChunkHash, ChunkRef, BLOCK_BYTES};
 
-/// Compacted data of one image: block -> chunk hash, and the chunk bytes.
+/// Compacted data of one image: block -> chunk ref, and the chunk bytes.
 pub trait ManifestView: Send + Sync {
     /// The chunk holding `block` (image offset / 4096), or None for a hole.
-    fn lookup(&self, block: u64) -> Result<Option<ChunkHash>>;
+    fn lookup(&self, block: u64) -> Result<Option<ChunkRef>>;
     /// Looks up `out.len()` consecutive blocks from `first_block`, all from
     /// one view of the data. The default asks [`ManifestView::lookup`] per
     /// block; a tree overrides it with one walk per leaf.
-    fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkHash>]) -> Result<()> {
+    fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkRef>]) -> Result<()> {
         for (i, o) in out.iter_mut().enumerate() {
             *o = self.lookup(first_block + i as u64)?;
         }
         Ok(())
     }
-    /// Reads the 4096 bytes of chunk `hash` into `out` (`out.len()` is 4096).
-    fn read_chunk(&self, hash: &ChunkHash, out: &mut [u8]) -> Result<()>;
+    /// Reads the 4096 bytes of chunk `r` into `out` (`out.len()` is 4096).
+    fn read_chunk(&self, r: &ChunkRef, out: &mut [u8]) -> Result<()>;
 }
 
 /// A manifest with no blocks: everything outside the overlay reads as zeros.
@@ -31,11 +31,11 @@ pub trait ManifestView: Send + Sync {
 pub struct EmptyManifest;
 
 impl ManifestView for EmptyManifest {
-    fn lookup(&self, _block: u64) -> Result<Option<ChunkHash>> {
+    fn lookup(&self, _block: u64) -> Result<Option<ChunkRef>> {
         Ok(None)
     }
 
-    fn read_chunk(&self, hash: &ChunkHash, _out: &mut [u8]) -> Result<()> {
-        Err(crate::Error::NotFound(format!("chunk {hash} in an empty manifest")))
+    fn read_chunk(&self, r: &ChunkRef, _out: &mut [u8]) -> Result<()> {
+        Err(crate::Error::NotFound(format!("chunk {} in an empty manifest", r.tag)))
     }
 }

@@ -35,7 +35,7 @@ pub mod stats;
 pub mod writeback;
 
 pub use capacity::{CapacityListener, LogReservation, CAPACITY_RETRY_MS};
-pub use manifest_view::{ChunkHash, EmptyManifest, ManifestView, BLOCK_BYTES};
+pub use manifest_view::{ChunkHash, ChunkRef, EmptyManifest, ManifestView, BLOCK_BYTES};
 pub use stats::ImageStats;
 
 use crate::background::BackgroundCpu;
@@ -631,29 +631,29 @@ impl Image {
         }
         let manifest = read_lock(&self.manifest).clone();
         let last_block = (offset_bytes + out.len() as u64 - 1) / BLOCK_BYTES;
-        let mut hashes = [None; LOOKUP_WINDOW_BLOCKS];
+        let mut refs = [None; LOOKUP_WINDOW_BLOCKS];
         let mut done = 0usize;
         while done < out.len() {
             let first_block = (offset_bytes + done as u64) / BLOCK_BYTES;
             let window_blocks = ((last_block - first_block + 1) as usize).min(LOOKUP_WINDOW_BLOCKS);
-            let window = &mut hashes[..window_blocks];
+            let window = &mut refs[..window_blocks];
             observe::io(IoSource::Manifest, || manifest.lookup_range(first_block, window))?;
-            for (block, hash) in (first_block..).zip(window.iter()) {
+            for (block, r) in (first_block..).zip(window.iter()) {
                 let in_block = ((offset_bytes + done as u64) % BLOCK_BYTES) as usize;
                 let n = (BLOCK_BYTES as usize - in_block).min(out.len() - done);
                 let dst = &mut out[done..done + n];
-                match hash {
+                match r {
                     None => {
                         dst.fill(0);
                         tally.hole += n as u64;
                     }
-                    Some(hash) if n == BLOCK_BYTES as usize => {
+                    Some(r) if n == BLOCK_BYTES as usize => {
                         // A whole block: straight into the caller's buffer.
-                        tally.count(self.read_block(&manifest, block, *hash, dst)?, n);
+                        tally.count(self.read_block(&manifest, block, *r, dst)?, n);
                     }
-                    Some(hash) => {
+                    Some(r) => {
                         let mut scratch = [0u8; BLOCK_BYTES as usize];
-                        let found = self.read_block(&manifest, block, *hash, &mut scratch)?;
+                        let found = self.read_block(&manifest, block, *r, &mut scratch)?;
                         dst.copy_from_slice(&scratch[in_block..in_block + n]);
                         tally.count(found, n);
                     }
@@ -664,7 +664,7 @@ impl Image {
         Ok(())
     }
 
-    /// Reads block `block`'s 4096 bytes, which `view` maps to `hash`, into
+    /// Reads block `block`'s 4096 bytes, which `view` maps to `r`, into
     /// `out`. The lookup and the read are not atomic: a compaction commit
     /// may remap the block in between (a partial write merged into a new
     /// chunk; the sectors this read wants are the same in both) and a GC
@@ -678,22 +678,22 @@ impl Image {
         &self,
         view: &Arc<dyn ManifestView>,
         block: u64,
-        hash: ChunkHash,
+        r: ChunkRef,
         out: &mut [u8],
     ) -> Result<Found> {
-        let (mut view, mut hash) = (view.clone(), hash);
+        let (mut view, mut r) = (view.clone(), r);
         // Set once the newest view still maps the block to the missing
         // chunk: a chunk swept and inserted again (content-addressed, so a
         // block can go C1 -> C2 -> C1) is read once more, then it is damage.
         let mut still_mapped = false;
         for _ in 0..REMAPPED_READ_TRIES {
-            match view.read_chunk(&hash, out) {
+            match view.read_chunk(&r, out) {
                 Err(Error::NotFound(what)) => {
                     view = read_lock(&self.manifest).clone();
                     match observe::io(IoSource::Manifest, || view.lookup(block))? {
-                        Some(now) if now == hash && still_mapped => return Err(Error::NotFound(what)),
-                        Some(now) if now == hash => still_mapped = true,
-                        Some(now) => (hash, still_mapped) = (now, false),
+                        Some(now) if now.tag == r.tag && still_mapped => return Err(Error::NotFound(what)),
+                        Some(now) if now.tag == r.tag => (r, still_mapped) = (now, true),
+                        Some(now) => (r, still_mapped) = (now, false),
                         None => {
                             out.fill(0);
                             return Ok(Found::Hole);

@@ -4,7 +4,7 @@
 //! what it saw, so the counts can be held against the root record.
 
 use super::page::{self, Body, ChildRef};
-use super::{ChunkHash, Manifest, Snapshot};
+use super::{ChunkRef, Manifest, Snapshot};
 use crate::error::Error;
 
 /// What a walk of the committed tree saw.
@@ -25,7 +25,7 @@ impl Manifest {
     /// every page that does not read or decode, whose subtree is skipped.
     pub fn check_tree(
         &self,
-        each: &mut dyn FnMut(u64, &ChunkHash),
+        each: &mut dyn FnMut(u64, &ChunkRef),
         damaged: &mut dyn FnMut(&Error, u64, u128),
     ) -> TreeCounts {
         let snap = self.snapshot();
@@ -43,7 +43,7 @@ fn walk(
     ptr: ChildRef,
     level: u8,
     first_block: u64,
-    each: &mut dyn FnMut(u64, &ChunkHash),
+    each: &mut dyn FnMut(u64, &ChunkRef),
     damaged: &mut dyn FnMut(&Error, u64, u128),
     counts: &mut TreeCounts,
 ) {

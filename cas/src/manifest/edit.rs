@@ -1,6 +1,6 @@
 //! Edit batches and the commit that turns them into new pages.
 //!
-//! A [`ManifestEdit`] records `(entry, hash)` pairs per leaf, in the order
+//! A [`ManifestEdit`] records `(entry, ref)` pairs per leaf, in the order
 //! given, growing as edits arrive; no page is read until commit. `commit`
 //! walks the current tree top-down once, along the paths to dirty leaves
 //! only: each old page on those paths is read once, each dirty leaf gets
@@ -17,7 +17,7 @@
 use super::file::{self, Failure, PageSink};
 use super::page::{self, Body, ChildRef, InteriorBody, LeafBody, Page, FANOUT, LEAF_ENTRIES, PAGE_BYTES};
 use super::root::{RootRecord, FIRST_TREE_PAGE};
-use super::{lock, ChunkHash, Manifest, Snapshot};
+use super::{lock, ChunkRef, Manifest, Snapshot};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -41,8 +41,8 @@ impl Hasher for LeafHasher {
     }
 }
 
-type Edits = Vec<(u8, Option<ChunkHash>)>;
-const EDIT_BYTES: u64 = std::mem::size_of::<(u8, Option<ChunkHash>)>() as u64;
+type Edits = Vec<(u8, Option<ChunkRef>)>;
+const EDIT_BYTES: u64 = std::mem::size_of::<(u8, Option<ChunkRef>)>() as u64;
 
 /// What a commit did: the work counters behind the compaction benchmark.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -98,31 +98,31 @@ impl<'m> ManifestEdit<'m> {
         &mut self.leaves[i].1
     }
 
-    /// Maps `block` to `hash` (None: make it a hole). Later sets of the
+    /// Maps `block` to `r` (None: make it a hole). Later sets of the
     /// same block in the batch win.
-    pub fn set(&mut self, block: u64, hash: Option<ChunkHash>) {
+    pub fn set(&mut self, block: u64, r: Option<ChunkRef>) {
         let leaf = block / LEAF_ENTRIES as u64;
         let entry = (block % LEAF_ENTRIES as u64) as u8;
-        self.leaf_edits(leaf).push((entry, hash));
+        self.leaf_edits(leaf).push((entry, r));
         self.sets += 1;
     }
 
-    /// Sets `hashes.len()` consecutive blocks from `first_block`, one leaf
+    /// Sets `refs.len()` consecutive blocks from `first_block`, one leaf
     /// lookup per leaf.
-    pub fn set_range(&mut self, first_block: u64, hashes: &[Option<ChunkHash>]) -> Result<()> {
-        if first_block.checked_add((hashes.len() as u64).saturating_sub(1)).is_none() {
+    pub fn set_range(&mut self, first_block: u64, refs: &[Option<ChunkRef>]) -> Result<()> {
+        if first_block.checked_add((refs.len() as u64).saturating_sub(1)).is_none() {
             return Err(Error::InvalidArgument("block range overflows u64".into()));
         }
         let mut i = 0;
-        while i < hashes.len() {
+        while i < refs.len() {
             let block = first_block + i as u64;
             let entry = (block % LEAF_ENTRIES as u64) as usize;
-            let n = (LEAF_ENTRIES - entry).min(hashes.len() - i);
+            let n = (LEAF_ENTRIES - entry).min(refs.len() - i);
             let edits = self.leaf_edits(block / LEAF_ENTRIES as u64);
-            edits.extend(hashes[i..i + n].iter().enumerate().map(|(j, h)| ((entry + j) as u8, *h)));
+            edits.extend(refs[i..i + n].iter().enumerate().map(|(j, h)| ((entry + j) as u8, *h)));
             i += n;
         }
-        self.sets += hashes.len() as u64;
+        self.sets += refs.len() as u64;
         Ok(())
     }
 
@@ -363,8 +363,8 @@ impl Builder<'_> {
                 None => LeafBody::default(),
             };
             self.stats.bytes_initialized += std::mem::size_of::<LeafBody>() as u64;
-            for &(entry, hash) in edits {
-                body.set(usize::from(entry), hash);
+            for &(entry, r) in edits {
+                body.set(usize::from(entry), r);
             }
             let old_count = match old_page.as_deref() {
                 Some(Page { body: Body::Leaf(l), .. }) => {

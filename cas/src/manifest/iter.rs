@@ -1,4 +1,4 @@
-//! Iteration over every mapped `(block, hash)` of one committed tree.
+//! Iteration over every mapped `(block, chunk ref)` of one committed tree.
 //!
 //! Depth-first, in block order, holding one page per level (at most 8),
 //! so memory stays bounded whatever the manifest's size. Pages are read
@@ -7,7 +7,7 @@
 //! commits made meanwhile are not seen.
 
 use super::page::{self, Body, LeafBody};
-use super::{ChunkHash, Snapshot};
+use super::{ChunkRef, Snapshot};
 use crate::error::Result;
 use std::sync::Arc;
 
@@ -34,7 +34,7 @@ impl ManifestIter {
         }
     }
 
-    fn step(&mut self) -> Result<Option<(u64, ChunkHash)>> {
+    fn step(&mut self) -> Result<Option<(u64, ChunkRef)>> {
         if !self.started {
             self.started = true;
             let root = self.snap.root;
@@ -70,7 +70,7 @@ impl ManifestIter {
 }
 
 impl Iterator for ManifestIter {
-    type Item = Result<(u64, ChunkHash)>;
+    type Item = Result<(u64, ChunkRef)>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.failed {

@@ -1,5 +1,6 @@
 //! One image's manifest: a copy-on-write page tree mapping block numbers
-//! (4 KiB blocks, u64) to chunk hashes, `None` meaning a hole.
+//! (4 KiB blocks, u64) to chunk refs (a chunk's tag and where it was
+//! stored), `None` meaning a hole.
 //!
 //! It owns one file (the path the image gives it), laid out as two root
 //! slots followed by tree pages (root.rs, page.rs):
@@ -12,7 +13,7 @@
 //!
 //!              root (slot g % 2): height, covered, root ptr
 //!                  |
-//!            [interior L1] --(page, crc)--> [leaf: 126 hashes]
+//!            [interior L1] --(page, crc)--> [leaf: 126 refs]
 //!                  \------------------------> [leaf] ...
 //! ```
 //!
@@ -53,7 +54,7 @@ mod rewrite;
 mod root;
 mod view;
 
-pub use crate::chunk::ChunkHash;
+pub use crate::chunk::{ChunkHash, ChunkLoc, ChunkRef, ChunkTag};
 pub use check::TreeCounts;
 pub use edit::{CommitStats, ManifestEdit};
 pub use iter::ManifestIter;
@@ -273,7 +274,7 @@ impl Manifest {
     }
 
     /// The chunk mapped at `block` (None: a hole).
-    pub fn lookup(&self, block: u64) -> Result<Option<ChunkHash>> {
+    pub fn lookup(&self, block: u64) -> Result<Option<ChunkRef>> {
         let snap = self.snapshot();
         Ok(match self.leaf_for(&snap, block)? {
             Some(p) => match &p.body {
@@ -286,7 +287,7 @@ impl Manifest {
 
     /// Looks up `out.len()` consecutive blocks from `first_block`, one tree
     /// walk per leaf, all from one snapshot.
-    pub fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkHash>]) -> Result<()> {
+    pub fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkRef>]) -> Result<()> {
         if first_block.checked_add((out.len() as u64).saturating_sub(1)).is_none() {
             return Err(Error::InvalidArgument("block range overflows u64".into()));
         }
@@ -345,7 +346,7 @@ impl Manifest {
         }
     }
 
-    /// Every mapped `(block, hash)` of the committed tree at this moment,
+    /// Every mapped `(block, ref)` of the committed tree at this moment,
     /// in block order (reads pages without filling the cache).
     pub fn iter(&self) -> ManifestIter {
         ManifestIter::new(self.snapshot())

@@ -14,24 +14,36 @@
 //!  | magic    | version | kind | level | count | first_block | generation  | body ... | crc32c @ 4092 |
 //!  "CASMPAGE"   u32       1|2    u8      u16     u64           u64 (writer)             of bytes 0..4092
 //!
-//! leaf body (kind 1, level 0):           interior body (kind 2, level 1..=7):
-//!  32           48                        32
-//!  | present    | 126 x hash [u8; 32]    | 338 x child { page u64, crc32c u32 }  (page 0 = no child)
-//!    u128 bitmap  (absent: zero bytes)    ends at 4088
+//! leaf body (kind 1, level 0):                interior body (kind 2, level 1..=7):
+//!  32           48                             32
+//!  | present    | 126 x entry [u8; 32]        | 338 x child { page u64, crc32c u32 }  (page 0 = no child)
+//!    u128 bitmap  (absent: zero bytes)         ends at 4088
 //!  ends at 4080
+//!
+//! leaf entry, version 2 (a ChunkRef):          version 1 (written before stage 1 of
+//!  0            20        24        28    32    the on-disk index):
+//!  | tag [u8;20]| pack u32| slot u32| crc |      | blake3 hash [u8; 32] |
+//!  unlocated: pack, slot and crc are 0
 //! ```
 //!
 //! Bytes between the end of the body and the crc are zero. `count` is the
 //! number of present entries (leaf) or children (interior); `generation`
 //! is the commit that wrote the page, never above the root's.
+//!
+//! Versions: every page is written as version 2. Version 1 pages still
+//! decode: a v1 leaf's entries read as unlocated refs (the hash's first 20
+//! bytes), and a v1 leaf that a commit edits is written back as v2 (its
+//! untouched entries unlocated). Interior pages are the same in both.
 
-use crate::chunk::ChunkHash;
+use crate::chunk::{ChunkHash, ChunkRef, ChunkTag};
 use crate::error::{Error, Result};
 use crate::format;
 use std::path::Path;
 
 pub const PAGE_BYTES: usize = 4096;
-pub const PAGE_VERSION: u32 = 1;
+pub const PAGE_VERSION: u32 = 2;
+/// Leaves written before locations: each entry is a whole blake3 hash.
+const VERSION_HASH_LEAVES: u32 = 1;
 /// Blocks mapped by one leaf.
 pub const LEAF_ENTRIES: usize = 126;
 /// Children of one interior page.
@@ -52,16 +64,18 @@ const OFF_FIRST_BLOCK: usize = OFF_COUNT + 2;
 const OFF_GENERATION: usize = OFF_FIRST_BLOCK + 8;
 const OFF_BODY: usize = OFF_GENERATION + 8;
 const OFF_PRESENT: usize = OFF_BODY;
-const OFF_HASHES: usize = OFF_PRESENT + 16;
-const LEAF_END: usize = OFF_HASHES + LEAF_ENTRIES * ChunkHash::BYTES;
+const OFF_ENTRIES: usize = OFF_PRESENT + 16;
+const ENTRY_BYTES: usize = ChunkRef::BYTES;
+const LEAF_END: usize = OFF_ENTRIES + LEAF_ENTRIES * ENTRY_BYTES;
 const CHILD_BYTES: usize = 8 + 4;
 /// What an absent leaf entry holds: zero bytes.
-const ABSENT: ChunkHash = ChunkHash::from_bytes([0; ChunkHash::BYTES]);
+const ABSENT: [u8; ENTRY_BYTES] = [0; ENTRY_BYTES];
 const INTERIOR_END: usize = OFF_BODY + FANOUT * CHILD_BYTES;
 const OFF_CRC: usize = PAGE_BYTES - 4;
 
 const _: () = assert!(LEAF_END <= OFF_CRC && INTERIOR_END <= OFF_CRC);
 const _: () = assert!(LEAF_ENTRIES <= 128, "the present bitmap is a u128");
+const _: () = assert!(ChunkHash::BYTES == ENTRY_BYTES, "v1 and v2 entries have one size");
 
 /// Blocks covered by one page at `level`: 126 * 338^level (u128: level 7
 /// exceeds u64).
@@ -90,33 +104,51 @@ impl ChildRef {
     }
 }
 
-/// Entries of a leaf.
+/// Entries of a leaf, kept as stored so a page decodes and encodes back to
+/// the same bytes whatever its version.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeafBody {
     pub present: u128,
-    pub hashes: [ChunkHash; LEAF_ENTRIES],
+    entries: [[u8; ENTRY_BYTES]; LEAF_ENTRIES],
+    version: u32,
 }
 
 impl Default for LeafBody {
     fn default() -> Self {
-        LeafBody { present: 0, hashes: [ABSENT; LEAF_ENTRIES] }
+        LeafBody { present: 0, entries: [ABSENT; LEAF_ENTRIES], version: PAGE_VERSION }
     }
 }
 
 impl LeafBody {
-    pub fn get(&self, i: usize) -> Option<ChunkHash> {
-        (self.present >> i & 1 == 1).then(|| self.hashes[i])
+    pub fn get(&self, i: usize) -> Option<ChunkRef> {
+        if self.present >> i & 1 == 0 {
+            return None;
+        }
+        let e = &self.entries[i];
+        if self.version == VERSION_HASH_LEAVES {
+            let tag = ChunkTag::from_bytes(e[..ChunkTag::BYTES].try_into().expect("20 bytes"));
+            return Some(ChunkRef { tag, at: None });
+        }
+        // Checked canonical when decoded or set.
+        ChunkRef::decode(e)
     }
 
-    pub fn set(&mut self, i: usize, hash: Option<ChunkHash>) {
-        match hash {
-            Some(h) => {
+    pub fn set(&mut self, i: usize, r: Option<ChunkRef>) {
+        if self.version == VERSION_HASH_LEAVES {
+            // A v1 leaf becomes v2: each hash keeps the tag it starts with.
+            for e in self.entries.iter_mut() {
+                e[ChunkTag::BYTES..].fill(0);
+            }
+            self.version = PAGE_VERSION;
+        }
+        match r {
+            Some(r) => {
                 self.present |= 1 << i;
-                self.hashes[i] = h;
+                self.entries[i] = r.encode();
             }
             None => {
                 self.present &= !(1 << i);
-                self.hashes[i] = ABSENT;
+                self.entries[i] = ABSENT;
             }
         }
     }
@@ -124,17 +156,35 @@ impl LeafBody {
     pub fn count(&self) -> u32 {
         self.present.count_ones()
     }
+
+    /// The page version the leaf encodes as (1 only for an unedited v1 leaf).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Sets entry `i` of a version 1 leaf to `hash` (tests of the v1 upgrade).
+    #[doc(hidden)]
+    pub fn v1_with(entries: &[(usize, ChunkHash)]) -> LeafBody {
+        let mut l = LeafBody { version: VERSION_HASH_LEAVES, ..LeafBody::default() };
+        for &(i, h) in entries {
+            l.present |= 1 << i;
+            l.entries[i] = *h.as_bytes();
+        }
+        l
+    }
 }
 
-/// Children of an interior page.
+/// Children of an interior page (the same in every version; the one it
+/// was read as is kept, so it encodes back to the same bytes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InteriorBody {
     pub children: [ChildRef; FANOUT],
+    version: u32,
 }
 
 impl Default for InteriorBody {
     fn default() -> Self {
-        InteriorBody { children: [ChildRef::NONE; FANOUT] }
+        InteriorBody { children: [ChildRef::NONE; FANOUT], version: PAGE_VERSION }
     }
 }
 
@@ -178,12 +228,12 @@ pub struct Expect {
 /// Encodes a page into `out` (appends exactly 4096 bytes); returns its crc.
 pub fn encode(level: u8, first_block: u64, generation: u64, body: &Body, out: &mut Vec<u8>) -> u32 {
     let start = out.len();
-    let (kind, count) = match body {
-        Body::Leaf(l) => (KIND_LEAF, l.count()),
-        Body::Interior(i) => (KIND_INTERIOR, i.count()),
+    let (kind, count, version) = match body {
+        Body::Leaf(l) => (KIND_LEAF, l.count(), l.version),
+        Body::Interior(i) => (KIND_INTERIOR, i.count(), i.version),
     };
     out.extend_from_slice(&PAGE_MAGIC);
-    out.extend_from_slice(&PAGE_VERSION.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     out.push(kind);
     out.push(level);
     out.extend_from_slice(&(count as u16).to_le_bytes());
@@ -192,8 +242,8 @@ pub fn encode(level: u8, first_block: u64, generation: u64, body: &Body, out: &m
     match body {
         Body::Leaf(l) => {
             out.extend_from_slice(&l.present.to_le_bytes());
-            for h in &l.hashes {
-                out.extend_from_slice(h.as_bytes());
+            for e in &l.entries {
+                out.extend_from_slice(e);
             }
         }
         Body::Interior(i) => {
@@ -233,7 +283,8 @@ pub fn decode(buf: &[u8], expect: Option<Expect>, path: &Path, offset: u64) -> R
     if actual != crc {
         return Err(Error::ChecksumMismatch { path: path.to_path_buf(), offset, expected: crc, actual });
     }
-    format::check_version("manifest page", le_u32(buf, OFF_VERSION), PAGE_VERSION)?;
+    let version = le_u32(buf, OFF_VERSION);
+    format::check_version("manifest page", version, PAGE_VERSION)?;
     let kind = buf[OFF_KIND];
     let level = buf[OFF_LEVEL];
     let count = u32::from(u16::from_le_bytes([buf[OFF_COUNT], buf[OFF_COUNT + 1]]));
@@ -271,22 +322,27 @@ pub fn decode(buf: &[u8], expect: Option<Expect>, path: &Path, offset: u64) -> R
     }
     let body = if kind == KIND_LEAF {
         let mut leaf = LeafBody {
-            present: u128::from_le_bytes(buf[OFF_PRESENT..OFF_HASHES].try_into().expect("16 bytes")),
+            present: u128::from_le_bytes(buf[OFF_PRESENT..OFF_ENTRIES].try_into().expect("16 bytes")),
+            version,
             ..LeafBody::default()
         };
         if leaf.present >> LEAF_ENTRIES != 0 {
             return Err(corrupt("leaf present bits beyond its entries".into()));
         }
-        for (i, h) in leaf.hashes.iter_mut().enumerate() {
-            let at = OFF_HASHES + i * ChunkHash::BYTES;
-            *h = ChunkHash::from_bytes(buf[at..at + ChunkHash::BYTES].try_into().expect("a hash's bytes"));
-            if leaf.present >> i & 1 == 0 && *h != ABSENT {
-                return Err(corrupt(format!("absent leaf entry {i} is not zeroed")));
+        for (i, e) in leaf.entries.iter_mut().enumerate() {
+            let at = OFF_ENTRIES + i * ENTRY_BYTES;
+            *e = buf[at..at + ENTRY_BYTES].try_into().expect("an entry's bytes");
+            if leaf.present >> i & 1 == 0 {
+                if *e != ABSENT {
+                    return Err(corrupt(format!("absent leaf entry {i} is not zeroed")));
+                }
+            } else if version != VERSION_HASH_LEAVES && ChunkRef::decode(e).is_none() {
+                return Err(corrupt(format!("leaf entry {i} has a slot or crc but no pack")));
             }
         }
         Body::Leaf(leaf)
     } else {
-        let mut node = InteriorBody::default();
+        let mut node = InteriorBody { version, ..InteriorBody::default() };
         let child_span = span_blocks(level - 1);
         for (i, c) in node.children.iter_mut().enumerate() {
             let at = OFF_BODY + i * CHILD_BYTES;
@@ -336,8 +392,9 @@ mod tests {
 
     fn leaf() -> Page {
         let mut l = LeafBody::default();
-        l.set(0, Some(ChunkHash::from_bytes([1; 32])));
-        l.set(125, Some(ChunkHash::from_bytes([2; 32])));
+        l.set(0, Some(ChunkHash::from_bytes([1; 32]).into()));
+        let at = Some(crate::chunk::ChunkLoc { pack: 3, slot: 4, crc: 5 });
+        l.set(125, Some(ChunkRef { tag: ChunkHash::from_bytes([2; 32]).tag(), at }));
         Page { level: 0, first_block: 126 * 5, generation: 3, crc: 0, body: Body::Leaf(l) }
     }
 
@@ -389,6 +446,40 @@ mod tests {
         ));
         let too_new = Expect { level: 0, first_block: 630, crc, file_pages: 100, max_generation: 2 };
         assert!(decode(&out, Some(too_new), Path::new("m"), 0).is_err());
+    }
+
+    #[test]
+    fn v1_leaves_read_as_unlocated_refs_and_become_v2_when_edited() {
+        let (a, b) = (ChunkHash::of(b"a"), ChunkHash::of(b"b"));
+        let v1 = LeafBody::v1_with(&[(0, a), (7, b)]);
+        let p = Page { level: 0, first_block: 0, generation: 1, crc: 0, body: Body::Leaf(v1) };
+        let mut out = Vec::new();
+        encode(p.level, p.first_block, p.generation, &p.body, &mut out);
+        assert_eq!(le_u32(&out, OFF_VERSION), 1);
+        assert_eq!(&out[OFF_ENTRIES..OFF_ENTRIES + 32], a.as_bytes(), "a v1 entry is the whole hash");
+        let got = decode(&out, None, Path::new("m"), 0).unwrap();
+        assert_eq!(fuzz_encode_page(&got), out, "a v1 page encodes back to its own bytes");
+        let Body::Leaf(mut l) = got.body else { panic!("a leaf") };
+        assert_eq!(l.get(7), Some(ChunkRef::unlocated(&b)));
+        l.set(1, Some(ChunkRef::unlocated(&b)));
+        assert_eq!(l.version(), PAGE_VERSION);
+        assert_eq!((l.get(0), l.get(7)), (Some(a.into()), Some(b.into())));
+        let mut out = Vec::new();
+        encode(0, 0, 1, &Body::Leaf(l.clone()), &mut out);
+        assert_eq!(decode(&out, None, Path::new("m"), 0).unwrap().body, Body::Leaf(l));
+    }
+
+    #[test]
+    fn an_unlocated_entry_with_a_slot_is_refused() {
+        let mut l = LeafBody::default();
+        l.set(3, Some(ChunkHash::of(b"c").into()));
+        let mut out = Vec::new();
+        encode(0, 0, 1, &Body::Leaf(l), &mut out);
+        out[OFF_ENTRIES + 3 * 32 + 24] = 1;
+        let crc = format::crc32c(&out[..OFF_CRC]);
+        out[OFF_CRC..].copy_from_slice(&crc.to_le_bytes());
+        let e = decode(&out, None, Path::new("m"), 0).unwrap_err();
+        assert!(e.to_string().contains("no pack"), "{e}");
     }
 
     #[test]

@@ -1,11 +1,14 @@
 use super::*;
 use crate::storage::{CrashMode, MemStorage};
 
-fn h(i: u64) -> ChunkHash {
+/// A located ref (odd `i`) or an unlocated one (even): leaves hold both.
+fn h(i: u64) -> ChunkRef {
     let mut x = [0u8; ChunkHash::BYTES];
     x[..8].copy_from_slice(&i.to_le_bytes());
-    x[31] = 0xaa;
-    ChunkHash::from_bytes(x)
+    x[19] = 0xaa;
+    let tag = ChunkHash::from_bytes(x).tag();
+    let at = (i % 2 == 1).then_some(ChunkLoc { pack: i as u32 | 1, slot: i as u32, crc: !(i as u32) });
+    ChunkRef { tag, at }
 }
 
 fn open(s: &MemStorage) -> Manifest {
@@ -52,7 +55,7 @@ fn sequential_commit_writes_each_dirty_page_once() {
     let s = setup();
     let m = open(&s);
     let mut e = m.begin();
-    let hashes: Vec<Option<ChunkHash>> = (0..1000).map(|i| Some(h(i))).collect();
+    let hashes: Vec<Option<ChunkRef>> = (0..1000).map(|i| Some(h(i))).collect();
     e.set_range(0, &hashes).unwrap();
     // Superseded edits in the same batch are never written.
     for i in 0..1000 {

@@ -3,7 +3,7 @@
 //! through for every block its log overlay does not hold.
 
 use super::Manifest;
-use crate::chunk::{ChunkHash, ChunkStore};
+use crate::chunk::{ChunkRef, ChunkStore};
 use crate::error::Result;
 use crate::image::ManifestView;
 use std::sync::Arc;
@@ -16,23 +16,23 @@ pub struct CompactedView {
 }
 
 impl ManifestView for CompactedView {
-    fn lookup(&self, block: u64) -> Result<Option<ChunkHash>> {
+    fn lookup(&self, block: u64) -> Result<Option<ChunkRef>> {
         self.manifest.lookup(block)
     }
 
-    fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkHash>]) -> Result<()> {
+    fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkRef>]) -> Result<()> {
         self.manifest.lookup_range(first_block, out)
     }
 
-    fn read_chunk(&self, hash: &ChunkHash, out: &mut [u8]) -> Result<()> {
-        self.chunks.read(hash, out)
+    fn read_chunk(&self, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
+        self.chunks.read_ref(r, out)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chunk::ChunkStoreOptions;
+    use crate::chunk::{ChunkHash, ChunkStoreOptions};
     use crate::manifest::ManifestOptions;
     use crate::storage::{MemStorage, Storage};
     use crate::units::BLOCK_BYTES;
@@ -53,7 +53,7 @@ mod tests {
         chunks.insert_missing(&pin, &[(h, &data)]).unwrap();
         chunks.sync().unwrap();
         let mut e = manifest.begin();
-        e.set(3, Some(h));
+        e.set(3, Some(h.into()));
         e.commit(1).unwrap();
         drop(pin);
         let view: Arc<dyn ManifestView> = Arc::new(CompactedView { manifest, chunks });

@@ -7,7 +7,7 @@
 //!  STORE                                IMAGE
 //!  off size field                       off size field
 //!    0    8 magic "CASSTORE"              0    8 magic "CASIMAGE"
-//!    8    4 version u32 LE (1 or 2)       8    4 version u32 LE (1 or 2)
+//!    8    4 version u32 LE (1 to 3)       8    4 version u32 LE (1 or 2)
 //!   12    4 reserved 0                   12    4 reserved 0
 //!   16    4 crc32c of [0,16)             16    8 size_bytes u64 LE
 //!                                        24    8 log_id u64 LE
@@ -22,9 +22,12 @@
 //!
 //! The checksum is verified first (a trailer over whatever length the file
 //! has), then the magic, then the version: newer versions are refused.
-//! A plain image is still written as version 1; the first snapshot or clone
-//! moves `STORE` to version 2, so a casblk from before snapshots refuses
-//! the whole store ("upgrade casblk") instead of misreading it.
+//! A plain image is still written as version 1. `STORE` versions: 2 may
+//! hold snapshots and clones; 3 may hold manifest leaves with chunk
+//! locations (page version 2) and a chunk index journal of version 2.
+//! Opening a store for writing moves `STORE` to the newest version first,
+//! so a casblk from before any of these refuses the whole store ("upgrade
+//! casblk") instead of misreading it.
 
 use crate::error::{Error, Result};
 use crate::format::{check_version, unseal, Decoder, Encoder};
@@ -32,8 +35,10 @@ use crate::storage::{OpenMode, Storage};
 use std::path::Path;
 
 pub const STORE_MAGIC: [u8; 8] = *b"CASSTORE";
-/// 2: the store may hold snapshots and clones (v1 stores are read as is).
-pub const STORE_VERSION: u32 = 2;
+/// 2: snapshots and clones; 3: located manifest leaves and the index
+/// journal's pack id floor (older stores are read as they are, then moved
+/// to this version when opened for writing).
+pub const STORE_VERSION: u32 = 3;
 pub const IMAGE_MAGIC: [u8; 8] = *b"CASIMAGE";
 pub const IMAGE_VERSION: u32 = 2;
 /// Largest metadata file read (they are tens of bytes).
@@ -190,12 +195,12 @@ mod tests {
     use crate::storage::MemStorage;
 
     #[test]
-    fn a_casblk_from_before_snapshots_refuses_a_store_that_has_them() {
+    fn an_older_casblk_refuses_a_newer_store() {
         let s = MemStorage::new();
         let dir = Path::new("/d");
         s.create_dir_all(dir).unwrap();
         write_atomic(&s, dir, "STORE", &encode_store(STORE_VERSION)).unwrap();
-        assert_eq!(read_store(&s, &dir.join("STORE")).unwrap(), 2);
+        assert_eq!(read_store(&s, &dir.join("STORE")).unwrap(), 3);
         // What such a casblk runs: the same check with 1 as the newest it reads.
         let body = read_sealed(&s, &dir.join("STORE")).unwrap();
         let e = check_magic_version(&mut Decoder::new(&body), STORE_MAGIC, 1, "store", dir).unwrap_err();

@@ -87,6 +87,7 @@ impl Store {
         let mut at = 0u64;
         let mut ended = false;
         let mut edit = manifest.begin();
+        let mut refs = Vec::new();
         let mut pending = 0u64;
         while at < size_bytes {
             let want = (size_bytes - at).min(BATCH_BYTES as u64) as usize;
@@ -103,7 +104,7 @@ impl Store {
             buf[got..want].fill(0);
             let first_block = at / BLOCK_BYTES;
             let mut items: Vec<(ChunkHash, &[u8])> = Vec::new();
-            let mut blocks: Vec<(u64, ChunkHash)> = Vec::new();
+            let mut blocks: Vec<u64> = Vec::new();
             for (i, block) in buf[..want].chunks(BLOCK_BYTES as usize).enumerate() {
                 if is_zero_block(block) {
                     report.zero_blocks += 1;
@@ -111,14 +112,14 @@ impl Store {
                 }
                 let hash = ChunkHash::of(block);
                 items.push((hash, block));
-                blocks.push((first_block + i as u64, hash));
+                blocks.push(first_block + i as u64);
             }
             if !items.is_empty() {
-                let stats = self.chunks.insert_missing(&pin, &items)?;
+                let stats = self.chunks.insert_located(&pin, &items, &mut refs)?;
                 report.new_chunks += stats.new_chunks;
                 report.dedup_blocks += items.len() as u64 - stats.new_chunks;
-                for (block, hash) in blocks {
-                    edit.set(block, Some(hash));
+                for (&block, r) in blocks.iter().zip(&refs) {
+                    edit.set(block, Some(*r));
                 }
                 pending += want as u64;
             }

@@ -9,7 +9,7 @@
 
 use super::files::ImageKind;
 use super::Store;
-use crate::chunk::ChunkHash;
+use crate::chunk::ChunkTag;
 use crate::error::{Error, Result};
 use crate::units::BLOCK_BYTES;
 use std::collections::HashSet;
@@ -54,16 +54,16 @@ impl Store {
                 self.opts.memory_budget_bytes
             )));
         }
-        let mut mine: HashSet<ChunkHash> = HashSet::with_capacity(mapped as usize);
+        let mut mine: HashSet<ChunkTag> = HashSet::with_capacity(mapped as usize);
         for entry in manifest.iter() {
-            mine.insert(entry?.1);
+            mine.insert(entry?.1.tag);
         }
-        let mut shared: HashSet<ChunkHash> = HashSet::new();
+        let mut shared: HashSet<ChunkTag> = HashSet::new();
         for other in images.iter().filter(|i| i.name != name) {
             for entry in self.manifest(&other.name)?.iter() {
-                let hash = entry?.1;
-                if mine.contains(&hash) {
-                    shared.insert(hash);
+                let tag = entry?.1.tag;
+                if mine.contains(&tag) {
+                    shared.insert(tag);
                 }
             }
         }

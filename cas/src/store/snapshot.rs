@@ -17,8 +17,8 @@
 //! whole new image) and moves `STORE` to version 2 first. Removal refuses
 //! an image with snapshots and a snapshot with clones, naming them.
 
-use super::files::{self, ImageHeader, ImageKind};
-use super::{lock, validate_image_name, OpenImage, Store, IMAGE_FILE, MANIFEST_FILE, STORE_FILE};
+use super::files::{ImageHeader, ImageKind};
+use super::{lock, validate_image_name, OpenImage, Store, IMAGE_FILE, MANIFEST_FILE};
 use crate::error::{Error, Result};
 use crate::wal::Log;
 
@@ -45,15 +45,6 @@ impl Store {
             return Err(Error::NotFound(format!("image {name}")));
         }
         ImageHeader::read(&*self.storage, &path)
-    }
-
-    /// Moves `STORE` to the version that may hold snapshots (once).
-    fn allow_snapshots(&self) -> Result<()> {
-        if files::read_store(&*self.storage, &self.dir.join(STORE_FILE))? < files::STORE_VERSION {
-            let bytes = files::encode_store(files::STORE_VERSION);
-            files::write_atomic(&*self.storage, &self.dir, STORE_FILE, &bytes)?;
-        }
-        Ok(())
     }
 
     /// Makes the read-only snapshot `IMAGE@SNAP` of `image`; returns its name.
@@ -99,7 +90,6 @@ impl Store {
         let _maint = lock(&self.maint);
         let _open = self.open.lock();
         let (dir, fresh) = self.prepare_dir(&name, header.size_bytes)?;
-        self.allow_snapshots()?;
         manifest.freeze_into(&dir.join(MANIFEST_FILE), 0)?;
         let h = ImageHeader { kind: ImageKind::Snapshot, origin: Some(image.to_string()), ..fresh };
         self.publish_image(&dir, h)?;
@@ -120,7 +110,6 @@ impl Store {
         let _open = self.open.lock();
         let source = self.manifest(snap)?;
         let (dir, fresh) = self.prepare_dir(new, header.size_bytes)?;
-        self.allow_snapshots()?;
         source.freeze_into(&dir.join(MANIFEST_FILE), 0)?;
         let h = ImageHeader { origin: Some(snap.to_string()), ..fresh };
         self.publish_image(&dir, h)

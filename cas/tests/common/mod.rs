@@ -219,13 +219,13 @@ pub struct MapManifest {
 }
 
 impl cas::image::ManifestView for MapManifest {
-    fn lookup(&self, block: u64) -> cas::Result<Option<ChunkHash>> {
+    fn lookup(&self, block: u64) -> cas::Result<Option<cas::chunk::ChunkRef>> {
         let blocks = self.blocks.lock().unwrap();
-        Ok(blocks.get(&block).map(|data| ChunkHash::of(data)))
+        Ok(blocks.get(&block).map(|data| ChunkHash::of(data).into()))
     }
-    fn read_chunk(&self, hash: &ChunkHash, out: &mut [u8]) -> cas::Result<()> {
+    fn read_chunk(&self, r: &cas::chunk::ChunkRef, out: &mut [u8]) -> cas::Result<()> {
         let blocks = self.blocks.lock().unwrap();
-        let data = blocks.values().find(|d| ChunkHash::of(d) == *hash).expect("chunk present");
+        let data = blocks.values().find(|d| ChunkHash::of(d).tag() == r.tag).expect("chunk present");
         out.copy_from_slice(data);
         Ok(())
     }

@@ -19,7 +19,7 @@
 //! issue's `ci/bench compaction` (which reads a WAL); the keys that match
 //! its keys mean the same.
 
-use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES};
+use cas::chunk::{ChunkHash, ChunkRef, ChunkStore, ChunkStoreOptions, CHUNK_BYTES};
 use cas::manifest::{Manifest, ManifestOptions};
 use cas::storage::{FsStorage, Storage};
 use std::path::PathBuf;
@@ -94,24 +94,25 @@ fn main() -> cas::Result<()> {
     let mut pin = chunks.pin();
     let mut edit = manifest.begin();
     let mut items: Vec<(ChunkHash, &[u8])> = Vec::with_capacity(BATCH_BLOCKS);
-    let mut hashes: Vec<Option<ChunkHash>> = Vec::with_capacity(BATCH_BLOCKS);
+    let mut refs: Vec<ChunkRef> = Vec::with_capacity(BATCH_BLOCKS);
+    let mut entries: Vec<Option<ChunkRef>> = Vec::with_capacity(BATCH_BLOCKS);
     while first < blocks {
         let n = (BATCH_BLOCKS as u64).min(blocks - first);
         let t = Instant::now();
         items.clear();
-        hashes.clear();
+        entries.clear();
         for i in first..first + n {
             let b = block(i);
             let h = ChunkHash::of(b);
             items.push((h, b));
-            hashes.push(Some(h));
         }
         t_hash += t.elapsed();
         let t = Instant::now();
-        chunks.insert_missing(&pin, &items)?;
+        chunks.insert_located(&pin, &items, &mut refs)?;
         t_insert += t.elapsed();
         let t = Instant::now();
-        edit.set_range(first, &hashes)?;
+        entries.extend(refs.iter().map(|&r| Some(r)));
+        edit.set_range(first, &entries)?;
         t_edit += t.elapsed();
         first += n;
         if first.is_multiple_of(COMMIT_EVERY_BLOCKS) || first == blocks {
@@ -144,7 +145,7 @@ fn main() -> cas::Result<()> {
     let mut out = vec![0u8; CHUNK_BYTES];
     let t = Instant::now();
     for h in &found {
-        chunks.read(h, &mut out)?;
+        chunks.read_ref(h, &mut out)?;
     }
     let read_ns = t.elapsed().as_nanos() as f64 / found.len() as f64;
     let stats = chunks.stats();
