@@ -95,7 +95,7 @@ pub fn read(storage: &dyn Storage, manifest_path: &Path) -> Result<Option<Base>>
 pub fn write(storage: &dyn Storage, manifest_path: &Path, id: u64, root: &RootRecord) -> Result<()> {
     let dir = dir_of(manifest_path);
     storage.sync_dir(dir)?;
-    crate::store::files::write_atomic(storage, dir, BASE_ROOT_FILE, &encode(id, root))
+    crate::storage::write_atomic(storage, dir, BASE_ROOT_FILE, &encode(id, root))
 }
 
 /// Removes base entries beside `manifest_path` other than `keep` (a link

@@ -25,6 +25,7 @@
 //!   thread's sync could "succeed" over data the first one's error lost.
 //!   `MemStorage` models that kernel behaviour underneath the guard.
 
+mod atomic;
 mod dry_run;
 mod fs;
 mod mem;
@@ -32,6 +33,7 @@ mod sync_guard;
 #[allow(unsafe_code)] // mmap: see the module docs
 mod whole_file;
 
+pub use atomic::{tmp_path, write_atomic};
 pub use dry_run::{Change, DryRun};
 pub use fs::{is_memory_fs, FsStorage};
 pub use mem::{CrashMode, Fault, FaultOp, MemStorage};

@@ -44,22 +44,7 @@ pub const IMAGE_VERSION: u32 = 2;
 /// Largest metadata file read (they are tens of bytes).
 const SMALL_FILE_BYTES_MAX: u64 = 4096;
 
-/// Where `write_atomic` writes `dir/name` before its rename (a crash can
-/// leave it behind).
-pub fn tmp_path(dir: &Path, name: &str) -> std::path::PathBuf {
-    dir.join(format!("{name}.tmp"))
-}
-
-/// Writes `bytes` as `dir/name` atomically and durably.
-pub fn write_atomic(storage: &dyn Storage, dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
-    let tmp = tmp_path(dir, name);
-    let f = storage.open(&tmp, OpenMode::Create)?;
-    f.set_len(0)?;
-    f.write_all_at(bytes, 0)?;
-    f.sync_data()?;
-    storage.rename(&tmp, &dir.join(name))?;
-    storage.sync_dir(dir)
-}
+pub use crate::storage::{tmp_path, write_atomic};
 
 /// Reads a small checksummed file and returns its body (trailer checked).
 fn read_sealed(storage: &dyn Storage, path: &Path) -> Result<Vec<u8>> {
