@@ -5,7 +5,10 @@
 
 mod chunk_support;
 
-use cas::chunk::{fuzz_decode_pack_header, ChunkHash, ChunkStore, ChunkStoreOptions, PACK_HEADER_BYTES};
+use cas::chunk::{
+    fuzz_decode_forward, fuzz_decode_pack_header, fuzz_sample_forward, ChunkHash, ChunkStore,
+    ChunkStoreOptions, PACK_HEADER_BYTES,
+};
 use cas::storage::{MemStorage, OpenMode, Storage};
 use chunk_support::{block, block_hash};
 use rand::rngs::StdRng;
@@ -74,6 +77,36 @@ fn pack_header_decoder_never_panics() {
             input[40..44].copy_from_slice(&crc.to_le_bytes());
         }
         accepted += u64::from(fuzz_decode_pack_header(&input).is_ok());
+    }
+    assert!(accepted > 0 || n < 10_000, "no input decoded: the mutations never pass the checks");
+}
+
+#[test]
+fn forward_table_decoder_never_panics_and_round_trips() {
+    let table = fuzz_sample_forward();
+    let mut rng = StdRng::seed_from_u64(0xf0d);
+    let mut accepted = 0u64;
+    let n = iters(200_000);
+    for i in 0..n {
+        let mut input = if i % 8 == 0 {
+            (0..rng.gen_range(0..96)).map(|_| rng.gen()).collect()
+        } else {
+            let mut b = table[..rng.gen_range(0..=table.len())].to_vec();
+            let n = rng.gen_range(1..4);
+            flip(&mut rng, &mut b, n);
+            b
+        };
+        if rng.gen_bool(0.75) && input.len() >= 36 {
+            let crc = crc32c::crc32c(&input[..28]);
+            input[28..32].copy_from_slice(&crc.to_le_bytes());
+            let end = input.len() - 4;
+            let crc = crc32c::crc32c(&input[32..end]);
+            input[end..].copy_from_slice(&crc.to_le_bytes());
+        }
+        if let Ok(t) = fuzz_decode_forward(&input) {
+            assert_eq!(t.encode(), input, "decode/encode round trip");
+            accepted += 1;
+        }
     }
     assert!(accepted > 0 || n < 10_000, "no input decoded: the mutations never pass the checks");
 }

@@ -1,12 +1,16 @@
 //! Reads of compacted data go from the manifest leaf to the chunk's pack
 //! and slot, without the chunk index (issue 17, stage 1): counted by
-//! `ChunkStats::read_index_lookups`. A chunk GC moved is still read (through
-//! the index), and an older store is moved to the current format on open.
+//! `ChunkStats::read_index_lookups`. A chunk GC moved is read through its old
+//! pack's forward table (or the index without one), and an older store is
+//! moved to the current format on open.
 
 mod common;
 
+use cas::chunk::{ChunkLoc, ChunkRef};
+use cas::fsck::{self, FsckOptions};
 use cas::gc::GcOptions;
-use cas::storage::{MemStorage, Storage};
+use cas::manifest::{Manifest, ManifestOptions};
+use cas::storage::{MemStorage, OpenMode, Storage};
 use cas::store::STORE_VERSION;
 use cas::{Image, Store, StoreOptions};
 use common::*;
@@ -71,31 +75,90 @@ fn compacted_reads_never_consult_the_index() {
     assert_eq!(lookups(&store), 0);
 }
 
-#[test]
-fn a_chunk_gc_moved_is_still_read_and_the_fallback_is_counted() {
-    let (_mem, store) = mem_store(opts());
+/// GC's repack threshold in these tests.
+fn repack() -> GcOptions {
+    GcOptions { repack_dead_fraction: 0.3, ..GcOptions::default() }
+}
+
+/// Image "a" written twice (two blocks in three the second time, so every
+/// pack of the first version is left mostly dead), compacted, and one GC
+/// pass that repacked and deleted packs. Returns each block's version.
+fn moved(store: &Store) -> (Arc<Image>, Vec<u64>, cas::GcReport) {
     store.create_image("a", IMAGE_BYTES).unwrap();
     let image = store.open_image("a").unwrap();
     let blocks = IMAGE_BYTES / BLOCK as u64;
     write_version(&image, 1, 0..blocks);
     store.compact_once(&image).unwrap();
-    // Overwrite two blocks in three: every pack of version 1 is left mostly dead.
     write_version(&image, 2, (0..blocks).filter(|i| i % 3 != 0));
     store.compact_once(&image).unwrap();
     let expect: Vec<u64> = (0..blocks).map(|i| if i % 3 == 0 { 1 } else { 2 }).collect();
-    let gc = store.gc_with(&GcOptions { repack_dead_fraction: 0.3, ..GcOptions::default() }).unwrap();
+    let gc = store.gc_with(&repack()).unwrap();
     assert!(gc.chunks_moved > 0 && gc.packs_deleted > 0, "{gc:?}");
-    let before = lookups(&store);
+    (image, expect, gc)
+}
+
+#[test]
+fn a_chunk_gc_moved_is_read_through_its_old_packs_forward_table() {
+    let (mem, store) = mem_store(opts());
+    let (image, expect, gc) = moved(&store);
+    let blocks = expect.len() as u64;
+    let repack = repack();
+    let tables = store.chunk_stats().forward_tables;
+    assert!(tables > 0, "no forward table for {} repacked packs", gc.packs_rewritten);
+    let (before, forwarded) = (lookups(&store), store.chunk_stats().reads_forwarded);
     check(&image, &expect);
-    let asked = lookups(&store) - before;
-    // Only blocks whose chunk moved ask; blocks in packs GC left alone do not.
-    assert!(asked > 0 && asked < blocks, "{asked} index lookups for {blocks} blocks");
-    // Compaction writes located refs again for what it rewrites.
+    assert_eq!(lookups(&store), before, "reads of moved chunks asked the index");
+    assert!(store.chunk_stats().reads_forwarded > forwarded);
+    // The tables are durable: after a reopen too.
+    drop(image);
+    drop(store);
+    let store = reopen(&mem, opts()).unwrap();
+    let image = store.open_image("a").unwrap();
+    check(&image, &expect);
+    assert_eq!(lookups(&store), 0);
+    assert_eq!(store.chunk_stats().forward_tables, tables);
+    // A pass that still sees leaves naming the deleted packs keeps them.
+    assert_eq!(store.gc_with(&repack).unwrap().forward_tables_retired, 0);
+    // Once compaction rewrote every block, no leaf names them: retired.
     write_version(&image, 3, 0..blocks);
     store.compact_once(&image).unwrap();
-    let before = lookups(&store);
+    let gc = store.gc_with(&repack).unwrap();
+    assert!(gc.forward_tables_retired >= tables, "{gc:?}");
     check(&image, &vec![3; blocks as usize]);
-    assert_eq!(lookups(&store), before);
+    assert_eq!(lookups(&store), 0);
+}
+
+/// Without its forward table (lost in a crash before it was written, or
+/// damaged, which fsck reports), a moved chunk is still read, through the
+/// index.
+#[test]
+fn without_the_forward_table_a_moved_chunk_is_found_through_the_index() {
+    let (mem, store) = mem_store(opts());
+    let (image, expect, _) = moved(&store);
+    drop(image);
+    drop(store);
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let fsck = |what: &str| {
+        let r = fsck::check(storage.clone(), &store_dir(), &FsckOptions::default()).unwrap();
+        (r.problems.iter().map(|f| f.kind).collect::<Vec<_>>(), what.to_string())
+    };
+    assert_eq!(fsck("with tables"), (vec![], "with tables".into()));
+    let chunks = store_dir().join("chunks");
+    let tables: Vec<String> =
+        storage.list_dir(&chunks).unwrap().into_iter().filter(|n| n.ends_with(".fwd")).collect();
+    assert!(!tables.is_empty());
+    // A damaged table: fsck names it; the store opens and reads without it.
+    let f = storage.open(&chunks.join(&tables[0]), OpenMode::Existing).unwrap();
+    f.write_all_at(&[0xff], 40).unwrap();
+    drop(f);
+    assert_eq!(fsck("damaged").0, vec!["forward-table"]);
+    for name in &tables[1..] {
+        storage.remove_file(&chunks.join(name)).unwrap();
+    }
+    let store = reopen(&mem, opts()).unwrap();
+    let image = store.open_image("a").unwrap();
+    check(&image, &expect);
+    assert!(lookups(&store) > 0);
 }
 
 /// The `STORE` file of a store from the first release (version 1).
@@ -127,4 +190,29 @@ fn opening_an_older_store_moves_it_to_the_current_version_first() {
 fn version(mem: &MemStorage) -> u32 {
     let bytes = mem.durable_bytes(&store_dir().join("STORE")).unwrap();
     u32::from_le_bytes(bytes[8..12].try_into().unwrap())
+}
+
+/// fsck holds each located ref against the index: a leaf naming a slot
+/// that does not hold its chunk is found (reads would fail there).
+#[test]
+fn fsck_finds_a_leaf_that_names_the_wrong_slot() {
+    let (mem, store) = mem_store(opts());
+    store.create_image("a", IMAGE_BYTES).unwrap();
+    let image = store.open_image("a").unwrap();
+    write_version(&image, 1, 1..3);
+    store.compact_once(&image).unwrap();
+    drop(image);
+    drop(store);
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let path = store_dir().join("images/a/manifest");
+    let m = Manifest::open(storage.clone(), &path, ManifestOptions::default()).unwrap();
+    let r = m.lookup(1).unwrap().unwrap();
+    let at = r.at.expect("compaction writes located refs");
+    let mut e = m.begin();
+    e.set(1, Some(ChunkRef { at: Some(ChunkLoc { slot: at.slot + 1, ..at }), ..r }));
+    e.commit(m.covered()).unwrap();
+    drop(m);
+    let r = fsck::check(storage, &store_dir(), &FsckOptions::default()).unwrap();
+    let kinds: Vec<_> = r.problems.iter().map(|f| f.kind).collect();
+    assert_eq!(kinds, vec!["ref-location"], "{:#?}", r.problems);
 }

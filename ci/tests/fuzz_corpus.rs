@@ -17,8 +17,15 @@ use cas::wal::{RecordHeader, RecordKind, SegmentHeader};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-const TARGETS: [&str; 6] =
-    ["wal_record", "manifest_page", "pack_header", "chunk_index", "store_files", "control_request"];
+const TARGETS: [&str; 7] = [
+    "wal_record",
+    "manifest_page",
+    "pack_header",
+    "pack_forward",
+    "chunk_index",
+    "store_files",
+    "control_request",
+];
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
@@ -75,6 +82,7 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
         "wal_record" => wal_seeds(),
         "manifest_page" => manifest_seeds(),
         "pack_header" => vec![PackHeader { store_id: 0x5eed, pack_id: 7, capacity_slots: 16383 }.encode()],
+        "pack_forward" => vec![cas::chunk::fuzz_sample_forward()],
         "chunk_index" => vec![cas::chunk::fuzz_sample_index(1), cas::chunk::fuzz_sample_index(3)],
         "store_files" => cas::store::fuzz_samples(),
         "control_request" => [
@@ -107,6 +115,13 @@ fn run(target: &str, data: &[u8]) -> bool {
             page.is_ok() | cas::manifest::fuzz_decode_root(data).is_ok()
         }
         "pack_header" => cas::chunk::fuzz_decode_pack_header(data).is_ok(),
+        "pack_forward" => {
+            let table = cas::chunk::fuzz_decode_forward(data);
+            if let Ok(t) = &table {
+                assert_eq!(t.encode(), data, "decode/encode round trip");
+            }
+            table.is_ok()
+        }
         "chunk_index" => cas::chunk::fuzz_replay_index(data).is_ok(),
         "store_files" => {
             let (store, image) = cas::store::fuzz_decode_store_files(data);

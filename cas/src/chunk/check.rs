@@ -10,12 +10,13 @@
 //! entries marked, so the manifest walk can name the image blocks they
 //! take down with them.
 
+use super::forward;
 use super::journal::{self, Journal, JournalOp};
 use super::pack::{self, CHUNK_BYTES};
 use super::{ChunkHash, ChunkTag};
 use crate::format;
 use crate::fsck::{Finding, FsckReport};
-use crate::storage::{Change, Storage};
+use crate::storage::{Change, OpenMode, Storage};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -75,6 +76,8 @@ pub struct IndexCheck {
     pub entries: Vec<Entry>,
     /// Pack ids with a file in the directory.
     pack_files: Vec<u32>,
+    /// Pack ids some entry points into, sorted.
+    pub referenced_packs: Vec<u32>,
 }
 
 impl IndexCheck {
@@ -91,7 +94,10 @@ impl IndexCheck {
         let mut pack_files: Vec<u32> = names.iter().filter_map(|n| pack::parse_pack_file_name(n)).collect();
         pack_files.sort_unstable();
         for n in &names {
-            let known = n == journal::INDEX_FILE || n == journal::INDEX_TMP_FILE;
+            let known = n == journal::INDEX_FILE
+                || forward::parse_forward_file_name(n).is_some()
+                || n == journal::INDEX_TMP_FILE
+                || n.strip_suffix(".tmp").and_then(forward::parse_forward_file_name).is_some();
             if !known && pack::parse_pack_file_name(n).is_none() {
                 let f =
                     Finding::new("unknown-file", None, &dir.join(n), "not a file casblk writes; left alone");
@@ -105,7 +111,14 @@ impl IndexCheck {
                 return None;
             }
             // A store whose chunk store was never opened holds no chunks.
-            return Some(IndexCheck { dir: dir.to_path_buf(), store_id: 0, entries: vec![], pack_files });
+            let referenced_packs = vec![];
+            return Some(IndexCheck {
+                dir: dir.to_path_buf(),
+                store_id: 0,
+                entries: vec![],
+                pack_files,
+                referenced_packs,
+            });
         }
         let mut map: HashMap<ChunkHash, (u32, u32, u32)> = HashMap::new();
         let replay = Journal::open(storage, dir, |op| {
@@ -152,7 +165,21 @@ impl IndexCheck {
                 report.problem(f);
             }
         }
-        Some(IndexCheck { dir: dir.to_path_buf(), store_id: journal.store_id, entries, pack_files })
+        for (id, n) in names.iter().filter_map(|n| Some((forward::parse_forward_file_name(n)?, n))) {
+            let path = dir.join(n);
+            if let Err(e) = forward::read_forward(storage, &path, id, journal.store_id) {
+                let mut f = Finding::from_error("forward-table", None, &path, &e);
+                f.detail += " (reads of the chunks GC moved out of this pack ask the index instead)";
+                report.problem(f);
+            }
+        }
+        Some(IndexCheck {
+            dir: dir.to_path_buf(),
+            store_id: journal.store_id,
+            entries,
+            pack_files,
+            referenced_packs: referenced,
+        })
     }
 
     /// The entry whose hash starts with `tag` (entries are sorted by hash,
@@ -245,6 +272,14 @@ impl IndexCheck {
                 k = end;
             }
         }
+    }
+
+    /// The crc32c of the bytes in `slot` of `pack` (None: unreadable).
+    pub fn slot_crc(&self, storage: &dyn Storage, pack: u32, slot: u32) -> Option<u32> {
+        let f = storage.open(&self.dir.join(pack::pack_file_name(pack)), OpenMode::Existing).ok()?;
+        let mut buf = vec![0u8; CHUNK_BYTES];
+        f.read_exact_at(&mut buf, pack::slot_offset(slot)).ok()?;
+        Some(format::crc32c(&buf))
     }
 
     /// The pack file and byte offset an entry's bytes live at.

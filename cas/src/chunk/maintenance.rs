@@ -18,6 +18,7 @@
 //! sweep finds them under the read lock), so readers of other shards never
 //! wait and readers of that shard wait O(entries changed).
 
+use super::forward::Move;
 use super::index::{self, Key, Loc, SHARDS};
 use super::journal::JournalOp;
 use super::pack::{self, CHUNK_BYTES};
@@ -64,10 +65,12 @@ pub(crate) struct SweepCounts {
 }
 
 /// What a repack did.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct RepackCounts {
     pub moved: u64,
     pub bytes_written: u64,
+    /// Where each moved chunk went: the pack's forward table.
+    pub moves: Vec<Move>,
 }
 
 impl ChunkStore {
@@ -215,6 +218,7 @@ impl ChunkStore {
                 w.pending.push(JournalOp::Put { hash: key.0, pack: p.pack, slot: p.slot, crc: p.crc });
                 w.seq += 1;
                 counts.moved += 1;
+                counts.moves.push(Move { slot: old.slot, to_pack: p.pack, to_slot: p.slot });
             }
             start = end;
         }
@@ -222,10 +226,21 @@ impl ChunkStore {
     }
 
     /// Deletes pack `id`, which must have no live entries: syncs first so
-    /// the changes that emptied it are durable, then unlinks the file and
-    /// syncs the directory. Returns the bytes the file spanned.
-    pub(crate) fn gc_delete_pack(&self, id: u32) -> Result<u64> {
+    /// the changes that emptied it are durable, then writes its forward
+    /// table if a repack moved chunks out of it (`moves`: leaves still name
+    /// the old slots), then unlinks the file and syncs the directory.
+    /// Returns the bytes the file spanned.
+    ///
+    /// The table is written after the sync, so every place it names holds
+    /// its chunk durably. A crash between the two leaves the pack with no
+    /// index entry and no table: open deletes it, and reads of the leaves
+    /// that name it find their chunks through the index (counted) until a
+    /// compaction rewrites those blocks.
+    pub(crate) fn gc_delete_pack(&self, id: u32, moves: Vec<Move>) -> Result<u64> {
         self.sync()?;
+        if !moves.is_empty() {
+            self.write_forward(id, moves)?;
+        }
         let bytes = {
             let mut w = lock(&self.writer);
             if w.active.as_ref().is_some_and(|a| a.id == id) {

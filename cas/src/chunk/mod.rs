@@ -10,6 +10,7 @@
 //!   pack-00000001.pack  append-only pack files (pack.rs): header + 4 KiB slots
 //!   pack-00000002.pack
 //!   ...
+//!   pack-00000007.fwd   where the chunks of deleted pack 7 went (forward.rs)
 //! ```
 //!
 //! In memory: the whole hash -> location index (index.rs, 49 bytes per
@@ -66,6 +67,7 @@
 
 mod cache;
 pub mod check;
+mod forward;
 mod fuzz;
 mod index;
 mod journal;
@@ -76,6 +78,7 @@ mod pin;
 mod writer;
 
 pub(crate) use cache::ClockCache;
+pub use forward::{fuzz_decode_forward, fuzz_sample_forward, Forward, Move};
 pub use fuzz::{fuzz_replay_index, fuzz_reseal_index, fuzz_sample_index};
 pub use maintenance::PackUsage;
 pub use pack::{fuzz_decode_pack_header, PackHeader, CHUNK_BYTES, PACK_HEADER_BYTES};
@@ -167,6 +170,11 @@ pub struct ChunkStats {
     /// hash, of unlocated refs (leaves written before locations), and of
     /// refs whose pack GC deleted. Reads of located refs do not count.
     pub read_index_lookups: u64,
+    /// Chunk reads that found their chunk through forward tables (its pack
+    /// was repacked and deleted), without the index.
+    pub reads_forwarded: u64,
+    /// Forward tables kept for leaves that still name deleted packs.
+    pub forward_tables: u64,
 }
 
 /// One pack file's slot counts (the writer's bookkeeping; readers only
@@ -274,6 +282,8 @@ pub struct ChunkStore {
     pub(crate) checkpoint_min_bytes: u64,
     pub(crate) index: Index,
     pub(crate) files: RwLock<PackFiles>,
+    /// Forward tables of packs GC repacked and deleted (forward.rs).
+    pub(crate) forwards: RwLock<forward::Forwards>,
     pub(crate) writer: Mutex<Writer>,
     pub(crate) sync_state: Mutex<SyncState>,
     pub(crate) pins: pin::Pins,
@@ -282,6 +292,8 @@ pub struct ChunkStore {
     pub(crate) syncs: AtomicU64,
     /// See [`ChunkStats::read_index_lookups`].
     pub(crate) read_index_lookups: AtomicU64,
+    /// See [`ChunkStats::reads_forwarded`].
+    pub(crate) reads_forwarded: AtomicU64,
     poisoned: AtomicBool,
     poison_reason: Mutex<String>,
     /// Where the time of [`ChunkStore::open`] went.
@@ -335,9 +347,10 @@ impl ChunkStore {
     /// Reads the chunk a manifest leaf names into `out` (4096 bytes),
     /// through the clean cache. A located ref whose pack exists is read
     /// there without consulting the index: ids are never reused and a
-    /// slot's bytes never change while its pack exists. Only an unlocated
-    /// ref, or one whose pack GC has deleted (the chunk moved or was
-    /// swept), asks the index ([`ChunkStats::read_index_lookups`]).
+    /// slot's bytes never change while its pack exists. One whose pack GC
+    /// repacked and deleted follows the pack's forward table. Only an
+    /// unlocated ref, or one no table leads on from (the chunk was swept),
+    /// asks the index ([`ChunkStats::read_index_lookups`]).
     /// Errors as [`ChunkStore::read`].
     pub fn read_ref(&self, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
         if out.len() != CHUNK_BYTES {
@@ -353,7 +366,16 @@ impl ChunkStore {
             crate::observe::end(IoSource::Cache, begun);
             return Ok(());
         }
-        let located = r.at.and_then(|at| Some((at, self.read_files().get(&at.pack)?.clone())));
+        let located = r.at.and_then(|at| match self.read_files().get(&at.pack) {
+            Some(file) => Some((at, file.clone())),
+            None => {
+                let found = self.forwarded(at);
+                if found.is_some() {
+                    self.reads_forwarded.fetch_add(1, Ordering::Relaxed);
+                }
+                found
+            }
+        });
         let (at, file) = match located {
             Some(found) => found,
             None => {
@@ -480,6 +502,8 @@ impl ChunkStore {
             cache_entries: self.cache.len() as u64,
             syncs: self.syncs.load(Ordering::Relaxed),
             read_index_lookups: self.read_index_lookups.load(Ordering::Relaxed),
+            reads_forwarded: self.reads_forwarded.load(Ordering::Relaxed),
+            forward_tables: self.forwards.read().unwrap_or_else(|p| p.into_inner()).len() as u64,
         }
     }
 

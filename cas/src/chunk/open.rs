@@ -96,6 +96,7 @@ impl ChunkStore {
             Journal::create(storage.as_ref(), dir, new_store_id())?
         };
         let store_id = journal.store_id;
+        let forwards = super::forward::load_forwards(storage.as_ref(), dir, &names, store_id)?;
         report.journal_batches = journal.batches();
         report.journal_bytes = journal.len_bytes();
         report.journal_time = thread_started.split();
@@ -186,6 +187,7 @@ impl ChunkStore {
             checkpoint_min_bytes: opts.index_checkpoint_min_bytes,
             index: Index::from_maps(maps),
             files: RwLock::new(files),
+            forwards: RwLock::new(forwards),
             writer: Mutex::new(Writer {
                 active,
                 packs,
@@ -204,6 +206,7 @@ impl ChunkStore {
             cache: ClockCache::new(cache_entries, CACHE_SHARDS),
             syncs: AtomicU64::new(0),
             read_index_lookups: AtomicU64::new(0),
+            reads_forwarded: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(String::new()),
             opened: report,
@@ -212,8 +215,13 @@ impl ChunkStore {
         };
         if old_journal {
             // Rewritten as the current version, with the next pack id,
-            // before any pack is created.
-            store.checkpoint(&mut super::lock(&store.sync_state))?;
+            // before any pack is created. If the rewrite is skipped (memory
+            // budget) or fails, the floor is appended to the old file.
+            let mut s = super::lock(&store.sync_state);
+            if !store.checkpoint(&mut s)? {
+                let id = super::lock(&store.writer).next_pack_id;
+                s.journal.append(&[JournalOp::NextPack { id }])?;
+            }
         }
         Ok(store)
     }

@@ -56,8 +56,9 @@ impl ChunkStore {
     /// GC from sweeping them, including chunks that were already stored.
     ///
     /// Fails with `Error::MemoryBudget`, before writing anything, when the
-    /// index would grow past its budget; on an I/O error chunks of earlier
-    /// runs of this call may be stored.
+    /// index would grow past its budget; on an I/O error the chunks of
+    /// earlier runs of this call are written but never published (their
+    /// slots are dead).
     ///
     /// [`sync`]: ChunkStore::sync
     pub fn insert_missing(&self, pin: &ChunkPin<'_>, chunks: &[(ChunkHash, &[u8])]) -> Result<InsertStats> {
@@ -343,7 +344,9 @@ impl ChunkStore {
 
     /// Rewrites the journal as exactly the current index (all of it made
     /// durable first). Skipped when the snapshot would break the budget.
-    pub(crate) fn checkpoint(&self, s: &mut super::SyncState) -> Result<()> {
+    /// Returns whether the journal was rewritten (false: skipped, or the
+    /// rewrite failed and the queued changes went to the old journal).
+    pub(crate) fn checkpoint(&self, s: &mut super::SyncState) -> Result<bool> {
         let (snapshot, ops, upto, dirty, dir_dirty) = {
             // The writer lock keeps the index still while it is copied.
             let mut w = lock(&self.writer);
@@ -353,7 +356,7 @@ impl ChunkStore {
                     snapshot_bytes,
                     "chunk index checkpoint skipped: it would exceed the memory budget"
                 );
-                return Ok(());
+                return Ok(false);
             }
             let mut snapshot: Vec<JournalOp> = vec![JournalOp::NextPack { id: w.next_pack_id }];
             self.index.for_each(|k, l| {
@@ -372,6 +375,8 @@ impl ChunkStore {
         match s.journal.rewrite(self.storage.as_ref(), &self.dir, &snapshot) {
             Ok(()) => {
                 tracing::debug!(before, after = s.journal.len_bytes(), "chunk index checkpointed");
+                s.durable_seq = upto;
+                return Ok(true);
             }
             Err(failure) if failure.old_journal_intact => {
                 // Keep the queued changes in the old journal instead.
@@ -388,6 +393,6 @@ impl ChunkStore {
             }
         }
         s.durable_seq = upto;
-        Ok(())
+        Ok(false)
     }
 }

@@ -8,13 +8,16 @@
 //!  1. epoch    bump the GC epoch to E; wait (bounded) for compaction pins
 //!              of epoch E-1: their manifest commits are then done or dropped
 //!  2. mark     read every manifest's committed tree (a snapshot taken now),
-//!              stamp each referenced chunk's index entry with E
+//!              stamp each referenced chunk's index entry with E; delete
+//!              the forward tables that existed before the mark and that no
+//!              leaf's location goes through
 //!  3. sweep    drop index entries stamped below E (not referenced, and not
 //!              touched by a compaction batch pinned in epoch E); sync
 //!  4. repack   for each pack (except the active one) whose dead fraction is
 //!              at least the threshold: copy its live chunks to the active
-//!              pack, sync (copies, then the index moves), delete the pack,
-//!              sync the directory; an emptied pack is just deleted
+//!              pack, sync (copies, then the index moves), write the pack's
+//!              forward table, delete the pack, sync the directory; an
+//!              emptied pack is just deleted
 //!  5. manifests  rewrite manifest files whose garbage is above their limit
 //! ```
 //!
@@ -31,15 +34,24 @@
 //!   throughout, pausing only for bounded lock holds (sweep batches of
 //!   4096 entries, repack runs of up to 256 chunks).
 //!
-//! Contract for callers that edit manifests: every hash a commit sets must
-//! come from `ChunkStore::insert_missing` under a [`ChunkPin`] held until
-//! that commit returns.
+//! Why a forward table no leaf used at the mark is never needed again: a
+//! leaf names a deleted pack P only if its batch got P's location before
+//! the pass that repacked P deleted it, so under a pin of that pass's epoch
+//! or older; this pass's epoch bump waited for those pins, so every such
+//! leaf is committed and the mark saw it. Later batches get locations from
+//! the index, which no longer points into P. A reader holding an older
+//! snapshot whose table is gone asks the index.
+//!
+//! Contract for callers that edit manifests: every chunk ref a commit sets
+//! must come from `ChunkStore::insert_located` (or name a chunk stored by
+//! `insert_missing`) under a [`ChunkPin`] held until that commit returns.
 //!
 //! [`ChunkPin`]: crate::chunk::ChunkPin
 
 use crate::chunk::{lock, ChunkStore, ChunkTag};
 use crate::error::Result;
 use crate::manifest::Manifest;
+use std::collections::HashSet;
 use std::time::Duration;
 
 /// Tunables of a GC pass.
@@ -89,6 +101,8 @@ pub struct GcReport {
     pub bytes_reclaimed: i64,
     pub manifests_compacted: u64,
     pub manifest_pages_reclaimed: u64,
+    /// Forward tables deleted: no manifest named their packs any more.
+    pub forward_tables_retired: u64,
 }
 
 /// Runs one GC pass over `chunks`, treating `manifests` as every image's
@@ -98,12 +112,18 @@ pub fn run(chunks: &ChunkStore, manifests: &[&Manifest], opts: &GcOptions) -> Re
     let epoch = chunks.gc_advance_epoch(opts.pin_wait)?;
     let mut report = GcReport { epoch, manifests: manifests.len() as u64, ..GcReport::default() };
 
-    // Mark. Any error returns before the sweep.
+    // Mark. Any error returns before the sweep. Also note which forward
+    // tables the leaves' locations go through.
+    let tables = chunks.forward_ids();
+    let mut routed = HashSet::new();
     let mut batch: Vec<ChunkTag> = Vec::with_capacity(opts.mark_batch.clamp(1, 1 << 16));
     for m in manifests {
         for item in m.iter() {
             let (_, r) = item?;
             batch.push(r.tag);
+            if let Some(at) = r.at.filter(|_| !tables.is_empty()) {
+                chunks.note_forward_route(at, &tables, &mut routed);
+            }
             if batch.len() == batch.capacity() {
                 report.missing_references += chunks.gc_mark(epoch, &batch);
                 report.references += batch.len() as u64;
@@ -120,6 +140,9 @@ pub fn run(chunks: &ChunkStore, manifests: &[&Manifest], opts: &GcOptions) -> Re
         );
     }
 
+    // Tables no leaf goes through: no leaf can come to (see the module docs).
+    report.forward_tables_retired = chunks.retire_forwards(tables.difference(&routed).copied())?;
+
     // Sweep, durably.
     let swept = chunks.gc_sweep(epoch)?;
     report.chunks_scanned = swept.scanned;
@@ -132,13 +155,13 @@ pub fn run(chunks: &ChunkStore, manifests: &[&Manifest], opts: &GcOptions) -> Re
             continue;
         }
         if usage.live == 0 {
-            report.bytes_reclaimed += chunks.gc_delete_pack(usage.id)? as i64;
+            report.bytes_reclaimed += chunks.gc_delete_pack(usage.id, Vec::new())? as i64;
             report.packs_deleted += 1;
         } else if usage.dead_fraction() >= opts.repack_dead_fraction {
             let moved = chunks.gc_repack(usage.id)?;
             report.chunks_moved += moved.moved;
             report.bytes_moved += moved.bytes_written;
-            let freed = chunks.gc_delete_pack(usage.id)?;
+            let freed = chunks.gc_delete_pack(usage.id, moved.moves)?;
             report.bytes_reclaimed += freed as i64 - moved.bytes_written as i64;
             report.packs_rewritten += 1;
             report.packs_deleted += 1;

@@ -44,6 +44,11 @@ impl Hasher for LeafHasher {
 type Edits = Vec<(u8, Option<ChunkRef>)>;
 const EDIT_BYTES: u64 = std::mem::size_of::<(u8, Option<ChunkRef>)>() as u64;
 
+fn assert_located_right(r: &Option<ChunkRef>) {
+    let pack_0 = r.and_then(|r| r.at).is_some_and(|at| at.pack == 0);
+    assert!(!pack_0, "a chunk location in pack 0: {r:?}");
+}
+
 /// What a commit did: the work counters behind the compaction benchmark.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CommitStats {
@@ -100,7 +105,11 @@ impl<'m> ManifestEdit<'m> {
 
     /// Maps `block` to `r` (None: make it a hole). Later sets of the
     /// same block in the batch win.
+    ///
+    /// Panics on a location in pack 0 (no pack has id 0; locations come
+    /// from the chunk store).
     pub fn set(&mut self, block: u64, r: Option<ChunkRef>) {
+        assert_located_right(&r);
         let leaf = block / LEAF_ENTRIES as u64;
         let entry = (block % LEAF_ENTRIES as u64) as u8;
         self.leaf_edits(leaf).push((entry, r));
@@ -113,6 +122,7 @@ impl<'m> ManifestEdit<'m> {
         if first_block.checked_add((refs.len() as u64).saturating_sub(1)).is_none() {
             return Err(Error::InvalidArgument("block range overflows u64".into()));
         }
+        refs.iter().for_each(assert_located_right);
         let mut i = 0;
         while i < refs.len() {
             let block = first_block + i as u64;
@@ -386,7 +396,12 @@ impl Builder<'_> {
         }
 
         let mut node = match old_page.as_deref() {
-            Some(Page { body: Body::Interior(n), .. }) => n.clone(),
+            // Written as the current version, whatever it was read as.
+            Some(Page { body: Body::Interior(n), .. }) => {
+                let mut fresh = InteriorBody::default();
+                fresh.children = n.children;
+                fresh
+            }
             Some(_) => unreachable!("interior levels decode as interior pages"),
             None => InteriorBody::default(),
         };

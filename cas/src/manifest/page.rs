@@ -129,7 +129,7 @@ impl LeafBody {
             let tag = ChunkTag::from_bytes(e[..ChunkTag::BYTES].try_into().expect("20 bytes"));
             return Some(ChunkRef { tag, at: None });
         }
-        // Checked canonical when decoded or set.
+        // Canonical: checked when decoded, and edits refuse pack 0.
         ChunkRef::decode(e)
     }
 

@@ -14,7 +14,8 @@
 //!   replays.
 //!
 //! Each publishes its `IMAGE` file last (a crash leaves nothing, or the
-//! whole new image) and moves `STORE` to version 2 first. Removal refuses
+//! whole new image); `STORE` is at version 3 (which covers snapshots) from
+//! the store's open. Removal refuses
 //! an image with snapshots and a snapshot with clones, naming them.
 
 use super::files::{ImageHeader, ImageKind};
