@@ -65,6 +65,8 @@
 //! (maintenance.rs): epochs and pins (pin.rs) keep chunks a compaction
 //! batch relies on from being swept.
 
+#[doc(hidden)]
+pub mod bench;
 mod cache;
 pub mod check;
 mod forward;
