@@ -152,6 +152,10 @@ fn without_the_forward_table_a_moved_chunk_is_found_through_the_index() {
     f.write_all_at(&[0xff], 40).unwrap();
     drop(f);
     assert_eq!(fsck("damaged").0, vec!["forward-table"]);
+    // A table write a crash cut short is a leftover, as open deletes it.
+    let tmp = chunks.join("pack-0000ffff.fwd.tmp");
+    storage.open(&tmp, OpenMode::CreateNew).unwrap().write_all_at(b"torn", 0).unwrap();
+    assert_eq!(fsck("leftover").0, vec!["forward-table", "orphan-file"]);
     for name in &tables[1..] {
         storage.remove_file(&chunks.join(name)).unwrap();
     }

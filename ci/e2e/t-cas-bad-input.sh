@@ -54,7 +54,7 @@ def crc32c(data):
         for _ in range(8):
             crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
     return crc ^ 0xFFFFFFFF
-body = b"CASSTORE" + struct.pack("<II", 3, 0)   # a store from a newer casblk (this one reads up to 2)
+body = b"CASSTORE" + struct.pack("<II", 1000, 0)   # a store from a far newer casblk
 open(sys.argv[1], "wb").write(body + struct.pack("<I", crc32c(body)))
 PY
 expect_error "store from a newer version" "$CASBLK" --store "$store" image list

@@ -94,10 +94,16 @@ impl IndexCheck {
         let mut pack_files: Vec<u32> = names.iter().filter_map(|n| pack::parse_pack_file_name(n)).collect();
         pack_files.sort_unstable();
         for n in &names {
+            if n.strip_suffix(".tmp").and_then(forward::parse_forward_file_name).is_some() {
+                // What an open removes (recorded by the dry run, reported as a leftover).
+                if let Err(e) = storage.remove_file(&dir.join(n)) {
+                    report.problem(Finding::from_error("forward-table", None, &dir.join(n), &e));
+                }
+                continue;
+            }
             let known = n == journal::INDEX_FILE
                 || forward::parse_forward_file_name(n).is_some()
-                || n == journal::INDEX_TMP_FILE
-                || n.strip_suffix(".tmp").and_then(forward::parse_forward_file_name).is_some();
+                || n == journal::INDEX_TMP_FILE;
             if !known && pack::parse_pack_file_name(n).is_none() {
                 let f =
                     Finding::new("unknown-file", None, &dir.join(n), "not a file casblk writes; left alone");
