@@ -49,6 +49,11 @@ impl IndexBench {
         self.len() == 0
     }
 
+    /// Buckets of the tables (entries over buckets is their load).
+    pub fn buckets(&self) -> u64 {
+        self.table_bytes() / super::index::BUCKET_BYTES
+    }
+
     /// The store's own estimate of the tables' heap bytes.
     pub fn table_bytes(&self) -> u64 {
         self.shards.iter().map(|s| super::index::table_bytes(s.capacity())).sum()

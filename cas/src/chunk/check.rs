@@ -175,8 +175,9 @@ impl IndexCheck {
             let path = dir.join(n);
             if let Err(e) = forward::read_forward(storage, &path, id, journal.store_id) {
                 let mut f = Finding::from_error("forward-table", None, &path, &e);
-                f.detail += " (reads of the chunks GC moved out of this pack ask the index instead)";
-                report.problem(f);
+                f.detail +=
+                    " (an open ignores it: reads of the chunks GC moved out of this pack ask the index)";
+                report.problem(f.repair(Change::Remove { path }));
             }
         }
         Some(IndexCheck {

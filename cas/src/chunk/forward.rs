@@ -34,8 +34,8 @@ const MAGIC: [u8; 8] = *b"CASPFWD\0";
 pub(crate) const FORWARD_VERSION: u32 = 1;
 const HEADER_BYTES: usize = 8 + 4 + 4 + 8 + 4 + 4;
 const ENTRY_BYTES: usize = 12;
-/// Largest table accepted: more entries than any pack has slots.
-const MAX_ENTRIES: u32 = 1 << 24;
+/// Largest table accepted: as many moves as the largest pack has slots.
+const MAX_ENTRIES: u32 = (super::pack::MAX_PACK_BYTES / super::pack::CHUNK_BYTES as u64) as u32;
 
 /// Where one slot's chunk went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

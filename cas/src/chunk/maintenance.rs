@@ -238,11 +238,7 @@ impl ChunkStore {
     /// compaction rewrites those blocks.
     pub(crate) fn gc_delete_pack(&self, id: u32, moves: Vec<Move>) -> Result<u64> {
         self.sync()?;
-        if !moves.is_empty() {
-            self.write_forward(id, moves)?;
-        }
-        let bytes = {
-            let mut w = lock(&self.writer);
+        let deletable = |w: &super::Writer| -> Result<()> {
             if w.active.as_ref().is_some_and(|a| a.id == id) {
                 return Err(Error::InvalidArgument(format!("pack {id} is the active pack")));
             }
@@ -250,6 +246,19 @@ impl ChunkStore {
                 return Err(Error::NotFound(format!("pack {id}")));
             };
             assert_eq!(p.live, 0, "pack {id} still has live chunks and must not be deleted");
+            Ok(())
+        };
+        // Checked before the table is written (a pack that is not deleted
+        // keeps no table); it stays true: nothing is added to a pack that
+        // is not active.
+        deletable(&lock(&self.writer))?;
+        if !moves.is_empty() {
+            self.write_forward(id, moves)?;
+        }
+        let bytes = {
+            let mut w = lock(&self.writer);
+            deletable(&w)?;
+            let p = &w.packs[&id];
             let bytes = pack::slot_offset(p.slots);
             w.packs.remove(&id);
             // No entry points into it, so no reader is between its entry

@@ -25,13 +25,16 @@
 //!  writer       every change to the index or the packs; held across pack
 //!               writes, so readers never take it
 //!  index shard  RwLock per shard; one at a time, never two
+//!  forwards     RwLock of the forward tables (forward.rs); never taken
+//!               while `files` is held
 //!  files        RwLock of the open pack files; written only when a pack is
 //!               created or deleted
 //!  cache shard
 //! ```
 //!
 //! A read of a located [`ChunkRef`] (what manifest leaves hold) takes only
-//! `files`, to clone its pack's handle, and never the index: pack ids are
+//! `files`, to clone its pack's handle (and, if the pack is gone, the
+//! forward tables' lock, then `files` again inside it), never the index: pack ids are
 //! never reused (the journal's next-pack record) and a slot's bytes never
 //! change while its pack exists. A read through the index (by hash, of an
 //! unlocated ref, or of a ref whose pack GC deleted) takes one shard's read
@@ -170,7 +173,8 @@ pub struct ChunkStats {
     pub syncs: u64,
     /// Chunk reads that had to find their chunk in the index: reads by
     /// hash, of unlocated refs (leaves written before locations), and of
-    /// refs whose pack GC deleted. Reads of located refs do not count.
+    /// refs whose pack GC deleted with no forward table leading on. Reads
+    /// of located refs, forwarded or not, do not count.
     pub read_index_lookups: u64,
     /// Chunk reads that found their chunk through forward tables (its pack
     /// was repacked and deleted), without the index.
@@ -368,46 +372,25 @@ impl ChunkStore {
             crate::observe::end(IoSource::Cache, begun);
             return Ok(());
         }
-        let located = r.at.and_then(|at| match self.read_files().get(&at.pack) {
-            Some(file) => Some((at, file.clone())),
-            None => {
-                let found = self.forwarded(at);
-                if found.is_some() {
-                    self.reads_forwarded.fetch_add(1, Ordering::Relaxed);
+        // Where the leaf says, or where its old pack's forward table says.
+        // (The `files` guard is dropped before `forwarded` takes it again:
+        // a writer queued in between would otherwise block both.)
+        let direct = r.at.and_then(|at| Some((at, self.read_files().get(&at.pack)?.clone())));
+        let located = direct.map(|d| (d, false)).or_else(|| Some((self.forwarded(r.at?)?, true)));
+        let result = match located {
+            Some(((at, file), forwarded)) => {
+                self.reads_forwarded.fetch_add(u64::from(forwarded), Ordering::Relaxed);
+                match self.read_slot(&file, at, out) {
+                    // A table that led astray (damaged on disk) or a failed
+                    // read: the index knows where the chunk is.
+                    Err(_) if forwarded => self.read_indexed(&key, r, out),
+                    other => other,
                 }
-                found
             }
-        });
-        let (at, file) = match located {
-            Some(found) => found,
-            None => {
-                self.read_index_lookups.fetch_add(1, Ordering::Relaxed);
-                let shard = self.index.read(index::shard_of(&key));
-                let Some(loc) = shard.get(&key).copied() else {
-                    return Err(Error::NotFound(format!("chunk {}", r.tag)));
-                };
-                // Still inside the shard's read lock: the entry cannot move, so
-                // its pack cannot be deleted (see the module docs).
-                let file =
-                    self.read_files().get(&loc.pack).expect("every index entry's pack is open").clone();
-                drop(shard);
-                (ChunkLoc { pack: loc.pack, slot: loc.slot, crc: loc.crc }, file)
-            }
+            None => self.read_indexed(&key, r, out),
         };
-        let offset = pack::slot_offset(at.slot);
-        let read = file.read_exact_at(out, offset);
         crate::observe::end(IoSource::Chunk, begun);
-        read?;
-        let actual = format::crc32c(out);
-        if actual != at.crc {
-            out.fill(0);
-            return Err(Error::ChecksumMismatch {
-                path: file.path().to_path_buf(),
-                offset,
-                expected: at.crc,
-                actual,
-            });
-        }
+        result?;
         // Into the buffer of the entry it evicts when nobody else holds
         // it: no 4 KiB allocation and free per miss (the allocator's arena
         // locks were where reads stalled next).
@@ -420,6 +403,40 @@ impl ChunkStore {
             }
             Arc::from(&out[..])
         });
+        Ok(())
+    }
+
+    /// Finds chunk `r` in the index (counted) and reads it.
+    fn read_indexed(&self, key: &Key, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
+        self.read_index_lookups.fetch_add(1, Ordering::Relaxed);
+        let (at, file) = {
+            let shard = self.index.read(index::shard_of(key));
+            let Some(loc) = shard.get(key).copied() else {
+                return Err(Error::NotFound(format!("chunk {}", r.tag)));
+            };
+            // Still inside the shard's read lock: the entry cannot move, so
+            // its pack cannot be deleted (see the module docs).
+            let file = self.read_files().get(&loc.pack).expect("every index entry's pack is open").clone();
+            (ChunkLoc { pack: loc.pack, slot: loc.slot, crc: loc.crc }, file)
+        };
+        self.read_slot(&file, at, out)
+    }
+
+    /// Reads slot `at.slot` of `file` into `out` and checks it against
+    /// `at.crc` (`ChecksumMismatch`, `out` zeroed, if it differs).
+    fn read_slot(&self, file: &Arc<dyn StorageFile>, at: ChunkLoc, out: &mut [u8]) -> Result<()> {
+        let offset = pack::slot_offset(at.slot);
+        file.read_exact_at(out, offset)?;
+        let actual = format::crc32c(out);
+        if actual != at.crc {
+            out.fill(0);
+            return Err(Error::ChecksumMismatch {
+                path: file.path().to_path_buf(),
+                offset,
+                expected: at.crc,
+                actual,
+            });
+        }
         Ok(())
     }
 

@@ -37,10 +37,11 @@ impl ChunkStore {
     /// leftovers or packs GC emptied).
     pub fn open(storage: Arc<dyn Storage>, dir: &Path, opts: ChunkStoreOptions) -> Result<ChunkStore> {
         let slots = opts.pack_bytes.saturating_sub(PACK_HEADER_BYTES) / CHUNK_BYTES as u64;
-        if slots == 0 {
+        if slots == 0 || opts.pack_bytes > pack::MAX_PACK_BYTES {
             return Err(Error::InvalidArgument(format!(
-                "pack_bytes {} leaves no room for a chunk after the {PACK_HEADER_BYTES}-byte header",
-                opts.pack_bytes
+                "pack_bytes {} must leave room for a chunk after the {PACK_HEADER_BYTES}-byte header and be at most {}",
+                opts.pack_bytes,
+                pack::MAX_PACK_BYTES
             )));
         }
         let slots_per_pack = u32::try_from(slots).unwrap_or(u32::MAX);

@@ -159,7 +159,10 @@ pub(crate) fn open_checked(
     Ok((file, header, spanned as u32))
 }
 
-/// File name of pack `id`.
+/// Largest pack the store accepts (its options are refused past it).
+pub const MAX_PACK_BYTES: u64 = 64 << 30;
+
+/// The file name of pack `id`.
 pub fn pack_file_name(id: u32) -> String {
     format!("pack-{id:08x}.pack")
 }

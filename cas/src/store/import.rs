@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  source --8 MiB batches--> 4 KiB blocks: zero -> hole (skipped)
-//!                                          else blake3 -> insert_missing
+//!                                          else blake3 -> insert_located
 //!  per 256 MiB of source (and at the end): chunks.sync(), then one
 //!  manifest commit (covered 0) of the batches' edits
 //!  at the end: IMAGE written atomically -> the image exists

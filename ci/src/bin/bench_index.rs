@@ -9,7 +9,13 @@
 //! - `open_ms`: `ChunkStore::open` of a synthetic store of
 //!   `BENCH_OPEN_CHUNKS` (default 16 M) chunks (journal plus sparse packs);
 //! - `read_path_index_lookups`: `ChunkStats::read_index_lookups` during a
-//!   full read of an image compacted in the same run (FsStorage).
+//!   full read of an image compacted, partly rewritten and repacked by GC
+//!   in the same run (FsStorage), beside the chunk reads it made and those
+//!   that followed forward tables.
+//!
+//! The memory figure depends on where the tables stand in their doubling:
+//! `table_load` (entries over buckets) says which. At 64 M chunks each
+//! shard has just doubled (about 50% full: the worst case).
 //!
 //! The index measured is the one in use: the whole index in memory
 //! (`cas::chunk::bench::IndexBench`, the store's own shards). The on-disk
@@ -89,6 +95,7 @@ fn memory_and_rates(chunks: u64) -> serde_json::Value {
         "chunks_inserted": chunks,
         "resident_bytes": resident,
         "estimated_table_bytes": index.table_bytes(),
+        "table_load": chunks as f64 / index.buckets() as f64,
         "ram_bytes_per_chunk": bytes_per_chunk,
         "ram_gib_per_tib_unique": bytes_per_chunk * TIB_CHUNKS / GIB,
         "insert_per_s": insert_per_s,
@@ -116,34 +123,61 @@ fn open_time(dir: &Path, chunks: u64) -> cas::Result<serde_json::Value> {
     )
 }
 
+/// Writes `bytes` of image "img": MiB `m` holds content `m + salt`, except
+/// every fourth MiB, which repeats content `salt` (shared chunks).
+fn write_image(image: &cas::Image, bytes: u64, salt: u64, keep: impl Fn(u64) -> bool) -> cas::Result<()> {
+    let mut buf = vec![0u8; 1 << 20];
+    for (m, off) in (0..bytes).step_by(buf.len()).enumerate() {
+        if !keep(m as u64) {
+            continue;
+        }
+        let id = if m % 4 == 3 { salt } else { m as u64 + salt };
+        for (k, b) in buf.chunks_exact_mut(8).enumerate() {
+            b.copy_from_slice(&(id << 32 | k as u64).to_le_bytes());
+        }
+        image.write(off, &buf, false)?;
+    }
+    image.flush()
+}
+
+/// A 64 MiB image compacted, two MiB in three overwritten and compacted
+/// again, GC repacking the mostly dead packs (1 MiB packs, no chunk cache),
+/// then read whole: how many reads asked the index, followed forward
+/// tables, and went to a pack at all.
 fn read_path(dir: &Path) -> cas::Result<serde_json::Value> {
     let _ = std::fs::remove_dir_all(dir);
     let storage: Arc<dyn Storage> = Arc::new(FsStorage::new());
-    let opts = StoreOptions { background_compaction: false, ..StoreOptions::default() };
+    let opts = StoreOptions {
+        background_compaction: false,
+        pack_bytes: 1 << 20,
+        chunk_cache_bytes: 0,
+        ..StoreOptions::default()
+    };
     let store = Store::create(storage, dir, opts)?;
     let bytes = 64u64 << 20;
     store.create_image("img", bytes)?;
     let image = store.open_image("img")?;
-    let mut buf = vec![0u8; 1 << 20];
-    for (m, off) in (0..bytes).step_by(buf.len()).enumerate() {
-        for (k, b) in buf.chunks_exact_mut(8).enumerate() {
-            // Every fourth MiB repeats the first: shared chunks too.
-            let id = if m % 4 == 3 { 0 } else { m };
-            b.copy_from_slice(&((id as u64) << 32 | k as u64).to_le_bytes());
-        }
-        image.write(off, &buf, false)?;
-    }
-    image.flush()?;
+    write_image(&image, bytes, 0, |_| true)?;
     store.compact_once(&image)?;
-    let before = store.chunk_stats().read_index_lookups;
+    write_image(&image, bytes, 1000, |m| m % 3 != 0)?;
+    store.compact_once(&image)?;
+    let gc = store.gc_with(&cas::gc::GcOptions { repack_dead_fraction: 0.3, ..Default::default() })?;
+    let before = store.chunk_stats();
+    let mut buf = vec![0u8; 1 << 20];
     for off in (0..bytes).step_by(buf.len()) {
         image.read(off, &mut buf)?;
     }
-    let lookups = store.chunk_stats().read_index_lookups - before;
+    let after = store.chunk_stats();
     drop(image);
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
-    Ok(serde_json::json!({ "read_path_blocks": bytes / 4096, "read_path_index_lookups": lookups }))
+    Ok(serde_json::json!({
+        "read_path_blocks": bytes / 4096,
+        "read_path_chunk_reads": after.cache_misses - before.cache_misses,
+        "read_path_index_lookups": after.read_index_lookups - before.read_index_lookups,
+        "read_path_reads_forwarded": after.reads_forwarded - before.reads_forwarded,
+        "read_path_gc_chunks_moved": gc.chunks_moved,
+    }))
 }
 
 fn main() -> cas::Result<()> {
@@ -162,9 +196,10 @@ fn main() -> cas::Result<()> {
     }
     let ram = report["ram_gib_per_tib_unique"].as_f64().unwrap_or(f64::NAN);
     let lookups = report["read_path_index_lookups"].as_u64().unwrap_or(u64::MAX);
+    let chunk_reads = report["read_path_chunk_reads"].as_u64().unwrap_or(0);
     report["targets"] = serde_json::json!({
         "ram_gib_per_tib_unique <= 1.5": ram <= 1.5,
-        "read_path_index_lookups == 0": lookups == 0,
+        "read_path_index_lookups == 0": lookups == 0 && chunk_reads > 0,
     });
     let out = serde_json::to_string_pretty(&report).expect("json");
     std::fs::create_dir_all("target/bench").ok();
