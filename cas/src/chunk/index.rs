@@ -23,7 +23,7 @@
 //! the shard's *read* lock, with readers still inside, and then swap the
 //! copy in under the write lock in O(1) (see `ChunkStore::grow_shard`).
 
-use super::{ChunkHash, ChunkTag, Writer};
+use super::{ChunkHash, ChunkLoc, ChunkTag, Writer};
 use crossbeam::utils::CachePadded;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -91,6 +91,13 @@ pub(crate) struct Loc {
     /// The newest GC epoch in which the chunk was inserted, deduplicated
     /// against, or marked. GC sweeps only entries older than its epoch.
     pub epoch: u32,
+}
+
+impl Loc {
+    /// The location a manifest leaf records (without the GC epoch).
+    pub fn at(&self) -> ChunkLoc {
+        ChunkLoc { pack: self.pack, slot: self.slot, crc: self.crc }
+    }
 }
 
 pub(crate) type IndexMap = HashMap<Key, Loc, PrefixBuild>;

@@ -417,7 +417,7 @@ impl ChunkStore {
             // Still inside the shard's read lock: the entry cannot move, so
             // its pack cannot be deleted (see the module docs).
             let file = self.read_files().get(&loc.pack).expect("every index entry's pack is open").clone();
-            (ChunkLoc { pack: loc.pack, slot: loc.slot, crc: loc.crc }, file)
+            (loc.at(), file)
         };
         self.read_slot(&file, at, out)
     }

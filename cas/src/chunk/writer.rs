@@ -37,14 +37,6 @@ use std::collections::hash_map::{Entry, HashMap};
 /// Chunks per pwrite (4 MiB): bounds the run buffer.
 pub(crate) const RUN_CHUNKS: usize = 1024;
 
-/// Where `write_chunks` put one chunk.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Placed {
-    pub pack: u32,
-    pub slot: u32,
-    pub crc: u32,
-}
-
 impl ChunkStore {
     /// Stores every chunk of `chunks` that is not stored yet, exactly once
     /// across concurrent callers, and returns what it did. Each entry is
@@ -107,7 +99,7 @@ impl ChunkStore {
             match self.index.get(&key) {
                 Some(loc) => {
                     stats.dup_chunks += 1;
-                    locs[i] = Some(ChunkLoc { pack: loc.pack, slot: loc.slot, crc: loc.crc });
+                    locs[i] = Some(loc.at());
                     if loc.epoch < pin.epoch {
                         let mut shard = self.index.write(w, index::shard_of(&key));
                         let loc = shard.get_mut(&key).expect("the writer lock keeps entries");
@@ -137,7 +129,7 @@ impl ChunkStore {
                 self.index.write(w, index::shard_of(&key)).insert(key, loc);
                 w.packs.get_mut(&p.pack).expect("placed in an open pack").live += 1;
                 w.pending.push(JournalOp::Put { hash: key.0, pack: p.pack, slot: p.slot, crc: p.crc });
-                locs[i] = Some(ChunkLoc { pack: p.pack, slot: p.slot, crc: p.crc });
+                locs[i] = Some(*p);
             }
             w.seq += placed.len() as u64;
             stats.new_chunks = placed.len() as u64;
@@ -214,14 +206,14 @@ impl ChunkStore {
     }
 
     /// Appends `datas` to the active pack(s), one pwrite per run, and
-    /// returns where each went. Nothing is published to the index; if a run
+    /// returns where each went (with its crc32c). Nothing is published to the index; if a run
     /// fails, the slots of earlier runs are left dead.
     pub(crate) fn write_chunks<'d>(
         &self,
         w: &mut Writer,
         datas: impl ExactSizeIterator<Item = &'d [u8]>,
         bytes_written: &mut u64,
-    ) -> Result<Vec<Placed>> {
+    ) -> Result<Vec<ChunkLoc>> {
         let mut datas = datas.peekable();
         let mut placed = Vec::with_capacity(datas.len());
         while datas.peek().is_some() {
@@ -231,7 +223,7 @@ impl ChunkStore {
             for (j, data) in datas.by_ref().take(n).enumerate() {
                 w.buf.extend_from_slice(data);
                 let crc = format::crc32c(data);
-                placed.push(Placed { pack: id, slot: first_slot + j as u32, crc });
+                placed.push(ChunkLoc { pack: id, slot: first_slot + j as u32, crc });
             }
             if let Err(e) = file.write_all_at(&w.buf, pack::slot_offset(first_slot)) {
                 placed.truncate(placed.len() - n);
