@@ -94,7 +94,7 @@ impl IndexCheck {
         let mut pack_files: Vec<u32> = names.iter().filter_map(|n| pack::parse_pack_file_name(n)).collect();
         pack_files.sort_unstable();
         for n in &names {
-            if n.strip_suffix(".tmp").and_then(forward::parse_forward_file_name).is_some() {
+            if forward::is_forward_tmp_name(n) {
                 // What an open removes (recorded by the dry run, reported as a leftover).
                 if let Err(e) = storage.remove_file(&dir.join(n)) {
                     report.problem(Finding::from_error("forward-table", None, &dir.join(n), &e));

@@ -22,7 +22,7 @@
 //! deletes the tables none did (see crate::gc). In memory each table costs
 //! 12 bytes per moved chunk.
 
-use super::{ChunkLoc, ChunkStore};
+use super::{pack, ChunkLoc, ChunkStore};
 use crate::error::{Error, Result};
 use crate::format::{self, Decoder, Encoder};
 use crate::storage::{write_atomic, OpenMode, Storage, StorageFile};
@@ -35,7 +35,7 @@ pub(crate) const FORWARD_VERSION: u32 = 1;
 const HEADER_BYTES: usize = 8 + 4 + 4 + 8 + 4 + 4;
 const ENTRY_BYTES: usize = 12;
 /// Largest table accepted: as many moves as the largest pack has slots.
-const MAX_ENTRIES: u32 = (super::pack::MAX_PACK_BYTES / super::pack::CHUNK_BYTES as u64) as u32;
+const MAX_ENTRIES: u32 = (pack::MAX_PACK_BYTES / pack::CHUNK_BYTES as u64) as u32;
 
 /// Where one slot's chunk went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,16 +116,18 @@ impl Forward {
 
 /// The file name of pack `id`'s forward table.
 pub fn forward_file_name(id: u32) -> String {
-    format!("pack-{id:08x}.fwd")
+    pack::pack_id_file_name(id, ".fwd")
 }
 
 /// The pack id a forward table's file name names.
 pub fn parse_forward_file_name(name: &str) -> Option<u32> {
-    let hex = name.strip_prefix("pack-")?.strip_suffix(".fwd")?;
-    if hex.len() != 8 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    u32::from_str_radix(hex, 16).ok()
+    pack::parse_pack_id_file_name(name, ".fwd")
+}
+
+/// True for a table write a crash cut short (`write_atomic`'s tmp file):
+/// what an open deletes.
+pub(crate) fn is_forward_tmp_name(name: &str) -> bool {
+    pack::parse_pack_id_file_name(name, ".fwd.tmp").is_some()
 }
 
 /// Decodes hostile bytes as a forward table (the fuzz entry point).
@@ -216,7 +218,7 @@ pub(crate) fn load_forwards(
 ) -> Result<Forwards> {
     let mut forwards = Forwards::new();
     for name in names {
-        if name.strip_suffix(".tmp").and_then(parse_forward_file_name).is_some() {
+        if is_forward_tmp_name(name) {
             storage.remove_file(&dir.join(name))?;
             continue;
         }

@@ -162,18 +162,29 @@ pub(crate) fn open_checked(
 /// Largest pack the store accepts (its options are refused past it).
 pub const MAX_PACK_BYTES: u64 = 64 << 30;
 
-/// The file name of pack `id`.
-pub fn pack_file_name(id: u32) -> String {
-    format!("pack-{id:08x}.pack")
+/// The name of pack `id`'s file ending in `ext`: `pack-<8 hex digits><ext>`
+/// (the pack itself, `.pack`; its forward table, `.fwd`).
+pub(crate) fn pack_id_file_name(id: u32, ext: &str) -> String {
+    format!("pack-{id:08x}{ext}")
 }
 
-/// The pack id named by a file name, if it is a pack file name.
-pub fn parse_pack_file_name(name: &str) -> Option<u32> {
-    let hex = name.strip_prefix("pack-")?.strip_suffix(".pack")?;
+/// The pack id in a file name `pack_id_file_name` made with `ext`.
+pub(crate) fn parse_pack_id_file_name(name: &str, ext: &str) -> Option<u32> {
+    let hex = name.strip_prefix("pack-")?.strip_suffix(ext)?;
     if hex.len() != 8 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     u32::from_str_radix(hex, 16).ok()
+}
+
+/// The file name of pack `id`.
+pub fn pack_file_name(id: u32) -> String {
+    pack_id_file_name(id, ".pack")
+}
+
+/// The pack id named by a file name, if it is a pack file name.
+pub fn parse_pack_file_name(name: &str) -> Option<u32> {
+    parse_pack_id_file_name(name, ".pack")
 }
 
 /// Decodes hostile bytes as a pack header (the fuzz entry point).
