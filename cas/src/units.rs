@@ -50,17 +50,24 @@ impl ChunkHash {
     }
 }
 
-impl fmt::Display for ChunkHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
-    }
+/// Display and Debug of a name as lower-case hex of its bytes.
+macro_rules! hex_name {
+    ($t:ty) => {
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+            }
+        }
+
+        impl fmt::Debug for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(self, f)
+            }
+        }
+    };
 }
 
-impl fmt::Debug for ChunkHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
+hex_name!(ChunkHash);
 
 impl ChunkHash {
     /// The part of the hash that identifies the chunk (see [`ChunkTag`]).
@@ -89,17 +96,7 @@ impl ChunkTag {
     }
 }
 
-impl fmt::Display for ChunkTag {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
-    }
-}
-
-impl fmt::Debug for ChunkTag {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
+hex_name!(ChunkTag);
 
 /// Where a chunk's bytes were stored: a pack (ids are never reused), a
 /// slot in it, and the crc32c of the 4096 bytes. A pack's slot never

@@ -97,6 +97,16 @@ fn moved(store: &Store) -> (Arc<Image>, Vec<u64>, cas::GcReport) {
     (image, expect, gc)
 }
 
+/// `moved`, then the store closed: its storage, and each block's version.
+fn moved_and_closed() -> (MemStorage, Arc<dyn Storage>, Vec<u64>) {
+    let (mem, store) = mem_store(opts());
+    let (image, expect, _) = moved(&store);
+    drop(image);
+    drop(store);
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    (mem, storage, expect)
+}
+
 #[test]
 fn a_chunk_gc_moved_is_read_through_its_old_packs_forward_table() {
     let (mem, store) = mem_store(opts());
@@ -133,11 +143,7 @@ fn a_chunk_gc_moved_is_read_through_its_old_packs_forward_table() {
 /// index.
 #[test]
 fn without_the_forward_table_a_moved_chunk_is_found_through_the_index() {
-    let (mem, store) = mem_store(opts());
-    let (image, expect, _) = moved(&store);
-    drop(image);
-    drop(store);
-    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let (mem, storage, expect) = moved_and_closed();
     let fsck = |what: &str| {
         let r = fsck::check(storage.clone(), &store_dir(), &FsckOptions::default()).unwrap();
         (r.problems.iter().map(|f| f.kind).collect::<Vec<_>>(), what.to_string())
@@ -230,11 +236,7 @@ fn fsck_finds_a_leaf_that_names_the_wrong_slot() {
 /// the index finds the chunk.
 #[test]
 fn a_forward_table_that_leads_astray_falls_back_to_the_index() {
-    let (mem, store) = mem_store(opts());
-    let (image, expect, _) = moved(&store);
-    drop(image);
-    drop(store);
-    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let (mem, storage, expect) = moved_and_closed();
     let chunks = store_dir().join("chunks");
     for name in storage.list_dir(&chunks).unwrap().iter().filter(|n| n.ends_with(".fwd")) {
         let f = storage.open(&chunks.join(name), OpenMode::Existing).unwrap();
