@@ -221,8 +221,8 @@ fn a_huge_discard_is_split_across_batches() {
 }
 
 /// The compaction budget cuts batches short (back-pressure) without
-/// stopping compaction; a chunk index over its budget refuses the pass
-/// with a clear error and leaves the image readable from its log.
+/// stopping compaction; a chunk index over its budget still compacts (it
+/// finds fewer duplicates instead).
 #[test]
 fn memory_budgets_give_back_pressure_not_failure() {
     let mem = MemStorage::new();
@@ -248,9 +248,10 @@ fn memory_budgets_give_back_pressure_not_failure() {
     store.create_image("i", 16 << 20).unwrap();
     let image = store.open_image("i").unwrap();
     image.write(0, &payload(1, 0, 4096), true).unwrap();
-    let e = store.compact_once(&image).unwrap_err();
-    assert!(matches!(e, Error::MemoryBudget(_)), "{e}");
-    assert_eq!(store.image_stats(&image).compaction.errors, 1);
+    let r = store.compact_once(&image).unwrap();
+    assert_eq!(r.covered_after, image.durable_seq());
+    assert_eq!(store.image_stats(&image).compaction.errors, 0);
+    assert!(store.chunk_stats().index_summary_fraction_ppm < 1_000_000, "{:?}", store.chunk_stats());
     assert!(read_tokens(&image).unwrap()[..4096].iter().all(|&t| t == 1));
     image.write(0, &payload(2, 0, 8), false).unwrap();
 }

@@ -1,6 +1,7 @@
 //! Devices' request buffers count against the store's memory budget: a
 //! loan that does not fit is refused naming the figures, a loan shrinks
-//! what the chunk index may grow into, and dropping it gives that back.
+//! what the chunk index's summary may grow into (it then finds fewer
+//! duplicates; writes never fail), and dropping it gives that back.
 
 mod common;
 
@@ -38,13 +39,14 @@ fn a_loan_leaves_the_index_only_what_is_left() {
     let (mem, store) = mem_store(opts());
     store.create_image("i", 64 * MIB).unwrap();
     let image = store.open_image("i").unwrap();
-    // Everything but 64 KiB of the index's part is lent.
-    let loan = store.lend_memory(8 * MIB - (64 << 10), "buffers").unwrap();
+    // Everything but 64 KiB of the index's part is lent (its summary
+    // takes 96 KiB as soon as it holds anything).
+    let index_bytes = store.chunk_stats().index_memory_bytes;
+    let loan = store.lend_memory(8 * MIB - (64 << 10) - index_bytes, "buffers").unwrap();
+    assert!(store.lend_memory(128 << 10, "more").is_err());
     image.write(0, &payload(1, 0, 32 * 1024), true).unwrap(); // 16 MiB: 4096 new chunks
-    let e = store.compact_once(&image).unwrap_err();
-    assert!(matches!(e, Error::MemoryBudget(_)), "the index grew into lent memory: {e}");
+    store.compact_once(&image).expect("a full budget costs dedup, not writes");
     drop(loan);
-    store.compact_once(&image).expect("with the loan returned the index fits");
     assert!(read_tokens(&image).unwrap()[..32 * 1024].iter().all(|&t| t == 1));
     drop((image, store));
     let store = reopen(&mem, opts()).unwrap();

@@ -1,15 +1,120 @@
-//! What `ci/bench index` drives directly: the in-memory chunk index as the
-//! store lays it out (256 shards of swiss tables, 48-byte entries), without
-//! pack I/O, and a synthetic store of many chunks to time an open. Not
-//! part of the store's API.
+//! What `ci/bench index` drives directly: the dedup index the store uses
+//! (memtable, runs, summary; `DedupBench`) and, as the baseline, the
+//! whole-index-in-memory layout the store used before it (256 shards of
+//! swiss tables, 48-byte entries; `IndexBench`), both without pack I/O; and
+//! a synthetic store of many chunks to time an open. Not part of the
+//! store's API.
 
+use super::dedup::root::Root;
+use super::dedup::run::{Entry, RunWriter};
+use super::dedup::slots::{self, Bits};
+use super::dedup::summary::PARTITIONS;
+use super::dedup::{self, DedupIndex, ProbeCost};
 use super::index::{shard_of, IndexMap, Key, Loc, PrefixBuild, SHARDS};
-use super::journal::{Journal, JournalOp};
+use super::journal::Journal;
 use super::pack::{self, PackHeader};
-use super::{ChunkHash, ChunkTag};
+use super::{ChunkHash, ChunkLoc, ChunkTag};
 use crate::error::Result;
 use crate::storage::{OpenMode, Storage};
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The dedup index as the chunk store drives it, without packs: an insert
+/// probes it and, if the hash is new, puts it in the memtable; once the
+/// memtable holds what the store would flush at this size, it is written
+/// as a run (merged with the newest runs as the store does). Every entry
+/// stays valid (nothing is freed).
+pub struct DedupBench {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    index: DedupIndex,
+    next_id: u64,
+    entries: u64,
+    /// Run pages read by probes.
+    pub page_reads: u64,
+    pub flushes: u64,
+}
+
+impl DedupBench {
+    /// An empty index writing its runs into `dir` (created), with the
+    /// summary limited to `summary_budget_bytes`.
+    pub fn new(storage: Arc<dyn Storage>, dir: &Path, summary_budget_bytes: u64) -> Result<DedupBench> {
+        storage.create_dir_all(dir)?;
+        Ok(DedupBench {
+            storage,
+            dir: dir.to_path_buf(),
+            index: DedupIndex::new(PARTITIONS, summary_budget_bytes),
+            next_id: 1,
+            entries: 0,
+            page_reads: 0,
+            flushes: 0,
+        })
+    }
+
+    /// Inserts `hash` at (`pack`, `slot`) unless the index finds it; true
+    /// if it was new.
+    pub fn insert(&mut self, hash: &ChunkHash, pack: u32, slot: u32, crc: u32) -> Result<bool> {
+        if self.lookup(hash)?.is_some() {
+            return Ok(false);
+        }
+        self.index.put(*hash, ChunkLoc { pack, slot, crc });
+        self.entries += 1;
+        let flush_at = super::writer::flush_records(
+            self.entries,
+            super::ChunkStoreOptions::default().index_checkpoint_min_bytes,
+        );
+        if self.index.mem.len() as u64 >= flush_at {
+            self.flush()?;
+        }
+        Ok(true)
+    }
+
+    /// The dedup lookup the store's inserts make.
+    pub fn lookup(&mut self, hash: &ChunkHash) -> Result<Option<(u32, u32)>> {
+        let mut cost = ProbeCost::default();
+        let found = self.index.probe(hash, &|_| true, &mut cost)?;
+        self.page_reads += cost.page_reads;
+        Ok(found.map(|at| (at.pack, at.slot)))
+    }
+
+    /// Writes the memtable as a run.
+    pub fn flush(&mut self) -> Result<()> {
+        let frozen = self.index.freeze();
+        let (inputs, level) = self.index.plan_flush();
+        let new = dedup::write_merged(
+            self.storage.as_ref(),
+            &self.dir,
+            1,
+            self.next_id,
+            level,
+            &inputs,
+            &dedup::sorted_entries(&frozen),
+            &|_| true,
+        )?;
+        self.next_id += 1;
+        self.index.install(&inputs, new);
+        for run in &inputs {
+            self.storage.remove_file(run.path())?;
+        }
+        self.flushes += 1;
+        Ok(())
+    }
+
+    /// The index's own estimate of its heap bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        self.index.memory_bytes()
+    }
+
+    pub fn runs(&self) -> u64 {
+        self.index.runs().count() as u64
+    }
+
+    /// Fraction of hash space the summary covers.
+    pub fn summary_fraction(&self) -> f64 {
+        self.index.summary_limit() as f64 / PARTITIONS as f64
+    }
+}
 
 /// Today's index: the shards of `ChunkStore`'s index, filled directly.
 pub struct IndexBench {
@@ -60,10 +165,11 @@ impl IndexBench {
     }
 }
 
-/// Writes a chunk store in `dir` that indexes `chunks` chunks: an index
-/// journal of that many puts (hashes from `hash_of`) and the packs they
-/// name, as sparse files of the full length. Its chunks' bytes are zeros
-/// (the store's open never reads them).
+/// Writes a chunk store in `dir` that indexes `chunks` chunks as a flush
+/// leaves it: one run of that many entries (hashes from `hash_of`), a
+/// slots file, an empty journal, the root, and the packs they name, as
+/// sparse files of the full length. Its chunks' bytes are zeros (the
+/// store's open never reads them).
 pub fn write_synthetic_store(
     storage: &dyn Storage,
     dir: &Path,
@@ -73,20 +179,37 @@ pub fn write_synthetic_store(
 ) -> Result<()> {
     storage.create_dir_all(dir)?;
     let store_id = 0x5eed_1dec;
-    let mut journal = Journal::create(storage, dir, store_id)?;
     let packs = chunks.div_ceil(u64::from(slots_per_pack)) as u32;
-    let mut ops = Vec::with_capacity(1 << 16);
-    ops.push(JournalOp::NextPack { id: packs + 1 });
-    for i in 0..chunks {
-        let (pack, slot) =
-            ((i / u64::from(slots_per_pack)) as u32 + 1, (i % u64::from(slots_per_pack)) as u32);
-        ops.push(JournalOp::Put { hash: hash_of(i), pack, slot, crc: 0 });
-        if ops.len() == ops.capacity() {
-            journal.append(&ops)?;
-            ops.clear();
-        }
+    let place = |i: u64| ((i / u64::from(slots_per_pack)) as u32 + 1, (i % u64::from(slots_per_pack)) as u32);
+    let mut entries: Vec<Entry> = (0..chunks)
+        .map(|i| {
+            let (pack, slot) = place(i);
+            Entry { hash: hash_of(i), at: ChunkLoc { pack, slot, crc: 0 } }
+        })
+        .collect();
+    entries.sort_unstable_by(|a, b| a.hash.as_bytes().cmp(b.hash.as_bytes()));
+    entries.dedup_by(|a, b| a.hash == b.hash);
+    let mut run = RunWriter::create(storage, dir, 1, 0, store_id)?;
+    let mut bits: BTreeMap<u32, Bits> = BTreeMap::new();
+    for e in &entries {
+        run.push(e)?;
+        bits.entry(e.at.pack).or_default().set(e.at.slot);
     }
-    journal.append(&ops)?;
+    drop(entries);
+    run.finish()?;
+    slots::write(storage, dir, 2, &slots::encode(store_id, &bits))?;
+    Journal::create(storage, dir, store_id, 1)?;
+    let root = Root {
+        store_id,
+        generation: 1,
+        next_file_id: 3,
+        next_pack_id: packs + 1,
+        journal_generation: 1,
+        slots_id: 2,
+        runs: vec![1],
+        summary_limit: PARTITIONS as u32,
+    };
+    root.write(storage, dir)?;
     for id in 1..=packs {
         let f = storage.open(&dir.join(pack::pack_file_name(id)), OpenMode::CreateNew)?;
         let header = PackHeader { store_id, pack_id: id, capacity_slots: slots_per_pack };

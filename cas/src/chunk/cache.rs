@@ -153,23 +153,6 @@ where
         }
     }
 
-    /// Drops the entry under `key`, if any.
-    pub fn remove(&self, key: &K) {
-        let mut guard = lock(self.shard(key));
-        let sh = &mut *guard;
-        let Some(i) = sh.map.remove(key) else { return };
-        let gone = sh.slots.swap_remove(i);
-        if i < sh.slots.len() {
-            let moved = sh.slots[i].key.clone();
-            sh.map.insert(moved, i);
-        }
-        if sh.hand >= sh.slots.len() {
-            sh.hand = 0;
-        }
-        drop(guard);
-        drop(gone);
-    }
-
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).slots.len()).sum()
     }
@@ -203,9 +186,6 @@ mod tests {
         for &i in &present {
             assert_eq!(c.get(&i), Some(i * 10));
         }
-        c.remove(&present[0]);
-        assert_eq!(c.get(&present[0]), None);
-        assert_eq!(c.len(), 63);
     }
 
     #[test]

@@ -10,15 +10,20 @@
 //! entries marked, so the manifest walk can name the image blocks they
 //! take down with them.
 
+use super::dedup::root::{Root, ROOT_FILE};
+use super::dedup::run::{self, Run};
+use super::dedup::slots::{self, Bits};
 use super::forward;
 use super::journal::{self, Journal, JournalOp};
 use super::pack::{self, CHUNK_BYTES};
+use super::ChunkLoc;
 use super::{ChunkHash, ChunkTag};
 use crate::format;
 use crate::fsck::{Finding, FsckReport};
 use crate::storage::{Change, OpenMode, Storage};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Bytes read from a pack at a time.
 const READ_BYTES: usize = 1 << 20;
@@ -69,6 +74,125 @@ pub struct Entry {
     pub refs: u32,
 }
 
+/// Reads the whole index as an open would see it, reporting what is
+/// damaged: (store id, each chunk's newest entry in a live slot, the live
+/// bits). Index files the root does not name are removed (recorded by the
+/// dry run) as an open would. None if the index cannot be read.
+fn load_index(
+    storage: &dyn Storage,
+    dir: &Path,
+    report: &mut FsckReport,
+) -> Option<(u64, HashMap<ChunkHash, ChunkLoc>, BTreeMap<u32, Bits>)> {
+    let journal_path = dir.join(journal::INDEX_FILE);
+    let root = match Root::read(storage, dir) {
+        Ok(r) => r,
+        Err(e) => {
+            report.problem(Finding::from_error("index-root", None, &dir.join(ROOT_FILE), &e));
+            return None;
+        }
+    };
+    let mut bits: BTreeMap<u32, Bits> = BTreeMap::new();
+    // Entries in order, oldest first; which are live is known only at the end.
+    let mut ordered: Vec<(ChunkHash, ChunkLoc)> = Vec::new();
+    let mut removed: Vec<ChunkHash> = Vec::new();
+    let mut replay_journal = true;
+    let mut store_id = 0;
+    if let Some(root) = &root {
+        store_id = root.store_id;
+        if let Ok(names) = storage.list_dir(dir) {
+            for n in names {
+                let stale = match (run::parse_run_file_name(&n), slots::parse_slots_file_name(&n)) {
+                    (Some(id), _) => !root.runs.contains(&id),
+                    (_, Some(id)) => id != root.slots_id,
+                    _ => false,
+                };
+                if stale {
+                    let _ = storage.remove_file(&dir.join(&n));
+                }
+            }
+        }
+        if root.slots_id != 0 {
+            match slots::read(storage, dir, root.slots_id, root.store_id) {
+                Ok(b) => bits = b,
+                Err(e) => {
+                    let path = dir.join(slots::slots_file_name(root.slots_id));
+                    report.problem(Finding::from_error("index-slots", None, &path, &e));
+                    return None;
+                }
+            }
+        }
+        for &id in &root.runs {
+            let path = dir.join(run::run_file_name(id));
+            let streamed = Run::open(storage, dir, id, root.store_id).and_then(|(r, _)| {
+                let mut st = Arc::new(r).stream();
+                while let Some(e) = st.next_entry()? {
+                    ordered.push((e.hash, e.at));
+                }
+                Ok(())
+            });
+            if let Err(e) = streamed {
+                report.problem(Finding::from_error("index-run", None, &path, &e));
+                return None;
+            }
+        }
+        match Journal::header(storage, dir) {
+            Ok((v, g)) => replay_journal = v == journal::INDEX_VERSION && g == root.journal_generation,
+            Err(e) => {
+                report.problem(Finding::from_error("index", None, &journal_path, &e));
+                return None;
+            }
+        }
+    }
+    let legacy = root.is_none();
+    if replay_journal {
+        let replay = Journal::open(storage, dir, |op| {
+            match op {
+                JournalOp::Put { hash, pack, slot, crc } => {
+                    ordered.push((hash, ChunkLoc { pack, slot, crc }));
+                    bits.entry(pack).or_default().set(slot);
+                }
+                JournalOp::Remove { hash } => removed.push(hash),
+                JournalOp::Free { pack, slot } => {
+                    if let Some(b) = bits.get_mut(&pack) {
+                        b.clear(slot);
+                    }
+                }
+                JournalOp::NextPack { .. } => {}
+            }
+            Ok(())
+        });
+        match replay {
+            Ok(j) => store_id = j.store_id,
+            Err(e) => {
+                report.problem(Finding::from_error("index", None, &journal_path, &e));
+                return None;
+            }
+        }
+    }
+    let mut map: HashMap<ChunkHash, ChunkLoc> = HashMap::new();
+    if legacy {
+        // The journal is the whole index: last put wins, removes remove.
+        bits.clear();
+        for (hash, at) in ordered {
+            map.insert(hash, at);
+        }
+        for hash in removed {
+            map.remove(&hash);
+        }
+        for at in map.values() {
+            bits.entry(at.pack).or_default().set(at.slot);
+        }
+    } else {
+        let live = |at: &ChunkLoc| bits.get(&at.pack).is_some_and(|b| b.get(at.slot));
+        for (hash, at) in ordered {
+            if live(&at) {
+                map.insert(hash, at);
+            }
+        }
+    }
+    Some((store_id, map, bits))
+}
+
 /// The replayed index, sorted by hash.
 pub struct IndexCheck {
     dir: PathBuf,
@@ -103,14 +227,18 @@ impl IndexCheck {
             }
             let known = n == journal::INDEX_FILE
                 || forward::parse_forward_file_name(n).is_some()
-                || n == journal::INDEX_TMP_FILE;
+                || n == journal::INDEX_TMP_FILE
+                || n == ROOT_FILE
+                || *n == format!("{ROOT_FILE}.tmp")
+                || run::parse_run_file_name(n).is_some()
+                || slots::parse_slots_file_name(n).is_some();
             if !known && pack::parse_pack_file_name(n).is_none() {
                 let f =
                     Finding::new("unknown-file", None, &dir.join(n), "not a file casblk writes; left alone");
                 report.note(f);
             }
         }
-        if !storage.exists(&dir.join(journal::INDEX_FILE)) {
+        if !storage.exists(&dir.join(journal::INDEX_FILE)) && !storage.exists(&dir.join(ROOT_FILE)) {
             if !pack_files.is_empty() {
                 let detail = "pack files exist but the chunk index is missing: no chunk can be found";
                 report.problem(Finding::new("index-missing", None, &dir.join(journal::INDEX_FILE), detail));
@@ -126,42 +254,33 @@ impl IndexCheck {
                 referenced_packs,
             });
         }
-        let mut map: HashMap<ChunkHash, (u32, u32, u32)> = HashMap::new();
-        let replay = Journal::open(storage, dir, |op| {
-            match op {
-                JournalOp::Put { hash, pack, slot, crc } => {
-                    map.insert(hash, (pack, slot, crc));
-                }
-                JournalOp::Remove { hash } => {
-                    map.remove(&hash);
-                }
-                JournalOp::NextPack { .. } => {}
-            }
-            Ok(())
-        });
-        let journal = match replay {
-            Ok(j) => j,
-            Err(e) => {
-                report.problem(Finding::from_error("index", None, &dir.join(journal::INDEX_FILE), &e));
-                return None;
-            }
-        };
+        let (store_id, map, bits) = load_index(storage, dir, report)?;
         let mut entries: Vec<Entry> = map
             .into_iter()
-            .map(|(hash, (pack, slot, crc))| Entry {
+            .map(|(hash, at)| Entry {
                 hash,
-                pack,
-                slot,
-                crc,
+                pack: at.pack,
+                slot: at.slot,
+                crc: at.crc,
                 state: ChunkState::Unchecked,
                 refs: 0,
             })
             .collect();
         entries.sort_unstable_by_key(|e| e.hash);
         report.counts.chunks = entries.len() as u64;
-        let mut referenced: Vec<u32> = entries.iter().map(|e| e.pack).collect();
+        // Live slots no entry names: GC could not move them.
+        let mut named: Vec<(u32, u32)> = entries.iter().map(|e| (e.pack, e.slot)).collect();
+        named.sort_unstable();
+        for (&id, b) in &bits {
+            let unnamed = b.iter().filter(|&slot| named.binary_search(&(id, slot)).is_err()).count();
+            if unnamed > 0 {
+                let detail = format!("{unnamed} live slots of pack {id} are named by no index entry");
+                report.problem(Finding::new("index-slot", None, &dir.join(pack::pack_file_name(id)), detail));
+            }
+        }
+        let mut referenced: Vec<u32> =
+            bits.iter().filter(|(_, b)| b.count() > 0).map(|(&id, _)| id).collect();
         referenced.sort_unstable();
-        referenced.dedup();
         report.counts.packs = referenced.len() as u64;
         for &id in &pack_files {
             if referenced.binary_search(&id).is_err() {
@@ -173,7 +292,7 @@ impl IndexCheck {
         }
         for (id, n) in names.iter().filter_map(|n| Some((forward::parse_forward_file_name(n)?, n))) {
             let path = dir.join(n);
-            if let Err(e) = forward::read_forward(storage, &path, id, journal.store_id) {
+            if let Err(e) = forward::read_forward(storage, &path, id, store_id) {
                 let mut f = Finding::from_error("forward-table", None, &path, &e);
                 f.detail +=
                     " (an open ignores it: reads of the chunks GC moved out of this pack ask the index)";
@@ -182,7 +301,7 @@ impl IndexCheck {
         }
         Some(IndexCheck {
             dir: dir.to_path_buf(),
-            store_id: journal.store_id,
+            store_id,
             entries,
             pack_files,
             referenced_packs: referenced,

@@ -152,13 +152,23 @@ impl ChunkStore {
     /// Where the chunk that was at `at` is now, following forward tables
     /// from a deleted pack to one that exists (None: not forwarded there,
     /// or more than `MAX_FORWARD_HOPS` moves).
-    pub(crate) fn forwarded(&self, mut at: ChunkLoc) -> Option<(ChunkLoc, Arc<dyn StorageFile>)> {
+    pub(crate) fn forwarded(&self, at: ChunkLoc) -> Option<(ChunkLoc, Arc<dyn StorageFile>)> {
+        let at = self.forward_target(at, |p| self.read_files().contains_key(&p))?;
+        // Deleted since (then the index answers).
+        let file = self.read_files().get(&at.pack)?.clone();
+        Some((at, file))
+    }
+
+    /// Where forward tables send the chunk that was at `at`: the first
+    /// place whose pack `exists` says is there (None: no table leads on,
+    /// or more than `MAX_FORWARD_HOPS` moves).
+    pub(crate) fn forward_target(&self, mut at: ChunkLoc, exists: impl Fn(u32) -> bool) -> Option<ChunkLoc> {
         let forwards = self.forwards.read().unwrap_or_else(|p| p.into_inner());
         for _ in 0..MAX_FORWARD_HOPS {
             let (pack, slot) = forwards.get(&at.pack)?.lookup(at.slot)?;
             at = ChunkLoc { pack, slot, crc: at.crc };
-            if let Some(file) = self.read_files().get(&pack) {
-                return Some((at, file.clone()));
+            if exists(pack) {
+                return Some(at);
             }
         }
         None

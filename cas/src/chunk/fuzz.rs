@@ -26,7 +26,7 @@ pub fn fuzz_replay_index(bytes: &[u8]) -> Result<(u64, u64)> {
     Journal::open(&storage, dir, |op| {
         match op {
             JournalOp::Put { .. } => puts += 1,
-            JournalOp::Remove { .. } => removes += 1,
+            JournalOp::Remove { .. } | JournalOp::Free { .. } => removes += 1,
             JournalOp::NextPack { .. } => {}
         }
         Ok(())
@@ -65,7 +65,7 @@ pub fn fuzz_sample_index(batches: u32) -> Vec<u8> {
     let dir = Path::new("/chunks");
     let build = || -> Result<Vec<u8>> {
         storage.create_dir_all(dir)?;
-        let mut j = Journal::create(&storage, dir, 0x5eed)?;
+        let mut j = Journal::create(&storage, dir, 0x5eed, 0)?;
         for b in 0..batches {
             let hash = |i: u32| {
                 let mut h = [0u8; ChunkHash::BYTES];

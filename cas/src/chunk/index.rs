@@ -1,33 +1,18 @@
-//! The in-memory hash -> location index, its shards, and its memory
-//! estimate.
+//! Keys of in-memory hash maps of chunk hashes (the dedup index's
+//! memtable, the chunk cache), and the whole-index-in-memory layout the
+//! store used before the on-disk index, kept as `ci/bench index`'s
+//! baseline (bench.rs).
 //!
-//! Keys are blake3 hashes, already uniformly distributed, so a shard's map
-//! hashes a key by taking its first 8 bytes: a lookup is one table probe
-//! with no hashing work. Each entry is 48 bytes (32-byte key, 16-byte
-//! [`Loc`]) plus one control byte of the swiss table; [`table_bytes`]
-//! estimates a table's size from its capacity so growth can be refused
-//! before it allocates.
-//!
-//! ```text
-//!  key: | bytes 0..8: hash inside a shard | byte 8: shard | 9..32 |
-//!
-//!  Index: [RwLock<IndexMap>; 256]   each on its own cache line
-//! ```
-//!
-//! Why shards: a reader takes one shard's read lock, so anything that
-//! needs a shard exclusively (publishing an insert, a GC stamp or removal,
-//! swapping in a grown table) holds out only the readers of that shard, for
-//! work proportional to the entries it changes. The chunk store changes a
-//! shard only with its writer lock held (the `&mut Writer` the mutating
-//! methods demand), so a growth can copy a shard into a bigger table under
-//! the shard's *read* lock, with readers still inside, and then swap the
-//! copy in under the write lock in O(1) (see `ChunkStore::grow_shard`).
+//! Keys are blake3 hashes, already uniformly distributed, so a map hashes
+//! a key by taking its first 8 bytes: a lookup is one table probe with no
+//! hashing work. The old index's entries were 48 bytes (32-byte key,
+//! 16-byte [`Loc`]) plus one control byte of the swiss table, in 256
+//! shards chosen by key byte 8; [`table_bytes`] estimates a table's size
+//! from its capacity.
 
-use super::{ChunkHash, ChunkLoc, ChunkTag, Writer};
-use crossbeam::utils::CachePadded;
+use super::{ChunkHash, ChunkTag};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// A chunk hash as a map key: equal to another when their tags (first 20
 /// bytes, [`ChunkTag`]) are, so a manifest's tag finds the entry its full
@@ -93,13 +78,6 @@ pub(crate) struct Loc {
     pub epoch: u32,
 }
 
-impl Loc {
-    /// The location a manifest leaf records (without the GC epoch).
-    pub fn at(&self) -> ChunkLoc {
-        ChunkLoc { pack: self.pack, slot: self.slot, crc: self.crc }
-    }
-}
-
 pub(crate) type IndexMap = HashMap<Key, Loc, PrefixBuild>;
 
 /// Bytes of one table bucket: key, value and the control byte.
@@ -119,16 +97,6 @@ pub(crate) fn table_bytes(capacity: usize) -> u64 {
     buckets as u64 * BUCKET_BYTES
 }
 
-/// The capacity a table grows to when it must hold `needed` entries and
-/// currently holds up to `capacity` (the table at least doubles).
-pub(crate) fn grown_capacity(capacity: usize, needed: usize) -> usize {
-    if needed <= capacity {
-        capacity
-    } else {
-        needed.max(capacity.saturating_mul(2)).max(4)
-    }
-}
-
 /// Shards of the index (a power of two up to 256: chosen by one key byte).
 pub(crate) const SHARDS: usize = 256;
 
@@ -136,49 +104,6 @@ pub(crate) const SHARDS: usize = 256;
 /// does not use.
 pub(crate) fn shard_of(key: &Key) -> usize {
     usize::from(key.0.as_bytes()[8]) % SHARDS
-}
-
-/// The sharded index. Readers: [`Index::get`] or [`Index::read`]. Every
-/// change goes through [`Index::write`], which asks for the chunk store's
-/// writer state as proof that its lock is held.
-pub(crate) struct Index {
-    shards: Box<[CachePadded<RwLock<IndexMap>>]>,
-}
-
-impl Index {
-    /// Wraps `SHARDS` maps, each holding only keys of its shard.
-    pub fn from_maps(maps: Vec<IndexMap>) -> Index {
-        assert_eq!(maps.len(), SHARDS, "one map per shard");
-        Index { shards: maps.into_iter().map(|m| CachePadded::new(RwLock::new(m))).collect() }
-    }
-
-    /// Shard `s` for reading.
-    pub fn read(&self, s: usize) -> RwLockReadGuard<'_, IndexMap> {
-        self.shards[s].read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Shard `s` for changing; `_writer` proves the writer lock is held.
-    pub fn write(&self, _writer: &mut Writer, s: usize) -> RwLockWriteGuard<'_, IndexMap> {
-        self.shards[s].write().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn get(&self, key: &Key) -> Option<Loc> {
-        self.read(shard_of(key)).get(key).copied()
-    }
-
-    /// Entries in all shards (each shard read in turn).
-    pub fn len(&self) -> usize {
-        (0..SHARDS).map(|s| self.read(s).len()).sum()
-    }
-
-    /// Calls `f` with every entry, one shard's read lock at a time.
-    pub fn for_each(&self, mut f: impl FnMut(&Key, &Loc)) {
-        for s in 0..SHARDS {
-            for (k, l) in self.read(s).iter() {
-                f(k, l);
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -198,13 +123,11 @@ mod tests {
         let est = table_bytes(m.capacity());
         // 10k entries need 16384 buckets of 49 bytes.
         assert_eq!(est, 16384 * 49);
-        assert!(grown_capacity(m.capacity(), m.capacity() + 1) >= 2 * m.capacity());
-        // A table built fresh for the grown capacity is what the estimate said.
-        for cap in [0usize, 3, 7, 14, 28, 896, 10_000] {
-            let want = grown_capacity(cap, cap + 1);
+        // A table built fresh for a capacity is what the estimate said.
+        for want in [4usize, 6, 14, 28, 56, 1792, 20_000] {
             let mut fresh = IndexMap::default();
             fresh.try_reserve(want).unwrap();
-            assert_eq!(table_bytes(fresh.capacity()), table_bytes(want), "capacity {cap} -> {want}");
+            assert_eq!(table_bytes(fresh.capacity()), table_bytes(want), "capacity {want}");
         }
     }
 

@@ -16,7 +16,7 @@
 //! | batch, padded to 512      |
 //! | ...                       |
 //!
-//! file header:  0 magic "CASCIDX\0" | 8 version u32 | 12 reserved u32 | 16 store_id u64 | 24 crc32c | zero to 512
+//! file header:  0 magic "CASCIDX\0" | 8 version u32 | 12 generation u32 | 16 store_id u64 | 24 crc32c | zero to 512
 //!
 //! batch:
 //!  0            4         8              16                     16 + 45 n
@@ -26,6 +26,7 @@
 //!  0      1              33         37         41              45
 //!  | op u8 | hash [u8;32] | pack u32 | slot u32 | chunk crc32c  |     op 1 = put, 2 = remove (zero fields)
 //!                                                                      op 3 = next pack (version 2: only pack)
+//!                                                                      op 4 = free slot (version 3: pack, slot)
 //! ```
 //!
 //! Version 2 adds the next-pack record: pack ids below it are never given
@@ -35,6 +36,13 @@
 //! makes the pack's first chunks durable), and every checkpoint starts with
 //! one. A version 1 journal is replayed as it is and rewritten as version 2
 //! when the chunk store opens.
+//!
+//! Version 3 is the write-ahead log of the on-disk dedup index (dedup/):
+//! it holds the puts since the last flush, the slots GC freed (op 4; no
+//! removes), and the next-pack records; its header carries the generation
+//! of the index root it belongs to (versions 1 and 2: 0, reserved). A
+//! journal of an older version is the whole index: the chunk store's open
+//! replays it once and writes it out as the first run.
 //!
 //! Crash rules. A batch is written and synced in one `sync`, only after the
 //! pack bytes its puts point at are synced, so a durable put never points
@@ -54,7 +62,7 @@ use std::sync::Arc;
 
 pub(crate) const INDEX_FILE: &str = "index";
 pub(crate) const INDEX_TMP_FILE: &str = "index.tmp";
-pub(crate) const INDEX_VERSION: u32 = 2;
+pub(crate) const INDEX_VERSION: u32 = 3;
 const INDEX_MAGIC: [u8; 8] = *b"CASCIDX\0";
 const FILE_HEADER_BYTES: u64 = SECTOR_BYTES;
 pub(crate) const FILE_HEADER_USED: usize = 8 + 4 + 4 + 8 + 4;
@@ -70,23 +78,19 @@ const SCAN_WINDOW_BYTES: usize = 1 << 20;
 const OP_PUT: u8 = 1;
 const OP_REMOVE: u8 = 2;
 const OP_NEXT_PACK: u8 = 3;
+const OP_FREE: u8 = 4;
 
 /// One change to the index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum JournalOp {
     /// `hash` now lives in `slot` of `pack`; its bytes have crc32c `crc`.
     Put { hash: ChunkHash, pack: u32, slot: u32, crc: u32 },
-    /// `hash` is no longer stored.
+    /// `hash` is no longer stored (versions 1 and 2 only).
     Remove { hash: ChunkHash },
+    /// Slot `slot` of `pack` no longer holds a live chunk (version 3).
+    Free { pack: u32, slot: u32 },
     /// No pack id below `id` is given out again.
     NextPack { id: u32 },
-}
-
-/// Why a checkpoint failed, and whether the old journal is still in place.
-#[derive(Debug)]
-pub(crate) struct RewriteFailure {
-    pub error: Error,
-    pub old_journal_intact: bool,
 }
 
 /// The open journal file.
@@ -95,8 +99,11 @@ pub(crate) struct Journal {
     len_bytes: u64,
     next_batch_seq: u64,
     pub store_id: u64,
-    /// The file's format version (1: no next-pack records).
+    /// The file's format version (1: no next-pack records; 2: the whole
+    /// index, no dedup root).
     pub version: u32,
+    /// The index root generation this journal belongs to (version 3).
+    pub generation: u32,
     /// Time `open` spent reading and checking batches (the rest of the
     /// replay is its callback's).
     pub read_time: std::time::Duration,
@@ -117,9 +124,9 @@ fn padded(len: usize) -> usize {
     len.next_multiple_of(SECTOR_BYTES as usize)
 }
 
-fn encode_file_header(store_id: u64) -> Vec<u8> {
+fn encode_file_header(store_id: u64, generation: u32) -> Vec<u8> {
     let mut e = Encoder::with_capacity(FILE_HEADER_BYTES as usize);
-    e.bytes(&INDEX_MAGIC).u32(INDEX_VERSION).u32(0).u64(store_id).seal();
+    e.bytes(&INDEX_MAGIC).u32(INDEX_VERSION).u32(generation).u64(store_id).seal();
     e.buf.resize(FILE_HEADER_BYTES as usize, 0);
     e.buf
 }
@@ -136,6 +143,7 @@ fn encode_batch(out: &mut Vec<u8>, seq: u64, ops: &[JournalOp]) {
             JournalOp::Put { hash, pack, slot, crc } => (OP_PUT, hash, pack, slot, crc),
             JournalOp::Remove { hash } => (OP_REMOVE, hash, 0, 0, 0),
             JournalOp::NextPack { id } => (OP_NEXT_PACK, ChunkHash::from_bytes([0; 32]), id, 0, 0),
+            JournalOp::Free { pack, slot } => (OP_FREE, ChunkHash::from_bytes([0; 32]), pack, slot, 0),
         };
         out.push(code);
         out.extend_from_slice(hash.as_bytes());
@@ -176,6 +184,8 @@ fn decode_records(body: &[u8], count: usize, ops: &mut Vec<JournalOp>) -> std::r
                 JournalOp::NextPack { id: pack }
             }
             OP_NEXT_PACK => return Err(format!("next-pack record {i} has a hash, slot or crc")),
+            OP_FREE if hash.as_bytes() == &[0; 32] && crc == 0 => JournalOp::Free { pack, slot },
+            OP_FREE => return Err(format!("free record {i} has a hash or crc")),
             other => return Err(format!("record {i} has unknown op {other}")),
         });
     }
@@ -259,13 +269,13 @@ fn valid_batch_after(file: &dyn StorageFile, from: u64, len: u64) -> Result<Opti
 
 impl Journal {
     /// Creates a new, empty journal in `dir` (atomically: tmp, sync, rename).
-    pub fn create(storage: &dyn Storage, dir: &Path, store_id: u64) -> Result<Journal> {
+    pub fn create(storage: &dyn Storage, dir: &Path, store_id: u64, generation: u32) -> Result<Journal> {
         let tmp = dir.join(INDEX_TMP_FILE);
         if storage.exists(&tmp) {
             storage.remove_file(&tmp)?;
         }
         let f = storage.open(&tmp, OpenMode::CreateNew)?;
-        f.write_all_at(&encode_file_header(store_id), 0)?;
+        f.write_all_at(&encode_file_header(store_id, generation), 0)?;
         f.sync_data()?;
         let path = dir.join(INDEX_FILE);
         storage.rename(&tmp, &path)?;
@@ -277,6 +287,7 @@ impl Journal {
             next_batch_seq: 1,
             store_id,
             version: INDEX_VERSION,
+            generation,
             read_time: Default::default(),
         })
     }
@@ -308,7 +319,7 @@ impl Journal {
         let mut d = Decoder::new(&body[8..]);
         let version = d.u32().unwrap_or(0);
         format::check_version("chunk index", version, INDEX_VERSION)?;
-        let _reserved = d.u32();
+        let generation = d.u32().unwrap_or(0);
         let store_id = d.u64().unwrap_or(0);
 
         let mut offset = FILE_HEADER_BYTES;
@@ -343,7 +354,7 @@ impl Journal {
             }
         }
         let len_bytes = offset.min(len);
-        Ok(Journal { file, len_bytes, next_batch_seq: seq, store_id, version, read_time })
+        Ok(Journal { file, len_bytes, next_batch_seq: seq, store_id, version, generation, read_time })
     }
 
     /// Appends `ops` as one batch and syncs it. The caller has already
@@ -370,47 +381,56 @@ impl Journal {
         storage: &dyn Storage,
         dir: &Path,
         ops: &[JournalOp],
-    ) -> std::result::Result<(), RewriteFailure> {
-        let intact = |error| RewriteFailure { error, old_journal_intact: true };
+        generation: u32,
+    ) -> Result<()> {
         let tmp = dir.join(INDEX_TMP_FILE);
         if storage.exists(&tmp) {
-            storage.remove_file(&tmp).map_err(intact)?;
+            storage.remove_file(&tmp)?;
         }
-        let f = storage.open(&tmp, OpenMode::CreateNew).map_err(intact)?;
+        let f = storage.open(&tmp, OpenMode::CreateNew)?;
         let mut offset = 0u64;
-        let header = encode_file_header(self.store_id);
-        f.write_all_at(&header, offset).map_err(intact)?;
+        let header = encode_file_header(self.store_id, generation);
+        f.write_all_at(&header, offset)?;
         offset += header.len() as u64;
         let mut seq = 1;
         let mut buf = Vec::new();
         for part in ops.chunks(CHECKPOINT_BATCH_RECORDS) {
             buf.clear();
             encode_batch(&mut buf, seq, part);
-            f.write_all_at(&buf, offset).map_err(intact)?;
+            f.write_all_at(&buf, offset)?;
             offset += buf.len() as u64;
             seq += 1;
         }
-        f.sync_data().map_err(intact)?;
+        f.sync_data()?;
         let path = dir.join(INDEX_FILE);
-        storage.rename(&tmp, &path).map_err(intact)?;
-        // From here the old file is unlinked: failures leave no journal to
-        // append to safely.
-        let replaced = |error| RewriteFailure { error, old_journal_intact: false };
-        self.file = storage.open(&path, OpenMode::Existing).map_err(replaced)?;
+        storage.rename(&tmp, &path)?;
+        self.file = storage.open(&path, OpenMode::Existing)?;
         self.len_bytes = offset;
         self.next_batch_seq = seq;
         self.version = INDEX_VERSION;
-        storage.sync_dir(dir).map_err(replaced)
+        self.generation = generation;
+        storage.sync_dir(dir)
     }
 
     pub fn len_bytes(&self) -> u64 {
         self.len_bytes
     }
-}
 
-/// Journal bytes that `entries` live entries need (for the checkpoint rule).
-pub(crate) fn live_bytes(entries: u64) -> u64 {
-    FILE_HEADER_BYTES + entries * RECORD_BYTES as u64
+    /// The version and generation in the header of the journal in `dir`
+    /// (what an open checks before replaying it).
+    pub fn header(storage: &dyn Storage, dir: &Path) -> Result<(u32, u32)> {
+        let path = dir.join(INDEX_FILE);
+        let file = storage.open(&path, OpenMode::Existing)?;
+        let mut head = vec![0u8; FILE_HEADER_USED];
+        if file.read_at(&mut head, 0)? < FILE_HEADER_USED || head[..8] != INDEX_MAGIC {
+            return Err(corrupt(&path, 0, "not a chunk index journal"));
+        }
+        let body = format::unseal(&head, &path, 0)?;
+        let mut d = Decoder::new(&body[8..]);
+        let version = d.u32().unwrap_or(0);
+        format::check_version("chunk index", version, INDEX_VERSION)?;
+        Ok((version, d.u32().unwrap_or(0)))
+    }
 }
 
 #[cfg(test)]
@@ -448,7 +468,7 @@ mod tests {
     #[test]
     fn batches_replay_in_order() {
         let (s, dir) = setup();
-        let mut j = Journal::create(&s, &dir, 9).unwrap();
+        let mut j = Journal::create(&s, &dir, 9, 0).unwrap();
         j.append(&[put(1), put(2)]).unwrap();
         j.append(&[JournalOp::Remove { hash: ChunkHash::from_bytes([1; 32]) }]).unwrap();
         s.crash(CrashMode::LoseUnsynced);
@@ -462,7 +482,7 @@ mod tests {
     fn torn_tail_is_cut_and_appends_continue() {
         for seed in 0..40 {
             let (s, dir) = setup();
-            let mut j = Journal::create(&s, &dir, 9).unwrap();
+            let mut j = Journal::create(&s, &dir, 9, 0).unwrap();
             j.append(&[put(1)]).unwrap();
             let ops: Vec<_> = (2..60).map(put).collect();
             // Write the second batch without its sync, then crash.
@@ -482,7 +502,7 @@ mod tests {
     #[test]
     fn damage_before_a_valid_batch_is_corruption() {
         let (s, dir) = setup();
-        let mut j = Journal::create(&s, &dir, 9).unwrap();
+        let mut j = Journal::create(&s, &dir, 9, 0).unwrap();
         j.append(&[put(1)]).unwrap();
         j.append(&[put(2)]).unwrap();
         s.corrupt(&dir.join(INDEX_FILE), FILE_HEADER_BYTES + 20, 0xff).unwrap();
@@ -492,9 +512,9 @@ mod tests {
     #[test]
     fn checkpoint_replaces_the_journal() {
         let (s, dir) = setup();
-        let mut j = Journal::create(&s, &dir, 9).unwrap();
+        let mut j = Journal::create(&s, &dir, 9, 0).unwrap();
         j.append(&[put(1), put(2), put(3)]).unwrap();
-        j.rewrite(&s, &dir, &[put(3)]).unwrap();
+        j.rewrite(&s, &dir, &[put(3)], 0).unwrap();
         j.append(&[put(4)]).unwrap();
         s.crash(CrashMode::LoseUnsynced);
         assert_eq!(replay(&s, &dir).unwrap(), vec![put(3), put(4)]);

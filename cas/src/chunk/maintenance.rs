@@ -1,30 +1,35 @@
-//! The chunk store's side of GC: epochs, marking, sweeping index entries,
+//! The chunk store's side of GC: epochs, marking, sweeping slots,
 //! repacking a pack's live chunks, and deleting emptied packs.
 //!
-//! crate::gc sequences these; each step is crash-safe on its own:
-//! - mark only stamps in-memory epochs (nothing on disk changes);
-//! - sweep removes index entries and queues journal removes; until a sync
-//!   makes them durable a crash simply brings the entries back;
-//! - repack copies live chunks into the active pack and queues journal
-//!   puts with their new locations; until a sync makes both the copies and
-//!   the puts durable, a crash leaves the index on the old pack;
-//! - a pack is deleted only after a sync has made every change that moved
-//!   or removed its entries durable, so no durable entry ever points at a
-//!   deleted pack; a deletion lost in a crash leaves an unreferenced pack
-//!   that the next open deletes.
+//! GC works on slots, not on index entries: mark sets the keep bit of each
+//! slot a manifest leaf leads to, sweep frees the live slots not kept, and
+//! repack moves a pack's live slots. Index entries are never removed; an
+//! entry whose slot is freed or whose pack is gone is stale (dedup/).
 //!
-//! Locks: every step changes the index under the writer lock, one shard at
-//! a time; a shard is write-locked only for the entries it changes (the
-//! sweep finds them under the read lock), so readers of other shards never
-//! wait and readers of that shard wait O(entries changed).
+//! crate::gc sequences these; each step is crash-safe on its own:
+//! - the epoch bump clears the keep bits and mark sets them (in memory:
+//!   nothing on disk changes);
+//! - sweep clears live bits and queues journal frees; until a sync makes
+//!   them durable a crash simply brings the slots back;
+//! - repack copies live chunks into the active pack and queues journal
+//!   puts with their new locations and frees of the old slots; until a
+//!   sync makes both the copies and the records durable, a crash leaves the
+//!   chunks live in the old pack;
+//! - a pack is deleted only after a sync has made every change that freed
+//!   its slots durable; a deletion lost in a crash leaves a pack with no
+//!   live slot, which the next open deletes.
+//!
+//! Locks: every step changes bits under the writer lock, a bounded batch at
+//! a time; the index is only read (and, by repack, appended to).
 
+use super::dedup::run;
 use super::forward::Move;
-use super::index::{self, Key, Loc, SHARDS};
 use super::journal::JournalOp;
 use super::pack::{self, CHUNK_BYTES};
-use super::{lock, ChunkStore, ChunkTag};
+use super::{lock, ChunkHash, ChunkLoc, ChunkRef, ChunkStore};
 use crate::error::{Error, Result};
 use crate::format;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// Slots read per pread while repacking (1 MiB).
@@ -74,66 +79,72 @@ pub(crate) struct RepackCounts {
 }
 
 impl ChunkStore {
-    /// Starts a GC epoch: see pin.rs. Returns the new epoch.
+    /// Starts a GC epoch (see pin.rs): clears every keep bit, then bumps
+    /// the epoch and waits for the previous epoch's pins. Bits set between
+    /// the two only keep more. Returns the new epoch.
     pub(crate) fn gc_advance_epoch(&self, wait: Duration) -> Result<u32> {
+        {
+            let mut w = lock(&self.writer);
+            for p in w.packs.values_mut() {
+                p.keep_bits.clear_all();
+            }
+        }
         self.pins.advance(wait)
     }
 
-    /// Stamps the chunks `tags` name live in `epoch`; returns how many are
-    /// not stored.
-    /// Under the writer lock like every index change (a shard growth copies
-    /// the shard and must not miss a stamp).
-    pub(crate) fn gc_mark(&self, epoch: u32, tags: &[ChunkTag]) -> u64 {
-        let mut w = lock(&self.writer);
+    /// Keeps the slots `refs` lead to (a located ref: its slot, or where
+    /// forward tables send it; otherwise the index's entry for its tag).
+    /// Returns how many lead to no live slot.
+    pub(crate) fn gc_mark(&self, _epoch: u32, refs: &[ChunkRef]) -> Result<u64> {
+        let mut guard = lock(&self.writer);
+        let w = &mut *guard;
         let mut missing = 0;
-        for tag in tags {
-            let key = Key::of_tag(tag);
-            match self.index.write(&mut w, index::shard_of(&key)).get_mut(&key) {
-                Some(loc) => loc.epoch = loc.epoch.max(epoch),
+        for r in refs {
+            let direct = r.at.and_then(|at| {
+                if w.packs.contains_key(&at.pack) {
+                    Some(at)
+                } else {
+                    self.forward_target(at, |p| w.packs.contains_key(&p))
+                }
+            });
+            let at = match direct.filter(|&at| w.is_live(at)) {
+                Some(at) => Some(at),
+                None => {
+                    self.read_index_lookups.fetch_add(1, Ordering::Relaxed);
+                    let live = |at: ChunkLoc| w.is_live(at);
+                    self.read_index().find(&r.tag, &live)?.map(|e| e.at)
+                }
+            };
+            match at {
+                Some(at) => w.keep(at),
                 None => missing += 1,
             }
         }
-        missing
+        Ok(missing)
     }
 
-    /// Removes every entry not stamped with `epoch` (neither marked nor
-    /// touched under a pin of this epoch). The removes become durable with
-    /// the next sync.
-    ///
-    /// One shard at a time: under the writer lock (no entry changes), the
-    /// dead entries are found under the shard's read lock, then removed
-    /// under its write lock.
-    pub(crate) fn gc_sweep(&self, epoch: u32) -> Result<SweepCounts> {
+    /// Frees every live slot not kept in this pass (neither marked nor
+    /// touched under a pin of this epoch). The frees become durable with
+    /// the next sync. One pack per writer lock hold.
+    pub(crate) fn gc_sweep(&self, _epoch: u32) -> Result<SweepCounts> {
         self.check_poison()?;
         let mut counts = SweepCounts::default();
-        let mut dead: Vec<(Key, Loc)> = Vec::new();
-        for s in 0..SHARDS {
-            dead.clear();
+        let ids: Vec<u32> = lock(&self.writer).packs.keys().copied().collect();
+        let mut dead: Vec<u32> = Vec::new();
+        for id in ids {
             let mut guard = lock(&self.writer);
             let w = &mut *guard;
-            {
-                let shard = self.index.read(s);
-                counts.scanned += shard.len() as u64;
-                dead.extend(shard.iter().filter(|(_, l)| l.epoch < epoch).map(|(k, l)| (*k, *l)));
+            let Some(p) = w.packs.get_mut(&id) else { continue };
+            counts.scanned += u64::from(p.live);
+            dead.clear();
+            dead.extend(p.live_bits.and_not(&p.keep_bits));
+            for &slot in &dead {
+                p.live_bits.clear(slot);
             }
-            if dead.is_empty() {
-                continue;
-            }
-            let mut shard = self.index.write(w, s);
-            for (key, _) in &dead {
-                shard.remove(key);
-            }
-            drop(shard);
-            for (key, loc) in &dead {
-                w.packs.get_mut(&loc.pack).expect("entry's pack is open").live -= 1;
-                w.pending.push(JournalOp::Remove { hash: key.0 });
-            }
+            p.live -= dead.len() as u32;
+            w.pending.extend(dead.iter().map(|&slot| JournalOp::Free { pack: id, slot }));
             w.seq += dead.len() as u64;
             counts.removed += dead.len() as u64;
-            drop(guard);
-            for (key, _) in &dead {
-                self.cache.remove(key);
-            }
         }
         Ok(counts)
     }
@@ -155,70 +166,99 @@ impl ChunkStore {
     }
 
     /// Copies the live chunks of pack `id` (not the active pack) into the
-    /// active pack and points their index entries at the copies. Durable
-    /// after the next sync; the old pack is then deleted by `gc_delete_pack`.
+    /// active pack, puts index entries for the copies and frees the old
+    /// slots. Each chunk read is hashed and must be what an index entry
+    /// says that slot holds (else `ChecksumMismatch`); a chunk whose entry
+    /// a newer copy replaced (stored twice when the summary did not cover
+    /// it) is not copied but forwarded to that copy. Durable after the
+    /// next sync; the old pack is then deleted by `gc_delete_pack`.
     pub(crate) fn gc_repack(&self, id: u32) -> Result<RepackCounts> {
         self.check_poison()?;
-        if lock(&self.writer).active.as_ref().is_some_and(|a| a.id == id) {
-            return Err(Error::InvalidArgument(format!("pack {id} is the active pack")));
-        }
+        let live: Vec<u32> = {
+            let w = lock(&self.writer);
+            if w.active.as_ref().is_some_and(|a| a.id == id) {
+                return Err(Error::InvalidArgument(format!("pack {id} is the active pack")));
+            }
+            let Some(p) = w.packs.get(&id) else { return Err(Error::NotFound(format!("pack {id}"))) };
+            p.live_bits.iter().collect()
+        };
         let Some(file) = self.read_files().get(&id).cloned() else {
             return Err(Error::NotFound(format!("pack {id}")));
         };
-        let mut live: Vec<(Key, Loc)> = Vec::new();
-        self.index.for_each(|k, l| {
-            if l.pack == id {
-                live.push((*k, *l));
-            }
-        });
-        live.sort_unstable_by_key(|(_, l)| l.slot);
         let mut counts = RepackCounts::default();
         let mut buf = Vec::new();
         let mut start = 0;
         while start < live.len() {
             // A run of slots read with one pread: consecutive live slots.
             let mut end = start + 1;
-            while end < live.len()
-                && end - start < REPACK_READ_SLOTS
-                && live[end].1.slot == live[end - 1].1.slot + 1
-            {
+            while end < live.len() && end - start < REPACK_READ_SLOTS && live[end] == live[end - 1] + 1 {
                 end += 1;
             }
-            let run = &live[start..end];
-            buf.resize(run.len() * CHUNK_BYTES, 0);
-            let offset = pack::slot_offset(run[0].1.slot);
+            let slots = &live[start..end];
+            buf.resize(slots.len() * CHUNK_BYTES, 0);
+            let offset = pack::slot_offset(slots[0]);
             file.read_exact_at(&mut buf, offset)?;
-            for (j, (_, loc)) in run.iter().enumerate() {
-                let data = &buf[j * CHUNK_BYTES..(j + 1) * CHUNK_BYTES];
-                let actual = format::crc32c(data);
-                if actual != loc.crc {
-                    return Err(Error::ChecksumMismatch {
-                        path: file.path().to_path_buf(),
-                        offset: offset + (j * CHUNK_BYTES) as u64,
-                        expected: loc.crc,
-                        actual,
-                    });
+            // What each slot holds: its entry here, or a newer copy elsewhere.
+            let mut copy: Vec<(usize, ChunkHash, u32)> = Vec::new();
+            let mut elsewhere: Vec<(u32, ChunkLoc)> = Vec::new();
+            {
+                let w = lock(&self.writer);
+                let idx = self.read_index();
+                for (j, &slot) in slots.iter().enumerate() {
+                    let data = &buf[j * CHUNK_BYTES..(j + 1) * CHUNK_BYTES];
+                    let hash = ChunkHash::of(data);
+                    let here = |at: ChunkLoc| at.pack == id && at.slot == slot;
+                    let entry: Option<run::Entry> = idx.find(&hash.tag(), &here)?;
+                    match entry.filter(|e| e.hash == hash) {
+                        Some(e) if e.at.crc == format::crc32c(data) => copy.push((j, hash, e.at.crc)),
+                        _ => {
+                            let other = |at: ChunkLoc| at.pack != id && w.is_live(at);
+                            match idx.find(&hash.tag(), &other)?.filter(|e| e.hash == hash) {
+                                Some(e) => elsewhere.push((slot, e.at)),
+                                None => {
+                                    return Err(Error::Corruption {
+                                        path: file.path().to_path_buf(),
+                                        offset: offset + (j * CHUNK_BYTES) as u64,
+                                        detail: format!(
+                                            "live slot {slot} holds bytes no index entry names (damaged)"
+                                        ),
+                                    })
+                                }
+                            }
+                        }
+                    }
                 }
             }
             let mut guard = lock(&self.writer);
             let w = &mut *guard;
-            let placed = self.write_chunks(w, buf.chunks_exact(CHUNK_BYTES), &mut counts.bytes_written)?;
-            for ((key, old), p) in run.iter().zip(&placed) {
-                {
-                    let mut shard = self.index.write(w, index::shard_of(key));
-                    let Some(loc) = shard.get_mut(key) else { continue };
-                    if loc.pack != id || loc.slot != old.slot {
-                        continue;
-                    }
-                    loc.pack = p.pack;
-                    loc.slot = p.slot;
+            let placed = self.write_chunks(
+                w,
+                copy.iter().map(|&(j, _, _)| &buf[j * CHUNK_BYTES..(j + 1) * CHUNK_BYTES]),
+                &mut counts.bytes_written,
+            )?;
+            {
+                let mut idx = self.write_index(w);
+                for (&(_, hash, _), p) in copy.iter().zip(&placed) {
+                    idx.put(hash, *p);
                 }
-                w.packs.get_mut(&id).expect("repacked pack is open").live -= 1;
-                w.packs.get_mut(&p.pack).expect("placed in an open pack").live += 1;
-                w.pending.push(JournalOp::Put { hash: key.0, pack: p.pack, slot: p.slot, crc: p.crc });
+            }
+            let moves = copy.iter().map(|&(j, _, _)| slots[j]).zip(placed.iter().copied()).chain(elsewhere);
+            for (slot, to) in moves {
+                let old = w.packs.get_mut(&id).expect("repacked pack is open");
+                old.live_bits.clear(slot);
+                old.live -= 1;
+                w.pending.push(JournalOp::Free { pack: id, slot });
+                w.seq += 1;
+                counts.moves.push(Move { slot, to_pack: to.pack, to_slot: to.slot });
+            }
+            for (&(_, hash, _), p) in copy.iter().zip(&placed) {
+                let new = w.packs.get_mut(&p.pack).expect("placed in an open pack");
+                new.live_bits.set(p.slot);
+                new.keep_bits.set(p.slot);
+                new.live += 1;
+                w.pending.push(JournalOp::Put { hash, pack: p.pack, slot: p.slot, crc: p.crc });
                 w.seq += 1;
                 counts.moved += 1;
-                counts.moves.push(Move { slot: old.slot, to_pack: p.pack, to_slot: p.slot });
             }
             start = end;
         }

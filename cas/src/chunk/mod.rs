@@ -5,26 +5,32 @@
 //!
 //! ```text
 //! chunks/
-//!   index               the index journal (journal.rs): hash -> (pack, slot, crc32c)
-//!                       and the lowest pack id never given out
+//!   index-root          which runs, slots file and journal are the index (dedup/root.rs)
+//!   index-run-<16 hex>  sorted runs of index entries: hash -> (pack, slot, crc32c)
+//!   index-slots-<16 hex> the live bit of every pack slot at the last flush
+//!   index               the index journal (journal.rs): puts and freed slots since
+//!                       the last flush, and the lowest pack id never given out
 //!   pack-00000001.pack  append-only pack files (pack.rs): header + 4 KiB slots
 //!   pack-00000002.pack
 //!   ...
 //!   pack-00000007.fwd   where the chunks of deleted pack 7 went (forward.rs)
 //! ```
 //!
-//! In memory: the whole hash -> location index (index.rs, 49 bytes per
-//! chunk in 256 shards, growth refused past a budget with
-//! [`Error::MemoryBudget`]), the open pack files, and a bounded clean cache
-//! of chunk bytes (cache.rs).
+//! In memory: the dedup index's memtable, summary and fences (dedup/, about
+//! 4.1 bytes per chunk, the summary sampled down past the memory budget so
+//! dedup is lost, never writes), a live bit and a GC keep bit per pack
+//! slot, the open pack files, and a bounded clean cache of chunk bytes
+//! (cache.rs).
 //!
 //! Locks, in the order they nest (never the other way round):
 //!
 //! ```text
-//!  sync_state   one sync (or checkpoint) at a time; held across journal I/O
-//!  writer       every change to the index or the packs; held across pack
-//!               writes, so readers never take it
-//!  index shard  RwLock per shard; one at a time, never two
+//!  sync_state   one sync (or index flush) at a time; held across journal
+//!               and run I/O
+//!  writer       every change to the index, the slot bits or the packs;
+//!               held across pack writes, so readers never take it
+//!  index        RwLock of the dedup index; lookups read run pages under
+//!               its read lock, changes take the write lock briefly
 //!  forwards     RwLock of the forward tables (forward.rs); never taken
 //!               while `files` is held
 //!  files        RwLock of the open pack files; written only when a pack is
@@ -37,11 +43,10 @@
 //! forward tables' lock, then `files` again inside it), never the index: pack ids are
 //! never reused (the journal's next-pack record) and a slot's bytes never
 //! change while its pack exists. A read through the index (by hash, of an
-//! unlocated ref, or of a ref whose pack GC deleted) takes one shard's read
-//! lock and, inside it, `files`: the entry cannot move while the shard is
-//! read-locked, and a pack is deleted only once no entry points into it,
-//! so the location and the handle agree. Exclusive holds are O(entries changed): a growth
-//! builds the bigger table beside the old one (see `grow_shard`).
+//! unlocated ref, or of a ref whose pack GC deleted) finds the newest entry
+//! whose pack is open and reads it; if GC deletes that pack in between, it
+//! asks again (the moved chunk's newer entry is in the index before its
+//! pack is deleted).
 //!
 //! Writes: [`ChunkStore::insert_missing`] stores each chunk not yet present
 //! exactly once (the dedup check and the append run under one writer lock,
@@ -63,8 +68,9 @@
 //! All-zero blocks are holes, not chunks: [`is_zero_block`] tells them
 //! apart and `insert_missing` refuses them.
 //!
-//! [`ChunkStore::open`] (open.rs) replays the journal and checks the packs
-//! it references. GC (crate::gc) drives the maintenance half
+//! [`ChunkStore::open`] (open.rs) reads the index root, the slots file and
+//! the runs' fences and summary keys (not their entries), replays the
+//! journal since the last flush, and checks the packs with live slots. GC (crate::gc) drives the maintenance half
 //! (maintenance.rs): epochs and pins (pin.rs) keep chunks a compaction
 //! batch relies on from being swept.
 
@@ -72,6 +78,7 @@
 pub mod bench;
 mod cache;
 pub mod check;
+pub(crate) mod dedup;
 mod forward;
 mod fuzz;
 mod index;
@@ -92,7 +99,9 @@ pub use pin::ChunkPin;
 use crate::error::{Error, Result};
 use crate::format;
 use crate::storage::{Storage, StorageFile};
-use index::{Index, Key, Loc, PrefixBuild};
+use dedup::slots::Bits;
+use dedup::DedupIndex;
+use index::{Key, PrefixBuild};
 use journal::{Journal, JournalOp};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -123,13 +132,14 @@ pub struct ChunkStoreOptions {
     /// Bytes of chunk data the clean read cache may hold (default 16 MiB;
     /// 0 disables it).
     pub cache_bytes: u64,
-    /// Heap bytes the index (table plus unsynced journal ops) may grow to;
-    /// inserts that would grow it further fail with `Error::MemoryBudget`
-    /// (default 1 GiB, about 21 million chunks).
+    /// Heap bytes the dedup index (memtable, summary, fences, slot bits)
+    /// may take (default 1 GiB, about 200 million chunks summarized). Past
+    /// it the summary covers a shrinking sample of the hashes: dedup finds
+    /// fewer duplicates, writes never fail.
     pub index_memory_budget_bytes: u64,
-    /// The index journal is checkpointed (rewritten as just the live
-    /// entries) once it is larger than twice what they need and than this
-    /// (default 4 MiB).
+    /// The index is flushed (its memtable written as a run, the journal
+    /// emptied) once the journal is larger than this and than what the
+    /// memtable's size for the store calls for (default 4 MiB).
     pub index_checkpoint_min_bytes: u64,
 }
 
@@ -166,6 +176,17 @@ pub struct ChunkStats {
     pub dead_slots: u64,
     pub index_memory_bytes: u64,
     pub index_journal_bytes: u64,
+    /// Runs of the on-disk dedup index, and the entries they hold (stale
+    /// ones included, until a merge drops them).
+    pub index_runs: u64,
+    pub index_run_entries: u64,
+    /// Fraction of hash space the summary covers, in millionths (1,000,000:
+    /// exact dedup; less once the index outgrew its memory budget), and
+    /// the run entries it summarizes.
+    pub index_summary_fraction_ppm: u64,
+    pub index_summary_entries: u64,
+    /// Run pages read by dedup lookups.
+    pub index_page_reads: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub cache_entries: u64,
@@ -189,8 +210,18 @@ pub(crate) struct PackState {
     /// Slots the file spans (written, live or dead).
     pub slots: u32,
     pub capacity: u32,
-    /// Index entries pointing into this pack.
+    /// Slots holding a live chunk: `live_bits`' count.
     pub live: u32,
+    pub live_bits: Bits,
+    /// Slots GC must keep in the current pass: marked, or written or
+    /// found as duplicates since the pass's epoch began (pin.rs).
+    pub keep_bits: Bits,
+}
+
+impl PackState {
+    pub fn new(slots: u32, capacity: u32, live_bits: Bits) -> PackState {
+        PackState { slots, capacity, live: live_bits.count(), live_bits, keep_bits: Bits::default() }
+    }
 }
 
 /// The open pack files, by id.
@@ -204,14 +235,11 @@ pub(crate) struct ActivePack {
     pub capacity: u32,
 }
 
-/// Append-side state, behind the writer lock. Holding it is what allows
-/// changing the index (`Index::write` asks for it).
+/// Append-side state, behind the writer lock: every change to the index
+/// or the slot bits is made holding it.
 pub(crate) struct Writer {
     pub active: Option<ActivePack>,
     pub packs: BTreeMap<u32, PackState>,
-    /// Estimated heap bytes of each index shard's table, and their sum.
-    pub table_bytes: Vec<u64>,
-    pub table_bytes_total: u64,
     pub next_pack_id: u32,
     /// Reused run buffer (grows to one run, 4 MiB at most).
     pub buf: Vec<u8>,
@@ -231,27 +259,41 @@ pub(crate) struct SyncState {
     pub journal: Journal,
     /// Every index change up to this sequence is durable.
     pub durable_seq: u64,
+    /// The index root on disk.
+    pub root: dedup::root::Root,
 }
 
-/// Where a shard growth is when it calls the test hook.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum GrowthPhase {
-    /// Copying the shard, under its read lock.
-    Copying,
-    /// Copied, no shard lock held, not swapped in yet.
-    Copied,
+impl Writer {
+    /// True when slot `at.slot` of `at.pack` holds a live chunk.
+    pub fn is_live(&self, at: ChunkLoc) -> bool {
+        self.packs.get(&at.pack).is_some_and(|p| p.live_bits.get(at.slot))
+    }
+
+    /// Marks slot `at` to be kept by the current GC pass.
+    pub fn keep(&mut self, at: ChunkLoc) {
+        if let Some(p) = self.packs.get_mut(&at.pack) {
+            p.keep_bits.set(at.slot);
+        }
+    }
+
+    /// Heap bytes of the slot bits.
+    pub fn bits_bytes(&self) -> u64 {
+        self.packs.values().map(|p| p.live_bits.memory_bytes() + p.keep_bits.memory_bytes()).sum()
+    }
 }
 
-/// Called with the shard's number twice in each shard growth.
-#[cfg(test)]
-pub(crate) type GrowthHook = Arc<dyn Fn(usize, GrowthPhase) + Send + Sync>;
-
-/// What opening the chunk store read and where its time went (all of it
-/// grows with the number of chunks: the whole index is rebuilt in memory).
+/// What opening the chunk store read and where its time went.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct OpenReport {
-    /// Index entries after the journal's replay.
+    /// Live chunks after the journal's replay.
     pub entries: u64,
+    /// Runs opened (header, fences, summary keys) and their entries.
+    pub runs: u64,
+    pub run_entries: u64,
+    pub runs_ms: u64,
+    /// The journal predates the on-disk index and was written out as its
+    /// first run.
+    pub migrated: bool,
     pub journal_batches: u64,
     pub journal_bytes: u64,
     /// Replaying the journal into the index.
@@ -264,14 +306,11 @@ pub struct OpenReport {
     pub journal_read_ms: u64,
     pub journal_puts: u64,
     pub journal_removes: u64,
+    pub journal_frees: u64,
     /// Checking the referenced packs and deleting unreferenced ones.
     pub packs_checked: u64,
     pub packs_removed: u64,
     pub packs_ms: u64,
-    /// Shards whose table was rebuilt at its final size (the rest were
-    /// sized right before the replay), and the time that took.
-    pub tables_rebuilt: u64,
-    pub tables_ms: u64,
     pub total_ms: u64,
 }
 
@@ -286,7 +325,7 @@ pub struct ChunkStore {
     /// [`ChunkStore::lend_memory`]); the index may use only the rest.
     pub(crate) lent_bytes: std::sync::atomic::AtomicU64,
     pub(crate) checkpoint_min_bytes: u64,
-    pub(crate) index: Index,
+    pub(crate) index: RwLock<DedupIndex>,
     pub(crate) files: RwLock<PackFiles>,
     /// Forward tables of packs GC repacked and deleted (forward.rs).
     pub(crate) forwards: RwLock<forward::Forwards>,
@@ -300,13 +339,12 @@ pub struct ChunkStore {
     pub(crate) read_index_lookups: AtomicU64,
     /// See [`ChunkStats::reads_forwarded`].
     pub(crate) reads_forwarded: AtomicU64,
+    /// See [`ChunkStats::index_page_reads`].
+    pub(crate) index_page_reads: AtomicU64,
     poisoned: AtomicBool,
     poison_reason: Mutex<String>,
     /// Where the time of [`ChunkStore::open`] went.
     pub(crate) opened: OpenReport,
-    /// Called in the middle of each shard growth (tests).
-    #[cfg(test)]
-    growth_hook: Mutex<Option<GrowthHook>>,
 }
 
 pub(crate) use crate::sync::lock;
@@ -324,17 +362,13 @@ impl ChunkStore {
         self.files.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs the test hook, if set, at `_phase` of growing shard `_s`.
-    pub(crate) fn growth_hook(&self, _s: usize, _phase: GrowthPhase) {
-        #[cfg(test)]
-        if let Some(h) = lock(&self.growth_hook).clone() {
-            h(_s, _phase);
-        }
+    pub(crate) fn read_index(&self) -> RwLockReadGuard<'_, DedupIndex> {
+        self.index.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    #[cfg(test)]
-    pub(crate) fn set_growth_hook(&self, h: Option<GrowthHook>) {
-        *lock(&self.growth_hook) = h;
+    /// The index for changing; `_writer` proves the writer lock is held.
+    pub(crate) fn write_index(&self, _writer: &mut Writer) -> RwLockWriteGuard<'_, DedupIndex> {
+        self.index.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Takes a pin of the current GC epoch (see [`ChunkPin`]).
@@ -383,11 +417,11 @@ impl ChunkStore {
                 match self.read_slot(&file, at, out) {
                     // A table that led astray (damaged on disk) or a failed
                     // read: the index knows where the chunk is.
-                    Err(_) if forwarded => self.read_indexed(&key, r, out),
+                    Err(_) if forwarded => self.read_indexed(r, out),
                     other => other,
                 }
             }
-            None => self.read_indexed(&key, r, out),
+            None => self.read_indexed(r, out),
         };
         crate::observe::end(IoSource::Chunk, begun);
         result?;
@@ -406,20 +440,20 @@ impl ChunkStore {
         Ok(())
     }
 
-    /// Finds chunk `r` in the index (counted) and reads it.
-    fn read_indexed(&self, key: &Key, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
+    /// Finds chunk `r` in the index (counted) and reads it: the newest
+    /// entry whose pack is open. A pack GC deletes between the lookup and
+    /// the read sends it back to the index, which by then has the moved
+    /// chunk's entry (bounded: GC holds a pass lock and deletes one pack at
+    /// a time).
+    fn read_indexed(&self, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
         self.read_index_lookups.fetch_add(1, Ordering::Relaxed);
-        let (at, file) = {
-            let shard = self.index.read(index::shard_of(key));
-            let Some(loc) = shard.get(key).copied() else {
-                return Err(Error::NotFound(format!("chunk {}", r.tag)));
-            };
-            // Still inside the shard's read lock: the entry cannot move, so
-            // its pack cannot be deleted (see the module docs).
-            let file = self.read_files().get(&loc.pack).expect("every index entry's pack is open").clone();
-            (loc.at(), file)
-        };
-        self.read_slot(&file, at, out)
+        for _ in 0..4 {
+            let open = |at: ChunkLoc| self.read_files().contains_key(&at.pack);
+            let Some(e) = self.read_index().find(&r.tag, &open)? else { break };
+            let Some(file) = self.read_files().get(&e.at.pack).cloned() else { continue };
+            return self.read_slot(&file, e.at, out);
+        }
+        Err(Error::NotFound(format!("chunk {}", r.tag)))
     }
 
     /// Reads slot `at.slot` of `file` into `out` and checks it against
@@ -440,14 +474,17 @@ impl ChunkStore {
         Ok(())
     }
 
-    /// True when chunk `hash` is stored (durable or not yet synced).
+    /// True when chunk `hash` is stored in a live slot (durable or not
+    /// yet synced). An index read error counts as not stored.
     pub fn contains(&self, hash: &ChunkHash) -> bool {
-        self.index.get(&Key(*hash)).is_some()
+        let w = lock(&self.writer);
+        let found = self.read_index().find(&hash.tag(), &|at| w.is_live(at));
+        found.ok().flatten().is_some_and(|e| e.hash == *hash)
     }
 
-    /// Number of chunks in the index.
+    /// Number of chunks stored (live slots).
     pub fn len(&self) -> u64 {
-        self.index.len() as u64
+        lock(&self.writer).packs.values().map(|p| u64::from(p.live)).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -461,7 +498,7 @@ impl ChunkStore {
 
     /// Estimated heap bytes of the index (what the budget limits).
     pub fn index_memory_bytes(&self) -> u64 {
-        Self::memory_bytes(&lock(&self.writer), 0)
+        self.memory_bytes(&lock(&self.writer))
     }
 
     /// What the index may use now: its budget less what is lent.
@@ -477,7 +514,7 @@ impl ChunkStore {
         use std::sync::atomic::Ordering;
         // The writer lock: no index growth between the check and the loan.
         let w = lock(&self.writer);
-        let used = Self::memory_bytes(&w, 0);
+        let used = self.memory_bytes(&w);
         let lent = self.lent_bytes.load(Ordering::Acquire);
         if used + lent + bytes > self.budget_bytes {
             return Err((used, lent));
@@ -494,10 +531,11 @@ impl ChunkStore {
         self.lent_bytes.store(lent - bytes, std::sync::atomic::Ordering::Release);
     }
 
-    /// The index's estimated heap bytes with `more_pending` more journal ops.
-    pub(crate) fn memory_bytes(w: &Writer, more_pending: usize) -> u64 {
-        let pending = (w.pending.len() + more_pending) * std::mem::size_of::<JournalOp>();
-        w.table_bytes_total + pending as u64
+    /// The index's estimated heap bytes: the dedup index, the slot bits
+    /// and the journal ops not yet synced.
+    pub(crate) fn memory_bytes(&self, w: &Writer) -> u64 {
+        let pending = (w.pending.len() * std::mem::size_of::<JournalOp>()) as u64;
+        self.read_index().memory_bytes() + w.bits_bytes() + pending
     }
 
     /// What opening this chunk store read, and where its time went.
@@ -509,13 +547,24 @@ impl ChunkStore {
         let journal_bytes = lock(&self.sync_state).journal.len_bytes();
         let chunks = self.len();
         let w = lock(&self.writer);
+        let (runs, run_entries, fraction, summarized) = {
+            let idx = self.read_index();
+            let limit = idx.summary_limit() as u64;
+            let fraction = limit * 1_000_000 / dedup::summary::PARTITIONS as u64;
+            (idx.runs().count() as u64, idx.runs().map(|r| r.entries).sum(), fraction, idx.summarized())
+        };
         ChunkStats {
             chunks,
             packs: w.packs.len() as u64,
             stored_bytes: w.packs.values().map(|p| pack::slot_offset(p.slots)).sum(),
             dead_slots: w.packs.values().map(|p| u64::from(p.slots - p.live)).sum(),
-            index_memory_bytes: Self::memory_bytes(&w, 0),
+            index_memory_bytes: self.memory_bytes(&w),
             index_journal_bytes: journal_bytes,
+            index_runs: runs,
+            index_run_entries: run_entries,
+            index_summary_fraction_ppm: fraction,
+            index_summary_entries: summarized,
+            index_page_reads: self.index_page_reads.load(Ordering::Relaxed),
             cache_hits: self.cache.hits(),
             cache_misses: self.cache.misses(),
             cache_entries: self.cache.len() as u64,
@@ -530,10 +579,12 @@ impl ChunkStore {
     /// its blake3 hash): an offline consistency check. Returns the number
     /// of chunks checked.
     pub fn verify(&self, rehash: bool) -> Result<u64> {
-        let mut entries: Vec<(Key, Loc)> = Vec::new();
-        self.index.for_each(|k, l| entries.push((*k, *l)));
+        let mut entries = self.live_entries()?;
+        entries.sort_unstable_by_key(|e| (e.at.pack, e.at.slot));
+        entries.dedup_by_key(|e| (e.at.pack, e.at.slot));
         let mut buf = vec![0u8; CHUNK_BYTES];
-        for (key, loc) in &entries {
+        for e in &entries {
+            let (hash, loc) = (e.hash, e.at);
             let file = {
                 match self.read_files().get(&loc.pack) {
                     Some(f) => f.clone(),
@@ -548,7 +599,7 @@ impl ChunkStore {
             };
             let offset = pack::slot_offset(loc.slot);
             file.read_exact_at(&mut buf, offset)?;
-            match check::check_bytes(&buf, &key.0, loc.crc, rehash) {
+            match check::check_bytes(&buf, &hash, loc.crc, rehash) {
                 Ok(()) => {}
                 Err(check::Mismatch::Crc(actual)) => {
                     return Err(Error::ChecksumMismatch {
@@ -559,11 +610,33 @@ impl ChunkStore {
                     })
                 }
                 Err(check::Mismatch::Content) => {
-                    return Err(corrupt(file.path(), offset, format!("chunk {} has other content", key.0)))
+                    return Err(corrupt(file.path(), offset, format!("chunk {hash} has other content")))
                 }
             }
         }
         Ok(entries.len() as u64)
+    }
+
+    /// Every index entry whose slot is live (the memtables' and every
+    /// run's; a chunk may appear more than once). Reads every run.
+    pub(crate) fn live_entries(&self) -> Result<Vec<dedup::run::Entry>> {
+        let w = lock(&self.writer);
+        let idx = self.read_index();
+        let mut out = Vec::new();
+        for m in std::iter::once(&idx.mem).chain(idx.frozen.as_deref()) {
+            out.extend(
+                m.iter().filter(|(_, &at)| w.is_live(at)).map(|(k, &at)| dedup::run::Entry { hash: k.0, at }),
+            );
+        }
+        for run in idx.runs() {
+            let mut s = run.stream();
+            while let Some(e) = s.next_entry()? {
+                if w.is_live(e.at) {
+                    out.push(e);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Counts `n` syncs issued.

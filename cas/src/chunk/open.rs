@@ -1,19 +1,30 @@
-//! Opening the chunk store: replaying the index journal into the sharded
-//! index, checking every pack the index references (header, store id,
-//! length), deleting packs nothing references (crash leftovers, packs GC
-//! emptied), and finding where appends resume.
+//! Opening the chunk store: reading the dedup index's root, its slots
+//! file and its runs' fences and summary keys (never the runs' entries),
+//! replaying the journal since the last flush, checking every pack with a
+//! live slot (header, store id, length), deleting packs with none (crash
+//! leftovers, packs GC emptied) and index files the root does not name,
+//! and finding where appends resume.
+//!
+//! A store whose journal predates the on-disk index (journal version 1 or
+//! 2, no root) has its journal replayed whole, as before, and flushed as
+//! the index's first run before the open returns.
 
-use super::index::{self, Index, IndexMap, Key, Loc, PrefixBuild, SHARDS};
+use super::dedup::root::Root;
+use super::dedup::run::{self, Run};
+use super::dedup::slots::{self, Bits};
+use super::dedup::summary::PARTITIONS;
+use super::dedup::{DedupIndex, MemTable};
+use super::index::Key;
 use super::journal::{self, Journal, JournalOp};
 use super::pack::{self, PACK_HEADER_BYTES};
 use super::{
-    corrupt, pin, ActivePack, ChunkStore, ChunkStoreOptions, ClockCache, OpenReport, PackFiles, PackState,
-    SyncState, Writer, CACHE_SHARDS, CHUNK_BYTES,
+    corrupt, pin, ActivePack, ChunkLoc, ChunkStore, ChunkStoreOptions, ClockCache, OpenReport, PackFiles,
+    PackState, SyncState, Writer, CACHE_SHARDS, CHUNK_BYTES,
 };
 use crate::error::{Error, Result};
-use crate::storage::{OpenMode, Storage};
+use crate::storage::Storage;
 use crate::thread_time::ThreadTime;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -31,10 +42,8 @@ fn new_store_id() -> u64 {
 }
 
 impl ChunkStore {
-    /// Opens the chunk store in `dir`, creating it if absent. Replays the
-    /// index journal, checks every pack the index references (header, store
-    /// id, length), and deletes pack files nothing references (crash
-    /// leftovers or packs GC emptied).
+    /// Opens the chunk store in `dir`, creating it if absent (see the
+    /// module docs for what it reads and checks).
     pub fn open(storage: Arc<dyn Storage>, dir: &Path, opts: ChunkStoreOptions) -> Result<ChunkStore> {
         let slots = opts.pack_bytes.saturating_sub(PACK_HEADER_BYTES) / CHUNK_BYTES as u64;
         if slots == 0 || opts.pack_bytes > pack::MAX_PACK_BYTES {
@@ -46,7 +55,6 @@ impl ChunkStore {
         }
         let slots_per_pack = u32::try_from(slots).unwrap_or(u32::MAX);
         let started = Instant::now();
-        let thread_started = ThreadTime::now();
         let ms = |since: Instant| since.elapsed().as_millis() as u64;
         let mut report = OpenReport::default();
         if !storage.exists(dir) {
@@ -56,83 +64,123 @@ impl ChunkStore {
         let names = storage.list_dir(dir)?;
         let pack_ids: Vec<u32> = names.iter().filter_map(|n| pack::parse_pack_file_name(n)).collect();
         let journal_path = dir.join(journal::INDEX_FILE);
-        // Sized up front for every record the journal can hold, so the
-        // replay never rehashes a growing table (the rebuild below trims
-        // a shard that ends up smaller); never beyond what the memory
-        // budget holds (past it the tables grow as the replay needs).
-        let records = storage
-            .open(&journal_path, OpenMode::Existing)
-            .and_then(|f| f.len())
-            .map_or(0, |len| len / journal::RECORD_BYTES as u64)
-            .min(opts.index_memory_budget_bytes / index::BUCKET_BYTES);
-        let mut maps: Vec<IndexMap> = (0..SHARDS)
-            .map(|_| IndexMap::with_capacity_and_hasher(shard_capacity(records), PrefixBuild::default()))
-            .collect();
-        let mut removed = [false; SHARDS];
-        let (mut puts, mut removes) = (0u64, 0u64);
+        let mut index = DedupIndex::new(PARTITIONS, u64::MAX);
+        let mut bits: BTreeMap<u32, Bits> = BTreeMap::new();
         let mut next_pack_floor = 1u32;
-        let journal = if storage.exists(&journal_path) {
-            Journal::open(storage.as_ref(), dir, |op| {
-                match op {
-                    JournalOp::Put { hash, pack, slot, crc } => {
-                        puts += 1;
-                        let key = Key(hash);
-                        maps[index::shard_of(&key)].insert(key, Loc { pack, slot, crc, epoch: 0 });
-                    }
-                    JournalOp::Remove { hash } => {
-                        removes += 1;
-                        let key = Key(hash);
-                        let shard = index::shard_of(&key);
-                        maps[shard].remove(&key);
-                        removed[shard] = true;
-                    }
-                    JournalOp::NextPack { id } => next_pack_floor = next_pack_floor.max(id),
+        let root = Root::read(storage.as_ref(), dir)?;
+        let (root, journal) = match root {
+            Some(root) => {
+                remove_unnamed(storage.as_ref(), dir, &names, &root)?;
+                if root.slots_id != 0 {
+                    bits = slots::read(storage.as_ref(), dir, root.slots_id, root.store_id)?;
                 }
-                Ok(())
-            })?
-        } else {
-            if !pack_ids.is_empty() {
-                return Err(corrupt(dir, 0, "pack files exist but the chunk index is missing"));
+                let runs_started = Instant::now();
+                index = DedupIndex::new(root.summary_limit as usize, u64::MAX);
+                for &id in &root.runs {
+                    let (run, keys) = Run::open(storage.as_ref(), dir, id, root.store_id)?;
+                    report.run_entries += run.entries;
+                    index.add_opened(run, &keys);
+                }
+                report.runs = root.runs.len() as u64;
+                report.runs_ms = ms(runs_started);
+                next_pack_floor = root.next_pack_id;
+                let thread_started = ThreadTime::now();
+                if !storage.exists(&journal_path) {
+                    return Err(corrupt(
+                        &journal_path,
+                        0,
+                        "the index root exists but its journal is missing",
+                    ));
+                }
+                let (version, generation) = Journal::header(storage.as_ref(), dir)?;
+                let journal = if version == journal::INDEX_VERSION && generation == root.journal_generation {
+                    Journal::open(storage.as_ref(), dir, |op| {
+                        replay(op, &mut index.mem, &mut bits, &mut next_pack_floor, &mut report, false)
+                    })?
+                } else {
+                    // Left from before the flush that wrote this root (of
+                    // any version): its records are all in the root's files.
+                    Journal::create(storage.as_ref(), dir, root.store_id, root.journal_generation)?
+                };
+                report.journal_time = thread_started.split();
+                (root, journal)
             }
-            Journal::create(storage.as_ref(), dir, new_store_id())?
+            None if storage.exists(&journal_path) => {
+                // Before the on-disk index (or a store created but never
+                // flushed): the journal is the whole index.
+                let thread_started = ThreadTime::now();
+                let journal = Journal::open(storage.as_ref(), dir, |op| {
+                    replay(op, &mut index.mem, &mut bits, &mut next_pack_floor, &mut report, true)
+                })?;
+                report.journal_time = thread_started.split();
+                report.migrated = journal.version < journal::INDEX_VERSION || journal.batches() > 0;
+                // Not yet written: the flush at the end of the open writes
+                // it (generation 1, and journal generation 1).
+                let root = Root {
+                    store_id: journal.store_id,
+                    generation: 0,
+                    next_file_id: 1,
+                    next_pack_id: 0,
+                    journal_generation: 0,
+                    slots_id: 0,
+                    runs: Vec::new(),
+                    summary_limit: PARTITIONS as u32,
+                };
+                (root, journal)
+            }
+            None => {
+                if !pack_ids.is_empty() {
+                    return Err(corrupt(dir, 0, "pack files exist but the chunk index is missing"));
+                }
+                let store_id = new_store_id();
+                let journal = Journal::create(storage.as_ref(), dir, store_id, 1)?;
+                let root = Root {
+                    store_id,
+                    generation: 1,
+                    next_file_id: 1,
+                    next_pack_id: 1,
+                    journal_generation: 1,
+                    slots_id: 0,
+                    runs: Vec::new(),
+                    summary_limit: PARTITIONS as u32,
+                };
+                root.write(storage.as_ref(), dir)?;
+                (root, journal)
+            }
         };
         let store_id = journal.store_id;
+        if store_id != root.store_id {
+            return Err(corrupt(&journal_path, 0, "the index journal belongs to another store"));
+        }
         let forwards = super::forward::load_forwards(storage.as_ref(), dir, &names, store_id)?;
         report.journal_batches = journal.batches();
         report.journal_bytes = journal.len_bytes();
-        report.journal_time = thread_started.split();
         report.journal_ms = report.journal_time.wall_ms;
         report.journal_read_ms = journal.read_time.as_millis() as u64;
-        (report.journal_puts, report.journal_removes) = (puts, removes);
         let packs_started = Instant::now();
 
-        // Live entries and the highest referenced slot, per pack.
-        let mut refs: HashMap<u32, (u32, u32)> = HashMap::new();
-        for loc in maps.iter().flat_map(|m| m.values()) {
-            let r = refs.entry(loc.pack).or_insert((0, 0));
-            r.0 += 1;
-            r.1 = r.1.max(loc.slot);
-        }
-        if let Some(missing) = refs.keys().find(|id| !pack_ids.contains(id)) {
+        bits.retain(|_, b| b.count() > 0);
+        if let Some(missing) = bits.keys().find(|id| !pack_ids.contains(id)) {
             return Err(corrupt(
                 dir,
                 0,
-                format!("the index references pack {missing}, which does not exist"),
+                format!("the index has live chunks in pack {missing}, which does not exist"),
             ));
         }
         let mut packs = BTreeMap::new();
         let mut files = PackFiles::new();
         for &id in &pack_ids {
             let path = dir.join(pack::pack_file_name(id));
-            let Some(&(live, max_slot)) = refs.get(&id) else {
-                // Crash leftover or emptied by GC: nothing points into it.
+            let Some(live) = bits.remove(&id) else {
+                // Crash leftover or emptied by GC: no live slot in it.
                 storage.remove_file(&path)?;
                 report.packs_removed += 1;
                 continue;
             };
+            let max_slot = live.max().expect("live packs have a live slot");
             let (file, header, slots) = pack::open_checked(storage.as_ref(), &path, store_id, id, max_slot)?;
             report.packs_checked += 1;
-            packs.insert(id, PackState { slots, capacity: header.capacity_slots, live });
+            packs.insert(id, PackState::new(slots, header.capacity_slots, live));
             files.insert(id, file);
         }
         // Never an id given out before, even if its file is gone (journal.rs).
@@ -147,37 +195,10 @@ impl ChunkStore {
             })
         });
         report.packs_ms = ms(packs_started);
-        // Fresh tables where a shard's table is bigger than its entries
-        // need or replayed removes left tombstones, so each shard's size is
-        // what its capacity says.
-        let tables_started = Instant::now();
-        let maps: Vec<IndexMap> = maps
-            .into_iter()
-            .zip(removed)
-            .map(|(m, removed)| {
-                if !removed && index::table_bytes(m.capacity()) == index::table_bytes(m.len()) {
-                    return m;
-                }
-                report.tables_rebuilt += 1;
-                let mut fresh = IndexMap::with_capacity_and_hasher(m.len(), PrefixBuild::default());
-                fresh.extend(m);
-                fresh
-            })
-            .collect();
-        report.tables_ms = ms(tables_started);
-        report.entries = maps.iter().map(|m| m.len() as u64).sum();
+        report.entries = packs.values().map(|p| u64::from(p.live)).sum();
         report.total_ms = ms(started);
-        let table_bytes: Vec<u64> = maps.iter().map(|m| index::table_bytes(m.capacity())).collect();
-        let index_bytes: u64 = table_bytes.iter().sum();
-        if index_bytes > opts.index_memory_budget_bytes {
-            tracing::warn!(
-                index_bytes,
-                budget = opts.index_memory_budget_bytes,
-                "chunk index loaded above its memory budget: inserts of new chunks will be refused"
-            );
-        }
         let cache_entries = (opts.cache_bytes / CHUNK_BYTES as u64) as usize;
-        let old_journal = journal.version < journal::INDEX_VERSION;
+        let migrate = report.migrated || root.generation == 0;
         let store = ChunkStore {
             storage,
             dir: dir.to_path_buf(),
@@ -186,14 +207,12 @@ impl ChunkStore {
             budget_bytes: opts.index_memory_budget_bytes,
             lent_bytes: std::sync::atomic::AtomicU64::new(0),
             checkpoint_min_bytes: opts.index_checkpoint_min_bytes,
-            index: Index::from_maps(maps),
+            index: RwLock::new(index),
             files: RwLock::new(files),
             forwards: RwLock::new(forwards),
             writer: Mutex::new(Writer {
                 active,
                 packs,
-                table_bytes,
-                table_bytes_total: index_bytes,
                 next_pack_id,
                 buf: Vec::new(),
                 pending: Vec::new(),
@@ -201,37 +220,98 @@ impl ChunkStore {
                 dirty: BTreeMap::new(),
                 dir_dirty: false,
             }),
-            sync_state: Mutex::new(SyncState { journal, durable_seq: 0 }),
+            sync_state: Mutex::new(SyncState { journal, durable_seq: 0, root }),
             pins: pin::Pins::new(),
             gc_lock: Mutex::new(()),
             cache: ClockCache::new(cache_entries, CACHE_SHARDS),
             syncs: AtomicU64::new(0),
             read_index_lookups: AtomicU64::new(0),
             reads_forwarded: AtomicU64::new(0),
+            index_page_reads: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(String::new()),
             opened: report,
-            #[cfg(test)]
-            growth_hook: Mutex::new(None),
         };
-        if old_journal {
-            // Rewritten as the current version, with the next pack id,
-            // before any pack is created. If the rewrite is skipped (memory
-            // budget) or fails, the floor is appended to the old file.
-            let mut s = super::lock(&store.sync_state);
-            if !store.checkpoint(&mut s)? {
-                let id = super::lock(&store.writer).next_pack_id;
-                s.journal.append(&[JournalOp::NextPack { id }])?;
-            }
+        {
+            let mut w = super::lock(&store.writer);
+            let budget = store.summary_budget(&w);
+            store.write_index(&mut w).set_summary_budget(budget);
+            store.write_index(&mut w).fit_summary();
+        }
+        if migrate {
+            // The whole old journal becomes the first run (with the next
+            // pack id in the root) before any pack is created.
+            store.flush(&mut super::lock(&store.sync_state))?;
         }
         Ok(store)
     }
 }
 
-/// The capacity to give each shard before replaying a journal of `records`
-/// records: the mean share plus four standard deviations (keys are
-/// uniform), so almost no shard grows during the replay.
-fn shard_capacity(records: u64) -> usize {
-    let mean = records as f64 / SHARDS as f64;
-    (mean + 4.0 * mean.sqrt() + 8.0) as usize
+/// Applies one journal record at open: puts to the memtable and the live
+/// bits, frees to the bits, removes (only in journals from before the
+/// on-disk index, `whole`) to the memtable.
+fn replay(
+    op: JournalOp,
+    mem: &mut MemTable,
+    bits: &mut BTreeMap<u32, Bits>,
+    next_pack_floor: &mut u32,
+    report: &mut OpenReport,
+    whole: bool,
+) -> Result<()> {
+    match op {
+        JournalOp::Put { hash, pack, slot, crc } => {
+            report.journal_puts += 1;
+            if whole {
+                // A put replaces the chunk's earlier place (GC moved it).
+                if let Some(old) = mem.insert(Key(hash), ChunkLoc { pack, slot, crc }) {
+                    if let Some(b) = bits.get_mut(&old.pack) {
+                        b.clear(old.slot);
+                    }
+                }
+            } else {
+                mem.insert(Key(hash), ChunkLoc { pack, slot, crc });
+            }
+            bits.entry(pack).or_default().set(slot);
+        }
+        JournalOp::Remove { hash } if whole => {
+            report.journal_removes += 1;
+            if let Some(old) = mem.remove(&Key(hash)) {
+                if let Some(b) = bits.get_mut(&old.pack) {
+                    b.clear(old.slot);
+                }
+            }
+        }
+        JournalOp::Remove { .. } => {
+            return Err(Error::Corruption {
+                path: Default::default(),
+                offset: 0,
+                detail: "a remove record in an index journal of version 3".into(),
+            })
+        }
+        JournalOp::Free { pack, slot } => {
+            report.journal_frees += 1;
+            if let Some(b) = bits.get_mut(&pack) {
+                b.clear(slot);
+            }
+        }
+        JournalOp::NextPack { id } => *next_pack_floor = (*next_pack_floor).max(id),
+    }
+    Ok(())
+}
+
+/// Deletes index files in `dir` that `root` does not name: runs and slots
+/// files of a flush that never reached its root, or that a flush replaced
+/// before a crash let it delete them.
+fn remove_unnamed(storage: &dyn Storage, dir: &Path, names: &[String], root: &Root) -> Result<()> {
+    for name in names {
+        let stale = match (run::parse_run_file_name(name), slots::parse_slots_file_name(name)) {
+            (Some(id), _) => !root.runs.contains(&id),
+            (_, Some(id)) => id != root.slots_id,
+            _ => false,
+        };
+        if stale {
+            storage.remove_file(&dir.join(name))?;
+        }
+    }
+    Ok(())
 }

@@ -3,15 +3,17 @@
 //!
 //! The rule GC relies on: every chunk a manifest commit may reference was
 //! either referenced by a manifest when GC's mark read it, or inserted (or
-//! found as a duplicate) under a pin of the current epoch, which stamps the
-//! chunk's index entry with that epoch so the sweep skips it.
+//! found as a duplicate) after the current pass cleared the keep bits,
+//! which sets its slot's keep bit so the sweep skips it.
 //!
 //! How: a [`ChunkPin`] records the epoch current when it was taken. GC
-//! starts a pass by bumping the epoch to E and then waiting (bounded) until
-//! no pin of an older epoch is left: each such pin's manifest commit has
-//! then either happened (so the mark, which starts afterwards, sees it) or
-//! been abandoned. Pins of epoch E stamp what they touch with E, and the
-//! sweep only removes entries stamped below E and not marked in pass E.
+//! starts a pass by clearing every keep bit, bumping the epoch to E and
+//! then waiting (bounded) until no pin of an older epoch is left: each such
+//! pin's manifest commit has then either happened (so the mark, which
+//! starts afterwards, sees it) or been abandoned. Every insert sets the
+//! keep bits of what it touches, so what a pin of epoch E (or a late pin of
+//! E - 1) touches after the clear is kept; the sweep frees only live slots
+//! whose keep bit is clear.
 
 use crate::error::{Error, Result};
 use std::sync::{Condvar, Mutex, MutexGuard};

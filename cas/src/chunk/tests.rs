@@ -155,34 +155,41 @@ fn damaged_pack_header_refuses_open() {
     assert!(matches!(e, Error::ChecksumMismatch { .. } | Error::Corruption { .. }), "{e}");
 }
 
+/// Past its memory budget the index does not refuse writes: its summary
+/// covers less of the hash space, so some duplicates are stored again.
 #[test]
-fn memory_budget_refuses_growth_before_writing() {
+fn over_its_memory_budget_the_index_loses_dedup_not_writes() {
     let s = MemStorage::new();
-    let opts = ChunkStoreOptions { index_memory_budget_bytes: 64 * 1024, ..small_opts() };
+    let opts = ChunkStoreOptions {
+        index_memory_budget_bytes: 64 * 1024,
+        index_checkpoint_min_bytes: 16 << 10,
+        ..small_opts()
+    };
     let c = open(&s, opts);
-    let mut stored = 0;
-    let mut refused = false;
-    for round in 0..100u64 {
-        let before = c.stored_bytes();
-        match c.insert_missing(&c.pin(), &[]).and_then(|_| {
-            let blocks: Vec<Vec<u8>> = (round * 50..round * 50 + 50).map(block).collect();
-            let items: Vec<(ChunkHash, &[u8])> = blocks.iter().map(|b| (ChunkHash::of(b), &b[..])).collect();
-            c.insert_missing(&c.pin(), &items)
-        }) {
-            Ok(st) => stored += st.new_chunks,
-            Err(Error::MemoryBudget(_)) => {
-                assert_eq!(c.stored_bytes(), before, "nothing written when refused");
-                refused = true;
-                break;
-            }
-            Err(e) => panic!("{e}"),
-        }
-        assert!(c.index_memory_bytes() <= 64 * 1024);
+    for round in 0..20u64 {
+        insert(&c, round * 100..(round + 1) * 100);
+        c.sync().unwrap();
     }
-    assert!(refused && stored > 0, "stored {stored} then refused: {refused}");
-    // Syncing drains the queued journal ops; lookups keep working.
+    let st = c.stats();
+    assert!(st.index_runs > 0, "{st:?}");
+    assert!(st.index_summary_fraction_ppm < 1_000_000, "the summary was not sampled: {st:?}");
+    // The same chunks again: most are no longer found, and are stored.
+    let again = insert(&c, 0..1000);
+    assert!(again.new_chunks > 500, "{again:?}");
     c.sync().unwrap();
-    assert!(read(&c, 0).is_ok());
+    for seed in (0..2000).step_by(7) {
+        assert_eq!(read(&c, seed).unwrap(), block(seed));
+    }
+    assert_eq!(c.len(), 2000 + again.new_chunks);
+    // Within budget, every duplicate is found after flushes too.
+    let s = MemStorage::new();
+    let c = open(&s, ChunkStoreOptions { index_checkpoint_min_bytes: 16 << 10, ..small_opts() });
+    for round in 0..20u64 {
+        insert(&c, round * 100..(round + 1) * 100);
+        c.sync().unwrap();
+    }
+    assert!(c.stats().index_runs > 0);
+    assert_eq!(insert(&c, 0..2000).new_chunks, 0);
 }
 
 #[test]
@@ -272,33 +279,38 @@ fn a_failed_sync_poisons_until_reopen() {
 }
 
 #[test]
-fn journal_checkpoints_and_reopens_the_same() {
+fn journal_flushes_and_reopens_the_same() {
     let s = MemStorage::new();
     let opts = ChunkStoreOptions { index_checkpoint_min_bytes: 64 << 10, ..small_opts() };
     let c = open(&s, opts.clone());
     // One chunk per sync: each batch pads to 512 bytes, so 200 syncs pass
-    // the 64 KiB floor and twice the live entries' 45 bytes each.
+    // the 64 KiB threshold.
     let mut shrank = false;
     let mut prev = 0;
     for seed in 0..200 {
         insert(&c, [seed]);
         c.sync().unwrap();
         let now = lock(&c.sync_state).journal.len_bytes();
-        assert!(now <= 64 << 10, "journal of {now} bytes not checkpointed");
+        assert!(now <= 64 << 10, "journal of {now} bytes not flushed");
         shrank |= now < prev;
         prev = now;
     }
     assert!(shrank, "the journal never shrank");
-    // Removes are checkpointed away too.
+    // Freed slots are flushed away too.
     let e = c.gc_advance_epoch(std::time::Duration::from_secs(1)).unwrap();
-    let keep: Vec<ChunkTag> = (0..100).map(|i| ChunkHash::of(&block(i)).tag()).collect();
-    c.gc_mark(e, &keep);
+    let keep: Vec<ChunkRef> = (0..100).map(|i| ChunkRef::unlocated(&ChunkHash::of(&block(i)))).collect();
+    assert_eq!(c.gc_mark(e, &keep).unwrap(), 0);
     assert_eq!(c.gc_sweep(e).unwrap().removed, 100);
     c.sync().unwrap();
+    c.flush(&mut lock(&c.sync_state)).unwrap();
     s.crash(CrashMode::LoseUnsynced);
     let c = open(&s, opts);
+    assert_eq!(c.open_report().journal_puts, 0, "everything was in the runs");
     assert_eq!(c.len(), 100);
     assert_eq!(c.verify(true).unwrap(), 100);
+    for seed in 100..200 {
+        assert!(!c.contains(&ChunkHash::of(&block(seed))), "swept chunk {seed} is back");
+    }
 }
 
 #[test]
@@ -313,9 +325,9 @@ fn unreferenced_packs_are_deleted_on_open() {
     }
     s.sync_dir(Path::new("/chunks")).unwrap();
     s.crash(CrashMode::LoseUnsynced);
-    assert_eq!(s.list_dir(Path::new("/chunks")).unwrap().len(), 3);
+    assert_eq!(s.list_dir(Path::new("/chunks")).unwrap().len(), 4);
     let c = open(&s, small_opts());
-    assert_eq!(s.list_dir(Path::new("/chunks")).unwrap(), vec!["index", "pack-00000001.pack"]);
+    assert_eq!(s.list_dir(Path::new("/chunks")).unwrap(), vec!["index", "index-root", "pack-00000001.pack"]);
     assert_eq!(c.len(), 8);
     insert(&c, 8..12);
     c.sync().unwrap();
@@ -335,144 +347,99 @@ fn syncs_are_counted_like_the_storage_sees_them() {
     assert_eq!(c.stats().syncs, 3 + 1 + 1, "three packs, the directory, the journal");
 }
 
-/// Regression (bench_sched read maxima of 36-56 ms): growing the index held
-/// every reader out for the whole rehash. Now a growth builds the bigger
-/// table while readers keep reading; the hook runs while each growth copies
-/// its shard and has another thread read every stored chunk meanwhile.
+/// Reads through the index (by hash) while flushes and merges move the
+/// entries from the memtable into runs and from runs into merged runs:
+/// every synced chunk is found at every moment.
 #[test]
-fn readers_are_not_held_out_by_index_growth() {
-    use std::sync::mpsc;
-    use std::time::Duration;
+fn reads_by_hash_find_every_chunk_across_flushes_and_merges() {
     let s = MemStorage::new();
-    let c = Arc::new(open(&s, ChunkStoreOptions { pack_bytes: 4 << 20, ..Default::default() }));
-    let stored = Arc::new(Mutex::new(Vec::<u64>::new()));
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let (done_tx, done_rx) = mpsc::channel::<usize>();
+    let opts = ChunkStoreOptions { index_checkpoint_min_bytes: 8 << 10, ..small_opts() };
+    let c = Arc::new(open(&s, opts));
+    let synced = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
     let reader = {
-        let (c, stored) = (c.clone(), stored.clone());
+        let (c, synced, stop) = (c.clone(), synced.clone(), stop.clone());
         std::thread::spawn(move || {
-            for () in go_rx {
-                let seeds = stored.lock().unwrap().clone();
-                for &seed in &seeds {
-                    assert_eq!(read(&c, seed).unwrap(), block(seed), "chunk {seed} during a growth");
+            let mut reads = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let n = synced.load(Ordering::Acquire);
+                for seed in (0..n).rev().step_by(13) {
+                    assert_eq!(read(&c, seed).unwrap(), block(seed), "chunk {seed} of {n}");
+                    reads += 1;
                 }
-                done_tx.send(seeds.len()).unwrap();
             }
+            reads
         })
     };
-    let checked = Arc::new(AtomicU64::new(0));
-    {
-        let checked = checked.clone();
-        let go_tx = Mutex::new(go_tx);
-        let done_rx = Mutex::new(done_rx);
-        c.set_growth_hook(Some(Arc::new(move |_shard, phase| {
-            if phase != GrowthPhase::Copying {
-                return;
-            }
-            go_tx.lock().unwrap().send(()).unwrap();
-            let n = done_rx
-                .lock()
-                .unwrap()
-                .recv_timeout(Duration::from_secs(10))
-                .expect("a reader was held out while the index grew");
-            checked.fetch_add(n as u64, Ordering::Relaxed);
-        })));
+    for round in 0..60u64 {
+        insert(&c, round * 40..(round + 1) * 40);
+        c.sync().unwrap();
+        synced.store((round + 1) * 40, Ordering::Release);
     }
-    for round in 0..16u64 {
-        let seeds: Vec<u64> = (round * 256..(round + 1) * 256).collect();
-        insert(&c, seeds.iter().copied());
-        stored.lock().unwrap().extend(seeds);
-    }
-    c.set_growth_hook(None);
-    assert!(checked.load(Ordering::Relaxed) > 0, "no growth found chunks to read");
-    drop(c);
-    reader.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
+    let st = c.stats();
+    assert!(st.index_runs >= 1 && st.index_run_entries > 0, "no flush happened: {st:?}");
+    assert_eq!(c.verify(true).unwrap(), 2400);
 }
 
-/// Every index change needs the writer lock, GC marking included: a growth
-/// copies its shard under the read lock and swaps the copy in, so a stamp
-/// made in between would land in the discarded table and the sweep would
-/// then remove a live chunk. Here a mark starts in the middle of a growth
-/// of a shard holding marked chunks; none of them may be swept.
+/// The sweep frees exactly the live slots neither marked nor touched by an
+/// insert since the epoch began; a duplicate found counts as touched.
 #[test]
-fn a_mark_during_a_growth_lands_in_the_grown_table() {
-    use std::sync::mpsc;
+fn sweep_frees_slots_neither_marked_nor_touched() {
     use std::time::Duration;
     let s = MemStorage::new();
-    let c = Arc::new(open(&s, ChunkStoreOptions { pack_bytes: 4 << 20, ..Default::default() }));
-    insert(&c, 0..64);
+    let c = open(&s, small_opts());
+    insert(&c, 0..30);
     let epoch = c.gc_advance_epoch(Duration::from_secs(1)).unwrap();
-    let marked: Vec<ChunkHash> = (0..64).map(|seed| ChunkHash::of(&block(seed))).collect();
-    let shards: Vec<usize> = marked.iter().map(|h| index::shard_of(&Key(*h))).collect();
-    let marker = Arc::new(Mutex::new(None));
-    {
-        let (weak, marker) = (Arc::downgrade(&c), marker.clone());
-        c.set_growth_hook(Some(Arc::new(move |shard, phase| {
-            let mut slot = marker.lock().unwrap();
-            if slot.is_some() || phase != GrowthPhase::Copied || !shards.contains(&shard) {
-                return;
-            }
-            let (c, hashes) = (weak.upgrade().expect("store alive"), marked.clone());
-            let (tx, rx) = mpsc::channel();
-            *slot = Some(std::thread::spawn(move || {
-                let tags: Vec<ChunkTag> = hashes.iter().map(|h| h.tag()).collect();
-                let missing = c.gc_mark(epoch, &tags);
-                // Nobody listens once the growth went on without it.
-                let _ = tx.send(());
-                missing
-            }));
-            // Give an unserialised mark time to land in the old table.
-            let _ = rx.recv_timeout(Duration::from_millis(200));
-        })));
-    }
-    let mut seed = 64;
-    while marker.lock().unwrap().is_none() {
-        assert!(seed < 64 + 100_000, "no growth of a shard holding a marked chunk");
-        insert(&c, seed..seed + 256);
-        seed += 256;
-    }
-    c.set_growth_hook(None);
-    let handle = marker.lock().unwrap().take().unwrap();
-    assert_eq!(handle.join().unwrap(), 0, "every marked chunk was stored");
-    // Entries inserted since were stamped by their pins; the 64 by the mark.
+    // Marked: 0..10 (unlocated refs, through the index) and 10..15 (located).
+    let mut refs: Vec<ChunkRef> = (0..10).map(|i| ChunkRef::unlocated(&ChunkHash::of(&block(i)))).collect();
+    let blocks: Vec<Vec<u8>> = (10..15).map(block).collect();
+    let items: Vec<(ChunkHash, &[u8])> = blocks.iter().map(|b| (ChunkHash::of(b), &b[..])).collect();
+    let mut located = Vec::new();
+    let pin = c.pin();
+    // Found as duplicates under a pin of this epoch: 10..15 are touched.
+    c.insert_located(&pin, &items, &mut located).unwrap();
+    refs.extend(&located);
+    assert_eq!(c.gc_mark(epoch, &refs[..10]).unwrap(), 0);
+    // New after the bump: 100..105 are touched.
+    insert(&c, 100..105);
     let swept = c.gc_sweep(epoch).unwrap();
-    assert_eq!(swept.removed, 0, "a mark made during a growth was lost");
-    for seed in 0..64 {
-        assert!(c.contains(&ChunkHash::of(&block(seed))), "chunk {seed} swept");
+    assert_eq!((swept.scanned, swept.removed), (35, 15));
+    drop(pin);
+    for seed in (0..15).chain(100..105) {
+        assert!(c.contains(&ChunkHash::of(&block(seed))), "kept chunk {seed} swept");
     }
+    for seed in 15..30 {
+        assert!(!c.contains(&ChunkHash::of(&block(seed))), "chunk {seed} not swept");
+    }
+    c.sync().unwrap();
+    drop(c);
+    let c = open(&s, small_opts());
+    assert_eq!(c.len(), 20);
+    assert_eq!(c.open_report().journal_frees, 15);
 }
 
-/// Reopening sizes each shard from the journal before the replay, then
-/// keeps a shard's table only if it is the size a fresh table for its
-/// entries would be: the index's accounted bytes match its entries.
+/// An open reads the runs' fences and summary keys, not their entries,
+/// and replays only the journal since the last flush.
 #[test]
-fn reopen_tables_are_sized_for_their_entries() {
-    // 3,000 chunks: the up-front size is a class too big for each shard's
-    // ~12 entries, so every table is rebuilt. 61,440 (240 per shard): the
-    // up-front size and the final one share a class, so most are kept.
-    for (chunks, rebuilt_max) in [(3000u64, index::SHARDS as u64), (61_440, index::SHARDS as u64 / 4)] {
-        let s = MemStorage::new();
-        let c = open(&s, ChunkStoreOptions::default());
-        for part in (0..chunks).step_by(4096) {
-            insert(&c, part..(part + 4096).min(chunks));
-        }
+fn reopen_reads_runs_and_replays_only_the_tail() {
+    let s = MemStorage::new();
+    let opts = ChunkStoreOptions { index_checkpoint_min_bytes: 32 << 10, ..ChunkStoreOptions::default() };
+    let c = open(&s, opts.clone());
+    for part in (0..6000u64).step_by(500) {
+        insert(&c, part..part + 500);
         c.sync().unwrap();
-        drop(c);
-        let c = open(&s, ChunkStoreOptions::default());
-        let report = c.open_report();
-        assert_eq!(report.entries, chunks);
-        assert!(report.tables_rebuilt <= rebuilt_max, "{report:?}");
-        check_tables_sized(&c);
     }
-}
-
-fn check_tables_sized(c: &ChunkStore) {
-    let w = lock(&c.writer);
-    for shard in 0..index::SHARDS {
-        let len = c.index.read(shard).len();
-        assert_eq!(w.table_bytes[shard], index::table_bytes(len), "shard {shard} of {len} entries");
-    }
-    assert_eq!(w.table_bytes_total, w.table_bytes.iter().sum::<u64>());
+    let tail = lock(&c.writer).packs.values().map(|p| u64::from(p.live)).sum::<u64>();
+    drop(c);
+    let c = open(&s, opts);
+    let r = c.open_report();
+    assert_eq!((r.entries, tail), (6000, 6000));
+    assert!(r.runs >= 1 && r.run_entries >= 5000, "{r:?}");
+    assert!(r.journal_puts < 1000, "{r:?}");
+    assert_eq!(r.run_entries + r.journal_puts, 6000, "{r:?}");
+    assert_eq!(insert(&c, 0..6000).new_chunks, 0, "every chunk found by dedup after the reopen");
 }
 
 fn pack_files(s: &MemStorage) -> Vec<u32> {
@@ -500,9 +467,9 @@ fn pack_ids_are_never_given_out_again() {
     let mut refs = Vec::new();
     c.insert_located(&c.pin(), &[(ChunkHash::of(&b), &b[..])], &mut refs).unwrap();
     assert_eq!(refs[0].at.map(|at| at.pack), Some(4), "{refs:?}");
-    // A checkpoint carries the floor too.
+    // A flush carries the floor too (in the root).
     c.sync().unwrap();
-    c.checkpoint(&mut lock(&c.sync_state)).unwrap();
+    c.flush(&mut lock(&c.sync_state)).unwrap();
     let e = c.gc_advance_epoch(std::time::Duration::from_secs(1)).unwrap();
     c.gc_sweep(e).unwrap();
     c.sync().unwrap();
@@ -513,15 +480,17 @@ fn pack_ids_are_never_given_out_again() {
     assert_eq!(refs[0].at.map(|at| at.pack), Some(5), "{refs:?}");
 }
 
-/// A journal from before the next-pack record (version 1) replays, and the
-/// open rewrites it as the current version with the floor in it.
+/// A journal from before the next-pack record (version 1) and the on-disk
+/// index (no root) replays whole, and the open writes it out as the first
+/// run, with the floor in the root.
 #[test]
-fn a_version_1_journal_is_rewritten_on_open() {
+fn a_version_1_journal_is_migrated_on_open() {
     let s = MemStorage::new();
     let c = open(&s, small_opts());
     insert(&c, 1..=10);
     c.sync().unwrap();
     drop(c);
+    s.remove_file(&Path::new("/chunks").join(dedup::root::ROOT_FILE)).unwrap();
     let path = Path::new("/chunks").join(journal::INDEX_FILE);
     let f = s.open(&path, crate::storage::OpenMode::Existing).unwrap();
     let mut head = vec![0u8; journal::FILE_HEADER_USED];
@@ -535,6 +504,9 @@ fn a_version_1_journal_is_rewritten_on_open() {
     drop(f);
     let c = open(&s, small_opts());
     assert_eq!(lock(&c.sync_state).journal.version, journal::INDEX_VERSION);
+    let r = c.open_report();
+    assert!(r.migrated && r.journal_puts == 10, "{r:?}");
+    assert_eq!((c.stats().index_runs, c.stats().index_run_entries), (1, 10));
     for seed in 1..=10 {
         assert_eq!(read(&c, seed).unwrap(), block(seed));
     }

@@ -1,10 +1,11 @@
-//! The append path: `insert_missing`, pack rotation, and `sync`.
+//! The append path: `insert_missing`, pack rotation, `sync`, and the
+//! index flush.
 //!
 //! Ordering rules (why the index never points at lost bytes):
 //! 1. chunk bytes are written to a pack (one pwrite per run of up to
-//!    `RUN_CHUNKS`), then published in the in-memory index and queued as
-//!    journal puts, all under the writer lock (each entry under its shard's
-//!    write lock, held for that one insert);
+//!    `RUN_CHUNKS`), then published in the dedup index's memtable, their
+//!    slots' live bits set and journal puts queued, all under the writer
+//!    lock;
 //! 2. `sync` syncs every pack written since the last sync, then the store
 //!    directory if a pack was created, then appends and syncs one journal
 //!    batch with the queued changes. Only then are they durable.
@@ -14,43 +15,59 @@
 //! another caller queued (so a chunk found as a duplicate is durable when
 //! the finder's `sync` returns).
 //!
-//! Index growth (`reserve`): a shard that lacks room for the entries about
-//! to be published is copied into a table of the grown capacity while its
-//! readers keep reading (only the read lock is held; every other change
-//! needs the writer lock, which the grower holds), then the copy is
-//! swapped in under the write lock, an O(1) hold. The old table is freed
-//! after the lock is released. The budget is checked, for every shard
-//! that must grow, before anything is allocated.
+//! A flush (after a sync, once the journal has grown past its threshold)
+//! makes the memtable a run: under the writer lock it freezes the memtable
+//! (still read), copies the live bits and takes the queued changes; then,
+//! holding only the sync lock, it syncs the packs, writes the run (merged
+//! with the newest runs, see dedup/), the slots file, the root, and a new
+//! empty journal, and finally swaps the run into the index.
 
-use super::index::{self, Key, Loc, PrefixBuild, SHARDS};
-use super::journal::{self, JournalOp};
+use super::dedup::root::Root;
+use super::dedup::slots::{self, Bits};
+use super::dedup::{self, ProbeCost};
+use super::index::{Key, PrefixBuild};
+use super::journal::JournalOp;
 use super::pack::{self, PackHeader, CHUNK_BYTES, PACK_HEADER_BYTES};
 use super::{
-    lock, ActivePack, ChunkHash, ChunkLoc, ChunkPin, ChunkRef, ChunkStore, GrowthPhase, InsertStats,
-    PackState, Writer,
+    lock, ActivePack, ChunkHash, ChunkLoc, ChunkPin, ChunkRef, ChunkStore, InsertStats, PackState, Writer,
 };
 use crate::error::{Error, Result};
 use crate::format;
 use crate::storage::OpenMode;
 use std::collections::hash_map::{Entry, HashMap};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 
 /// Chunks per pwrite (4 MiB): bounds the run buffer.
 pub(crate) const RUN_CHUNKS: usize = 1024;
 
+/// Most journal records a flush waits for, however large the store.
+const FLUSH_RECORDS_MAX: u64 = 1 << 21;
+
+/// Journal records past which the index of a store of `live` chunks is
+/// flushed: what `min_bytes` of journal holds, or 1/32 of the chunks
+/// stored (at most `FLUSH_RECORDS_MAX`), whichever is more. Growing with
+/// the store keeps the summary's rebuild at each flush (a copy of the
+/// whole summary) at about 128 bytes per insert; the memtable holds at
+/// most this many entries.
+pub(crate) fn flush_records(live: u64, min_bytes: u64) -> u64 {
+    (min_bytes / super::journal::RECORD_BYTES as u64).max((live / 32).min(FLUSH_RECORDS_MAX)).max(1)
+}
+
 impl ChunkStore {
     /// Stores every chunk of `chunks` that is not stored yet, exactly once
-    /// across concurrent callers, and returns what it did. Each entry is
-    /// `(blake3 hash, 4096 bytes)`; all-zero blocks are refused (they are
-    /// holes). Chunks are readable at once and durable after [`sync`].
+    /// across concurrent callers (as far as the dedup index finds it: see
+    /// `ChunkStoreOptions::index_memory_budget_bytes`), and returns what it
+    /// did. Each entry is `(blake3 hash, 4096 bytes)`; all-zero blocks are
+    /// refused (they are holes). Chunks are readable at once and durable
+    /// after [`sync`].
     ///
     /// `pin` (from [`ChunkStore::pin`]) must stay alive until the manifest
     /// commit that references these chunks returns: it keeps a concurrent
     /// GC from sweeping them, including chunks that were already stored.
     ///
-    /// Fails with `Error::MemoryBudget`, before writing anything, when the
-    /// index would grow past its budget; on an I/O error the chunks of
-    /// earlier runs of this call are written but never published (their
-    /// slots are dead).
+    /// On an I/O error the chunks of earlier runs of this call are written
+    /// but never published (their slots are dead).
     ///
     /// [`sync`]: ChunkStore::sync
     pub fn insert_missing(&self, pin: &ChunkPin<'_>, chunks: &[(ChunkHash, &[u8])]) -> Result<InsertStats> {
@@ -87,48 +104,56 @@ impl ChunkStore {
         let w = &mut *guard;
         let mut stats = InsertStats::default();
 
-        // Classify (the writer lock keeps the index still): stored,
-        // repeated in this call, missing.
+        // Classify (the writer lock keeps the index and the bits still):
+        // stored, repeated in this call, missing.
         let mut missing: Vec<usize> = Vec::new();
         let mut locs: Vec<Option<ChunkLoc>> = vec![None; chunks.len()];
         // Repeats of a missing chunk: (entry, its first occurrence).
         let mut repeats: Vec<(usize, usize)> = Vec::new();
         let mut seen: HashMap<Key, usize, PrefixBuild> = HashMap::default();
-        for (i, (hash, _)) in chunks.iter().enumerate() {
-            let key = Key(*hash);
-            match self.index.get(&key) {
-                Some(loc) => {
-                    stats.dup_chunks += 1;
-                    locs[i] = Some(loc.at());
-                    if loc.epoch < pin.epoch {
-                        let mut shard = self.index.write(w, index::shard_of(&key));
-                        let loc = shard.get_mut(&key).expect("the writer lock keeps entries");
-                        loc.epoch = loc.epoch.max(pin.epoch);
-                    }
-                }
-                None => match seen.entry(key) {
-                    Entry::Vacant(v) => {
-                        v.insert(i);
-                        missing.push(i);
-                    }
-                    Entry::Occupied(o) => {
+        let mut cost = ProbeCost::default();
+        {
+            let idx = self.read_index();
+            let live = |at: ChunkLoc| w.is_live(at);
+            for (i, (hash, _)) in chunks.iter().enumerate() {
+                match idx.probe(hash, &live, &mut cost)? {
+                    Some(at) => {
                         stats.dup_chunks += 1;
-                        repeats.push((i, *o.get()));
+                        locs[i] = Some(at);
                     }
-                },
+                    None => match seen.entry(Key(*hash)) {
+                        Entry::Vacant(v) => {
+                            v.insert(i);
+                            missing.push(i);
+                        }
+                        Entry::Occupied(o) => {
+                            stats.dup_chunks += 1;
+                            repeats.push((i, *o.get()));
+                        }
+                    },
+                }
             }
         }
+        self.index_page_reads.fetch_add(cost.page_reads, Ordering::Relaxed);
+        // Duplicates found are kept by a GC pass running now (pin.rs).
+        for at in locs.iter().flatten() {
+            w.keep(*at);
+        }
         if !missing.is_empty() {
-            self.reserve(w, missing.iter().map(|&i| Key(chunks[i].0)))?;
             let placed =
                 self.write_chunks(w, missing.iter().map(|&i| chunks[i].1), &mut stats.bytes_written)?;
+            {
+                let mut idx = self.write_index(w);
+                for (&i, p) in missing.iter().zip(&placed) {
+                    idx.put(chunks[i].0, *p);
+                }
+            }
             for (&i, p) in missing.iter().zip(&placed) {
-                let key = Key(chunks[i].0);
-                let loc = Loc { pack: p.pack, slot: p.slot, crc: p.crc, epoch: pin.epoch };
-                // `reserve` made room: this insert never resizes under the lock.
-                self.index.write(w, index::shard_of(&key)).insert(key, loc);
-                w.packs.get_mut(&p.pack).expect("placed in an open pack").live += 1;
-                w.pending.push(JournalOp::Put { hash: key.0, pack: p.pack, slot: p.slot, crc: p.crc });
+                let pack = w.packs.get_mut(&p.pack).expect("placed in an open pack");
+                pack.live_bits.set(p.slot);
+                pack.keep_bits.set(p.slot);
+                pack.live += 1;
+                w.pending.push(JournalOp::Put { hash: chunks[i].0, pack: p.pack, slot: p.slot, crc: p.crc });
                 locs[i] = Some(*p);
             }
             w.seq += placed.len() as u64;
@@ -142,67 +167,6 @@ impl ChunkStore {
             ChunkRef { tag: hash.tag(), at }
         }));
         Ok(stats)
-    }
-
-    /// Makes room in the index for `keys` (distinct and not stored): grows
-    /// each shard that lacks room (see the module docs), or refuses with
-    /// `MemoryBudget`, before allocating anything, if the grown tables and
-    /// the queued journal ops would exceed the budget.
-    fn reserve(&self, w: &mut Writer, keys: impl ExactSizeIterator<Item = Key>) -> Result<()> {
-        let more = keys.len();
-        let mut adds = [0usize; SHARDS];
-        for key in keys {
-            adds[index::shard_of(&key)] += 1;
-        }
-        let mut grow: Vec<(usize, usize)> = Vec::new();
-        let mut total = Self::memory_bytes(w, more);
-        for (s, &add) in adds.iter().enumerate().filter(|(_, &a)| a > 0) {
-            let (len, capacity) = {
-                let shard = self.index.read(s);
-                (shard.len(), shard.capacity())
-            };
-            // capacity = entries + free slots (hashbrown's growth_left).
-            if capacity - len < add {
-                let grown = index::grown_capacity(capacity, len + add);
-                total = total - w.table_bytes[s] + index::table_bytes(grown);
-                grow.push((s, grown));
-            }
-        }
-        let budget = self.index_budget_bytes();
-        if total > budget {
-            return Err(Error::MemoryBudget(format!(
-                "the chunk index would grow to {total} bytes for {more} more chunks, over its budget of {budget} bytes"
-            )));
-        }
-        for (s, capacity) in grow {
-            self.grow_shard(w, s, capacity)?;
-        }
-        Ok(())
-    }
-
-    /// Replaces shard `s` with a copy of room `capacity`. The copy is made
-    /// under the shard's read lock (readers continue; nothing else can
-    /// change the shard, since that needs the writer lock `w` proves), the
-    /// swap under its write lock, and the old table is freed after.
-    fn grow_shard(&self, w: &mut Writer, s: usize, capacity: usize) -> Result<()> {
-        let grown = {
-            let shard = self.index.read(s);
-            let mut grown = index::IndexMap::default();
-            grown
-                .try_reserve(capacity)
-                .map_err(|e| Error::MemoryBudget(format!("chunk index growth refused: {e}")))?;
-            grown.extend(shard.iter().map(|(k, l)| (*k, *l)));
-            self.growth_hook(s, GrowthPhase::Copying);
-            grown
-        };
-        // Until the swap nothing can change the shard: that needs `w`.
-        self.growth_hook(s, GrowthPhase::Copied);
-        let bytes = index::table_bytes(grown.capacity());
-        let old = std::mem::replace(&mut *self.index.write(w, s), grown);
-        drop(old);
-        w.table_bytes_total = w.table_bytes_total - w.table_bytes[s] + bytes;
-        w.table_bytes[s] = bytes;
-        Ok(())
     }
 
     /// Appends `datas` to the active pack(s), one pwrite per run, and
@@ -277,7 +241,7 @@ impl ChunkStore {
         *bytes_written += PACK_HEADER_BYTES;
         w.dir_dirty = true;
         w.dirty.insert(id, file.clone());
-        w.packs.insert(id, PackState { slots: 0, capacity: self.slots_per_pack, live: 0 });
+        w.packs.insert(id, PackState::new(0, self.slots_per_pack, Bits::default()));
         self.write_files().insert(id, file.clone());
         w.active = Some(ActivePack { id, file: file.clone(), next_slot: 0, capacity: self.slots_per_pack });
         Ok((id, file, 0, self.slots_per_pack as usize))
@@ -286,7 +250,8 @@ impl ChunkStore {
     /// Makes every chunk inserted (and every index change made) before this
     /// call durable: syncs the packs written since the last sync, the
     /// directory if a pack was created, then appends and syncs one journal
-    /// batch. A failure poisons the store (see the module docs).
+    /// batch; then flushes the index if the journal has grown past its
+    /// threshold. A failure poisons the store (see the module docs).
     pub fn sync(&self) -> Result<()> {
         let target = lock(&self.writer).seq;
         let mut s = lock(&self.sync_state);
@@ -309,11 +274,15 @@ impl ChunkStore {
             return Err(e);
         }
         s.durable_seq = upto;
-        let live = self.len();
-        if s.journal.len_bytes() > self.checkpoint_min_bytes.max(2 * journal::live_bytes(live)) {
-            self.checkpoint(&mut s)?;
+        if s.journal.len_bytes() > self.flush_threshold_bytes() {
+            self.flush(&mut s)?;
         }
         Ok(())
+    }
+
+    /// Journal bytes past which the index is flushed (`flush_records`).
+    fn flush_threshold_bytes(&self) -> u64 {
+        flush_records(self.len(), self.checkpoint_min_bytes) * super::journal::RECORD_BYTES as u64
     }
 
     /// Syncs the packs written since the last sync, then the directory if
@@ -334,57 +303,103 @@ impl ChunkStore {
         Ok(())
     }
 
-    /// Rewrites the journal as exactly the current index (all of it made
-    /// durable first). Skipped when the snapshot would break the budget.
-    /// Returns whether the journal was rewritten (false: skipped, or the
-    /// rewrite failed and the queued changes went to the old journal).
-    pub(crate) fn checkpoint(&self, s: &mut super::SyncState) -> Result<bool> {
-        let (snapshot, ops, upto, dirty, dir_dirty) = {
-            // The writer lock keeps the index still while it is copied.
+    /// Flushes the index (see the module docs): the memtable becomes a
+    /// run, the live bits a slots file, a new root names them, and the
+    /// journal starts empty. Every change made before it is durable when it
+    /// returns. A failure poisons the store.
+    pub(crate) fn flush(&self, s: &mut super::SyncState) -> Result<()> {
+        self.check_poison()?;
+        let (frozen, bits, ops, upto, dirty, dir_dirty, next_pack_id) = {
             let mut w = lock(&self.writer);
-            let snapshot_bytes = self.len() * std::mem::size_of::<JournalOp>() as u64;
-            if w.table_bytes_total + snapshot_bytes > self.index_budget_bytes() {
-                tracing::warn!(
-                    snapshot_bytes,
-                    "chunk index checkpoint skipped: it would exceed the memory budget"
-                );
-                return Ok(false);
-            }
-            let mut snapshot: Vec<JournalOp> = vec![JournalOp::NextPack { id: w.next_pack_id }];
-            self.index.for_each(|k, l| {
-                snapshot.push(JournalOp::Put { hash: k.0, pack: l.pack, slot: l.slot, crc: l.crc })
-            });
+            let frozen = self.write_index(&mut w).freeze();
+            let bits: BTreeMap<u32, Bits> =
+                w.packs.iter().map(|(&id, p)| (id, p.live_bits.clone())).collect();
             let ops = std::mem::take(&mut w.pending);
-            (snapshot, ops, w.seq, std::mem::take(&mut w.dirty), std::mem::take(&mut w.dir_dirty))
+            (
+                frozen,
+                bits,
+                ops,
+                w.seq,
+                std::mem::take(&mut w.dirty),
+                std::mem::take(&mut w.dir_dirty),
+                w.next_pack_id,
+            )
         };
-        if let Err(e) = self.sync_packs(&dirty, dir_dirty) {
-            self.poison(&e);
-            return Err(e);
+        drop(ops); // The run and the slots file hold everything they said.
+        let (inputs, level) = self.read_index().plan_flush();
+        let result = (|| {
+            self.sync_packs(&dirty, dir_dirty)?;
+            let (run_id, slots_id) = (s.root.next_file_id, s.root.next_file_id + 1);
+            let valid = |at: ChunkLoc| bits.get(&at.pack).is_some_and(|b| b.get(at.slot));
+            let entries = dedup::sorted_entries(&frozen);
+            let new = dedup::write_merged(
+                self.storage.as_ref(),
+                &self.dir,
+                self.store_id,
+                run_id,
+                level,
+                &inputs,
+                &entries,
+                &valid,
+            )?;
+            slots::write(self.storage.as_ref(), &self.dir, slots_id, &slots::encode(self.store_id, &bits))?;
+            self.count_syncs(2 + u64::from(new.is_some()));
+            self.storage.sync_dir(&self.dir)?;
+            let merged: Vec<u64> = inputs.iter().map(|r| r.id).collect();
+            let mut runs: Vec<u64> = s.root.runs.iter().copied().filter(|id| !merged.contains(id)).collect();
+            runs.extend(new.as_ref().map(|(r, _)| r.id));
+            let generation = s.root.generation + 1;
+            let root = Root {
+                store_id: self.store_id,
+                generation,
+                next_file_id: slots_id + 1,
+                next_pack_id,
+                journal_generation: generation as u32,
+                slots_id,
+                runs,
+                summary_limit: self.read_index().summary_limit() as u32,
+            };
+            self.count_syncs(2);
+            root.write(self.storage.as_ref(), &self.dir)?;
+            // From here the old journal is stale (the root names another
+            // generation): it must not be appended to.
+            self.count_syncs(2);
+            s.journal.rewrite(self.storage.as_ref(), &self.dir, &[], root.journal_generation)?;
+            Ok((root, new))
+        })();
+        let (root, new) = match result {
+            Ok(r) => r,
+            Err(e) => {
+                self.poison(&e);
+                return Err(e);
+            }
+        };
+        {
+            let mut w = lock(&self.writer);
+            let budget = self.summary_budget(&w);
+            let mut idx = self.write_index(&mut w);
+            idx.set_summary_budget(budget);
+            idx.install(&inputs, new);
         }
-        // The rewrite syncs the new file and the directory.
-        self.count_syncs(2);
-        let before = s.journal.len_bytes();
-        match s.journal.rewrite(self.storage.as_ref(), &self.dir, &snapshot) {
-            Ok(()) => {
-                tracing::debug!(before, after = s.journal.len_bytes(), "chunk index checkpointed");
-                s.durable_seq = upto;
-                return Ok(true);
-            }
-            Err(failure) if failure.old_journal_intact => {
-                // Keep the queued changes in the old journal instead.
-                tracing::warn!(error = %failure.error, "chunk index checkpoint failed; appending instead");
-                self.count_syncs(u64::from(!ops.is_empty()));
-                if let Err(e) = s.journal.append(&ops) {
-                    self.poison(&e);
-                    return Err(e);
-                }
-            }
-            Err(failure) => {
-                self.poison(&failure.error);
-                return Err(failure.error);
-            }
+        // Files the new root no longer names; a crash before this leaves
+        // them for the next open to delete.
+        for run in &inputs {
+            self.storage.remove_file(run.path())?;
         }
-        s.durable_seq = upto;
-        Ok(false)
+        if s.root.slots_id != 0 {
+            self.storage.remove_file(&self.dir.join(slots::slots_file_name(s.root.slots_id)))?;
+        }
+        s.root = root;
+        s.durable_seq = s.durable_seq.max(upto);
+        tracing::debug!(entries = frozen.len(), merged = inputs.len(), level, "chunk index flushed");
+        Ok(())
+    }
+
+    /// What the summary may take: the index's budget less the memtables
+    /// (two at their largest) and the slot bits.
+    pub(crate) fn summary_budget(&self, w: &Writer) -> u64 {
+        let live: u64 = w.packs.values().map(|p| u64::from(p.live)).sum();
+        let mem = 2 * dedup::mem_bytes_for(flush_records(live, self.checkpoint_min_bytes) as usize);
+        self.index_budget_bytes().saturating_sub(mem + w.bits_bytes())
     }
 }

@@ -8,11 +8,11 @@
 //!  1. epoch    bump the GC epoch to E; wait (bounded) for compaction pins
 //!              of epoch E-1: their manifest commits are then done or dropped
 //!  2. mark     read every manifest's committed tree (a snapshot taken now),
-//!              stamp each referenced chunk's index entry with E; delete
+//!              set the keep bit of the slot each leaf leads to; delete
 //!              the forward tables that existed before the mark and that no
 //!              leaf's location goes through
-//!  3. sweep    drop index entries stamped below E (not referenced, and not
-//!              touched by a compaction batch pinned in epoch E); sync
+//!  3. sweep    free the live slots not kept (not referenced, and not
+//!              touched by a compaction batch since the epoch bump); sync
 //!  4. repack   for each pack (except the active one) whose dead fraction is
 //!              at least the threshold: copy its live chunks to the active
 //!              pack, sync (copies, then the index moves), write the pack's
@@ -26,7 +26,7 @@
 //!   started marking, or inserted / found as a duplicate under a pin that
 //!   was live at any point after the epoch bump, is never swept;
 //! - any error while marking aborts the pass before anything is swept;
-//! - crash at any step: no live chunk is lost and no index entry points at
+//! - crash at any step: no live chunk is lost and no live slot is in
 //!   a deleted pack (see crate::chunk::maintenance for the per-step rules);
 //!   a crash may leave dead chunks or an unreferenced pack, which the next
 //!   open or pass removes;
@@ -48,7 +48,7 @@
 //!
 //! [`ChunkPin`]: crate::chunk::ChunkPin
 
-use crate::chunk::{lock, ChunkStore, ChunkTag};
+use crate::chunk::{lock, ChunkRef, ChunkStore};
 use crate::error::Result;
 use crate::manifest::Manifest;
 use std::collections::HashSet;
@@ -63,7 +63,7 @@ pub struct GcOptions {
     /// How long to wait for compaction pins of the previous epoch (default
     /// 30 s); past it the pass fails with `Error::Unavailable`.
     pub pin_wait: Duration,
-    /// Referenced hashes stamped per index lock hold (default 4096).
+    /// References marked per writer lock hold (default 4096).
     pub mark_batch: usize,
     /// Also rewrite manifests whose garbage is above their limit.
     pub compact_manifests: bool,
@@ -116,22 +116,22 @@ pub fn run(chunks: &ChunkStore, manifests: &[&Manifest], opts: &GcOptions) -> Re
     // tables the leaves' locations go through.
     let tables = chunks.forward_ids();
     let mut routed = HashSet::new();
-    let mut batch: Vec<ChunkTag> = Vec::with_capacity(opts.mark_batch.clamp(1, 1 << 16));
+    let mut batch: Vec<ChunkRef> = Vec::with_capacity(opts.mark_batch.clamp(1, 1 << 16));
     for m in manifests {
         for item in m.iter() {
             let (_, r) = item?;
-            batch.push(r.tag);
+            batch.push(r);
             if let Some(at) = r.at.filter(|_| !tables.is_empty()) {
                 chunks.note_forward_route(at, &tables, &mut routed);
             }
             if batch.len() == batch.capacity() {
-                report.missing_references += chunks.gc_mark(epoch, &batch);
+                report.missing_references += chunks.gc_mark(epoch, &batch)?;
                 report.references += batch.len() as u64;
                 batch.clear();
             }
         }
     }
-    report.missing_references += chunks.gc_mark(epoch, &batch);
+    report.missing_references += chunks.gc_mark(epoch, &batch)?;
     report.references += batch.len() as u64;
     if report.missing_references > 0 {
         tracing::error!(

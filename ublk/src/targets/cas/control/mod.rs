@@ -134,11 +134,14 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
         journal_read_ms = chunks.journal_read_ms,
         journal_puts = chunks.journal_puts,
         journal_removes = chunks.journal_removes,
+        journal_frees = chunks.journal_frees,
+        index_runs = chunks.runs,
+        index_run_entries = chunks.run_entries,
+        index_runs_ms = chunks.runs_ms,
+        index_migrated = chunks.migrated,
         packs = chunks.packs_checked,
         packs_removed = chunks.packs_removed,
         packs_ms = chunks.packs_ms,
-        tables_rebuilt = chunks.tables_rebuilt,
-        tables_ms = chunks.tables_ms,
         "store opened"
     );
     let path = Arc::new(

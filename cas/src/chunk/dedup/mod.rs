@@ -1,0 +1,436 @@
+//! The dedup index: chunk hash -> where the chunk is stored, kept on disk
+//! as sorted runs with a small summary in memory (issue 17).
+//!
+//! ```text
+//!   memtable   HashMap of the entries since the last flush (the index
+//!              journal is its write-ahead log)
+//!   frozen     the memtable being written out by a flush (still read)
+//!   runs       sorted files (run.rs), oldest to newest, each with its
+//!              fences in memory (8 bytes per 92 entries)
+//!   summary    4 bytes per run entry: partition + 24-bit fingerprint +
+//!              run slot (summary.rs)
+//! ```
+//!
+//! Reads never come here: manifest leaves hold locations. The index is
+//! asked by inserts (is this hash stored?), by GC (where is the chunk a
+//! leaf without a location names; is this slot's content the entry's),
+//! and by reads of leaves written before locations.
+//!
+//! Entries are never removed or changed in place: a new location is a
+//! newer entry, and whether an entry still holds is decided by the chunk
+//! store's slot bitmaps (`valid`): a slot once freed is never used again
+//! (packs are append-only and pack ids are never reused), so a stale entry
+//! can never become valid again. Merges drop stale entries and older
+//! duplicates.
+//!
+//! Flushes write the memtable as a level-0 run; when that makes `FAN_IN`
+//! runs of one level at the newest end, they are merged with it into one
+//! run of the next level (and so on up), so an entry is rewritten about
+//! log8(entries / memtable) times and there are at most 7 runs per level.
+
+pub(crate) mod root;
+pub(crate) mod run;
+pub(crate) mod slots;
+pub(crate) mod summary;
+
+use super::index::{Key, PrefixBuild};
+use super::{ChunkHash, ChunkLoc, ChunkTag};
+use crate::error::Result;
+use crate::storage::Storage;
+use run::{Entry, Run, RunWriter};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use summary::Summary;
+
+/// The entries since the last flush.
+pub(crate) type MemTable = HashMap<Key, ChunkLoc, PrefixBuild>;
+
+/// Runs of one level merged into one run of the next.
+pub(crate) const FAN_IN: usize = 8;
+/// Run slots (the summary names a run in 8 bits).
+const SLOTS: usize = 256;
+
+/// Bytes of one memtable bucket (key, location, control byte).
+const MEM_BUCKET_BYTES: u64 = (std::mem::size_of::<(Key, ChunkLoc)>() + 1) as u64;
+
+/// Heap bytes of a memtable (estimated from its capacity).
+pub(crate) fn mem_bytes(m: &MemTable) -> u64 {
+    mem_bytes_for(m.capacity())
+}
+
+/// Heap bytes of a memtable that holds `entries` without growing.
+pub(crate) fn mem_bytes_for(entries: usize) -> u64 {
+    super::index::table_bytes(entries) / super::index::BUCKET_BYTES * MEM_BUCKET_BYTES
+}
+
+pub(crate) struct DedupIndex {
+    pub mem: MemTable,
+    pub frozen: Option<Arc<MemTable>>,
+    /// Oldest first, with the summary slot each holds.
+    runs: Vec<(u8, Arc<Run>)>,
+    summary: Summary,
+    /// What the summary may take; past it, it halves (see summary.rs).
+    summary_budget: u64,
+}
+
+/// Where an entry was found (for counting what lookups cost).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ProbeCost {
+    pub page_reads: u64,
+}
+
+impl DedupIndex {
+    pub fn new(summary_limit: usize, summary_budget: u64) -> DedupIndex {
+        DedupIndex {
+            mem: MemTable::default(),
+            frozen: None,
+            runs: Vec::new(),
+            summary: Summary::new(summary_limit),
+            summary_budget,
+        }
+    }
+
+    /// The dedup lookup: the newest valid entry of `hash` in the memtables
+    /// or in a run the summary names. A hash in a partition the summary
+    /// no longer covers is found only in the memtables.
+    pub fn probe(
+        &self,
+        hash: &ChunkHash,
+        valid: &dyn Fn(ChunkLoc) -> bool,
+        cost: &mut ProbeCost,
+    ) -> Result<Option<ChunkLoc>> {
+        let key = Key(*hash);
+        for m in std::iter::once(&self.mem).chain(self.frozen.as_deref()) {
+            if let Some(&at) = m.get(&key) {
+                if valid(at) {
+                    return Ok(Some(at));
+                }
+            }
+        }
+        let mut slots = smallvec::SmallVec::<[u8; 4]>::new();
+        self.summary.candidates(hash.as_bytes(), |s| slots.push(s));
+        if slots.is_empty() {
+            return Ok(None);
+        }
+        for (slot, run) in self.runs.iter().rev() {
+            if !slots.contains(slot) {
+                continue;
+            }
+            cost.page_reads += 1;
+            if let Some(e) = run.find(&hash.tag())? {
+                if e.hash == *hash && valid(e.at) {
+                    return Ok(Some(e.at));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The newest entry of the chunk `tag` names for which `valid` holds,
+    /// looking in every run (not only those the summary names): exact
+    /// whatever the summary covers.
+    pub fn find(&self, tag: &ChunkTag, valid: &dyn Fn(ChunkLoc) -> bool) -> Result<Option<Entry>> {
+        let key = Key::of_tag(tag);
+        for m in std::iter::once(&self.mem).chain(self.frozen.as_deref()) {
+            if let Some((k, &at)) = m.get_key_value(&key) {
+                if valid(at) {
+                    return Ok(Some(Entry { hash: k.0, at }));
+                }
+            }
+        }
+        for (_, run) in self.runs.iter().rev() {
+            if let Some(e) = run.find(tag)? {
+                if valid(e.at) {
+                    return Ok(Some(e));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    pub fn put(&mut self, hash: ChunkHash, at: ChunkLoc) {
+        self.mem.insert(Key(hash), at);
+    }
+
+    /// Moves the memtable aside for a flush (still read until `install`).
+    pub fn freeze(&mut self) -> Arc<MemTable> {
+        assert!(self.frozen.is_none(), "one flush at a time");
+        let m = Arc::new(std::mem::take(&mut self.mem));
+        self.frozen = Some(m.clone());
+        m
+    }
+
+    pub fn runs(&self) -> impl DoubleEndedIterator<Item = &Arc<Run>> {
+        self.runs.iter().map(|(_, r)| r)
+    }
+
+    /// The runs a flush merges with the frozen memtable (the newest ones,
+    /// see the module docs), and the merged run's level.
+    pub fn plan_flush(&self) -> (Vec<Arc<Run>>, u32) {
+        if self.runs.len() + 1 >= SLOTS - 8 {
+            // Never expected (7 runs per level); merge everything.
+            let level = self.runs.iter().map(|(_, r)| r.level).max().unwrap_or(0) + 1;
+            return (self.runs().cloned().collect(), level);
+        }
+        let mut level = 0;
+        let mut start = self.runs.len();
+        loop {
+            let same = self.runs[..start].iter().rev().take_while(|(_, r)| r.level == level).count();
+            if same + 1 < FAN_IN {
+                break;
+            }
+            start -= same;
+            level += 1;
+        }
+        (self.runs[start..].iter().map(|(_, r)| r.clone()).collect(), level)
+    }
+
+    /// Installs a flush's result: the runs in `merged` (the newest ones)
+    /// replaced by `new` (None when every entry was stale), the frozen
+    /// memtable dropped. Halves the summary while it is over its budget.
+    /// Returns the summary elements dropped by halving.
+    pub fn install(&mut self, merged: &[Arc<Run>], new: Option<(Run, Vec<u8>)>) -> u64 {
+        let keep = self.runs.len() - merged.len();
+        debug_assert!(self.runs[keep..].iter().zip(merged).all(|((_, a), b)| Arc::ptr_eq(a, b)));
+        let dropped: Vec<u8> = self.runs.drain(keep..).map(|(s, _)| s).collect();
+        let free = (0..SLOTS as u16)
+            .map(|s| s as u8)
+            .find(|s| !self.runs.iter().any(|(used, _)| used == s))
+            .expect("fewer than 256 runs");
+        let keys = match new {
+            Some((run, keys)) => {
+                self.runs.push((free, Arc::new(run)));
+                keys
+            }
+            None => Vec::new(),
+        };
+        self.summary.replace(&dropped, free, &keys);
+        self.frozen = None;
+        self.fit_summary()
+    }
+
+    /// Adds a run read at open (oldest first).
+    pub fn add_opened(&mut self, run: Run, keys: &[u8]) {
+        let slot = self.runs.len() as u8;
+        assert!(self.runs.len() < SLOTS, "too many runs");
+        self.summary.replace(&[], slot, keys);
+        self.runs.push((slot, Arc::new(run)));
+    }
+
+    /// Halves the summary until it fits its budget (or covers one
+    /// partition); returns the elements dropped.
+    pub fn fit_summary(&mut self) -> u64 {
+        let mut dropped = 0;
+        while self.summary.memory_bytes() > self.summary_budget && self.summary.limit() > 1 {
+            dropped += self.summary.halve();
+        }
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                summarized_fraction = self.summary.limit() as f64 / summary::PARTITIONS as f64,
+                "dedup index summary over its memory budget: part of the stored chunks is no longer found by dedup"
+            );
+        }
+        dropped
+    }
+
+    pub fn set_summary_budget(&mut self, bytes: u64) {
+        self.summary_budget = bytes;
+    }
+
+    pub fn summary_limit(&self) -> usize {
+        self.summary.limit()
+    }
+
+    /// Entries in the runs (stale ones included) and in the memtables.
+    #[cfg(test)]
+    pub fn entries(&self) -> u64 {
+        let runs: u64 = self.runs().map(|r| r.entries).sum();
+        runs + self.mem.len() as u64 + self.frozen.as_ref().map_or(0, |f| f.len() as u64)
+    }
+
+    /// Summary elements (run entries in covered partitions).
+    pub fn summarized(&self) -> u64 {
+        self.summary.len()
+    }
+
+    /// Heap bytes: memtables, summary, fences.
+    pub fn memory_bytes(&self) -> u64 {
+        let mem = mem_bytes(&self.mem) + self.frozen.as_deref().map_or(0, mem_bytes);
+        mem + self.summary.memory_bytes() + self.runs().map(|r| r.memory_bytes()).sum::<u64>()
+    }
+}
+
+/// The entries of a frozen memtable in hash order.
+pub(crate) fn sorted_entries(m: &MemTable) -> Vec<Entry> {
+    let mut v: Vec<Entry> = m.iter().map(|(k, &at)| Entry { hash: k.0, at }).collect();
+    v.sort_unstable_by(|a, b| a.hash.as_bytes().cmp(b.hash.as_bytes()));
+    v
+}
+
+/// Writes run `id` at `level`: the entries of `inputs` (oldest first)
+/// and `newest` (sorted), the newest entry of each hash kept, entries for
+/// which `valid` fails dropped. None (and no file) if nothing is left.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_merged(
+    storage: &dyn Storage,
+    dir: &Path,
+    store_id: u64,
+    id: u64,
+    level: u32,
+    inputs: &[Arc<Run>],
+    newest: &[Entry],
+    valid: &dyn Fn(ChunkLoc) -> bool,
+) -> Result<Option<(Run, Vec<u8>)>> {
+    let mut streams: Vec<run::RunStream> = inputs.iter().map(|r| r.stream()).collect();
+    // Heads, by input: index `inputs.len()` is `newest`.
+    let mut heads: Vec<Option<Entry>> = Vec::with_capacity(streams.len() + 1);
+    for s in &mut streams {
+        heads.push(s.next_entry()?);
+    }
+    let mut newest_at = 0;
+    heads.push(newest.first().copied());
+    let mut writer: Option<RunWriter> = None;
+    loop {
+        // The smallest hash; on a tie the newest input (the highest index).
+        let mut best: Option<usize> = None;
+        for (i, h) in heads.iter().enumerate() {
+            let Some(h) = h else { continue };
+            match best {
+                Some(b) if heads[b].expect("head").hash.as_bytes() < h.hash.as_bytes() => {}
+                _ => best = Some(i),
+            }
+        }
+        let Some(b) = best else { break };
+        let winner = heads[b].expect("head");
+        // Advance every input at this hash.
+        for i in 0..heads.len() {
+            if heads[i].is_some_and(|h| h.hash == winner.hash) {
+                heads[i] = if i == streams.len() {
+                    newest_at += 1;
+                    newest.get(newest_at).copied()
+                } else {
+                    streams[i].next_entry()?
+                };
+            }
+        }
+        if !valid(winner.at) {
+            continue;
+        }
+        if writer.is_none() {
+            writer = Some(RunWriter::create(storage, dir, id, level, store_id)?);
+        }
+        writer.as_mut().expect("created").push(&winner)?;
+    }
+    writer.map(|w| w.finish()).transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::MemStorage;
+
+    fn hash(i: u64) -> ChunkHash {
+        ChunkHash::of(&i.to_le_bytes())
+    }
+
+    fn at(i: u64) -> ChunkLoc {
+        ChunkLoc { pack: 1 + (i >> 10) as u32, slot: (i & 1023) as u32, crc: i as u32 }
+    }
+
+    /// Flushes `idx`'s memtable the way the chunk store does.
+    fn flush(idx: &mut DedupIndex, s: &MemStorage, next_id: &mut u64, valid: &dyn Fn(ChunkLoc) -> bool) {
+        let frozen = idx.freeze();
+        let (inputs, level) = idx.plan_flush();
+        *next_id += 1;
+        let new =
+            write_merged(s, Path::new("/d"), 1, *next_id, level, &inputs, &sorted_entries(&frozen), valid)
+                .unwrap();
+        idx.install(&inputs, new);
+    }
+
+    #[test]
+    fn flushes_and_merges_keep_every_entry_findable() {
+        let s = MemStorage::new();
+        s.create_dir_all(Path::new("/d")).unwrap();
+        let mut idx = DedupIndex::new(summary::PARTITIONS, u64::MAX);
+        let mut next_id = 0;
+        let all = |_: ChunkLoc| true;
+        let mut cost = ProbeCost::default();
+        for round in 0..20u64 {
+            for i in round * 100..(round + 1) * 100 {
+                assert_eq!(idx.probe(&hash(i), &all, &mut cost).unwrap(), None);
+                idx.put(hash(i), at(i));
+            }
+            flush(&mut idx, &s, &mut next_id, &all);
+            let levels = idx.runs().map(|r| r.level).max().unwrap_or(0) as usize + 1;
+            assert!(
+                idx.runs().count() <= (FAN_IN - 1) * levels,
+                "{} runs after round {round}",
+                idx.runs().count()
+            );
+        }
+        // 20 flushes: two level-1 runs of 8 plus four level-0 runs.
+        let levels: Vec<u32> = idx.runs().map(|r| r.level).collect();
+        assert_eq!(levels, vec![1, 1, 0, 0, 0, 0]);
+        for i in 0..2000 {
+            assert_eq!(idx.probe(&hash(i), &all, &mut cost).unwrap(), Some(at(i)), "entry {i}");
+            assert_eq!(idx.find(&hash(i).tag(), &all).unwrap().map(|e| e.at), Some(at(i)));
+        }
+        assert_eq!(idx.summarized(), 2000);
+        assert_eq!(idx.probe(&hash(5000), &all, &mut cost).unwrap(), None);
+    }
+
+    #[test]
+    fn newer_entries_win_and_stale_ones_are_dropped_by_merges() {
+        let s = MemStorage::new();
+        s.create_dir_all(Path::new("/d")).unwrap();
+        let mut idx = DedupIndex::new(summary::PARTITIONS, u64::MAX);
+        let mut next_id = 0;
+        let all = |_: ChunkLoc| true;
+        for i in 0..50 {
+            idx.put(hash(i), at(i));
+        }
+        flush(&mut idx, &s, &mut next_id, &all);
+        // Chunk 3 moved (pack 9); chunks 10..20 freed (their slots fail `valid`).
+        idx.put(hash(3), ChunkLoc { pack: 9, slot: 0, crc: 3 });
+        let valid = |a: ChunkLoc| !(a.pack == 1 && (10..20).contains(&a.slot));
+        let mut cost = ProbeCost::default();
+        assert_eq!(idx.probe(&hash(3), &valid, &mut cost).unwrap().map(|a| a.pack), Some(9));
+        assert_eq!(idx.probe(&hash(12), &valid, &mut cost).unwrap(), None);
+        for k in 0..FAN_IN as u64 - 1 {
+            if k > 0 {
+                idx.put(hash(1000 + k), at(1000 + k));
+            }
+            flush(&mut idx, &s, &mut next_id, &valid);
+        }
+        assert_eq!(idx.runs().count(), 1, "everything merged");
+        assert_eq!(idx.entries(), 40 + FAN_IN as u64 - 2);
+        assert_eq!(idx.find(&hash(3).tag(), &all).unwrap().map(|e| e.at.pack), Some(9));
+        assert_eq!(idx.find(&hash(12).tag(), &all).unwrap(), None, "dropped by the merge");
+    }
+
+    #[test]
+    fn over_budget_the_summary_samples_and_dedup_is_lost_not_writes() {
+        let s = MemStorage::new();
+        s.create_dir_all(Path::new("/d")).unwrap();
+        // Room for about 3000 elements.
+        let budget = summary::Summary::bytes_for(3000);
+        let mut idx = DedupIndex::new(summary::PARTITIONS, budget);
+        let mut next_id = 0;
+        let all = |_: ChunkLoc| true;
+        for i in 0..10_000 {
+            idx.put(hash(i), at(i));
+        }
+        flush(&mut idx, &s, &mut next_id, &all);
+        assert!(idx.memory_bytes() - mem_bytes(&idx.mem) <= budget + 4096);
+        let limit = idx.summary_limit();
+        assert_eq!(limit, summary::PARTITIONS / 4, "10k entries in room for 3k: a quarter summarized");
+        let mut cost = ProbeCost::default();
+        let found = (0..10_000).filter(|&i| idx.probe(&hash(i), &all, &mut cost).unwrap().is_some()).count();
+        assert!((2000..3000).contains(&found), "{found} of 10000 still found by dedup");
+        // The exact lookup still finds every entry.
+        assert!((0..10_000).all(|i| idx.find(&hash(i).tag(), &all).unwrap().is_some()));
+    }
+}
