@@ -32,6 +32,7 @@ mod buffers;
 mod capacity;
 mod completions;
 mod device;
+pub mod process_memory;
 mod registry;
 mod server;
 mod submit;

@@ -116,6 +116,20 @@ impl DedupBench {
     }
 }
 
+/// Heap bytes of the largest memtable a store keeps (a flush's worth of
+/// entries at the most), whatever its size: the fixed part of the index's
+/// memory in a large store.
+pub fn memtable_cap_bytes() -> u64 {
+    let records = super::writer::flush_records(u64::MAX, super::ChunkStoreOptions::default().index_checkpoint_min_bytes);
+    dedup::mem_bytes_for(records as usize)
+}
+
+/// Heap bytes of the slot bits (live and keep) of `chunks` chunks in full
+/// packs.
+pub fn slot_bits_bytes(chunks: u64) -> u64 {
+    chunks.div_ceil(64) * 8 * 2
+}
+
 /// Today's index: the shards of `ChunkStore`'s index, filled directly.
 pub struct IndexBench {
     shards: Vec<IndexMap>,

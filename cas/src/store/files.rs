@@ -36,9 +36,10 @@ use std::path::Path;
 
 pub const STORE_MAGIC: [u8; 8] = *b"CASSTORE";
 /// 2: snapshots and clones; 3: located manifest leaves and the index
-/// journal's pack id floor (older stores are read as they are, then moved
-/// to this version when opened for writing).
-pub const STORE_VERSION: u32 = 3;
+/// journal's pack id floor; 4: the dedup index on disk (runs, root, slots
+/// file, index journal 3). Older stores are read as they are, then moved
+/// to this version when opened for writing.
+pub const STORE_VERSION: u32 = 4;
 pub const IMAGE_MAGIC: [u8; 8] = *b"CASIMAGE";
 pub const IMAGE_VERSION: u32 = 2;
 /// Largest metadata file read (they are tens of bytes).

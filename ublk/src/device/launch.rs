@@ -73,7 +73,7 @@ where
     if foreground {
         crate::set_sigpipe(false);
         crate::logging::daemon_mode();
-        super::memory::daemon_mode();
+        serve::process_memory::daemon_mode();
         return work(Ready::new(None));
     }
 
@@ -105,7 +105,7 @@ where
         daemonize::Outcome::Child(Ok(_)) => {
             crate::set_sigpipe(false);
             crate::logging::daemon_mode();
-            super::memory::daemon_mode();
+            serve::process_memory::daemon_mode();
             drop(reader);
             let _ = writeln!(writer, "pid {}", std::process::id());
             let ready = Ready::new(Some(writer));

@@ -20,7 +20,6 @@
 
 pub mod driver;
 pub mod launch;
-pub mod memory;
 pub mod params;
 pub mod recovering;
 pub mod ring;

@@ -1,4 +1,5 @@
-//! How a daemon process holds its memory, set once when it starts.
+//! How a daemon process holds its memory, set once when it starts (the
+//! casblk daemons, and the benchmarks that measure their structures).
 //!
 //! A daemon's large buffers are touched sparsely: each tag's io buffer
 //! (depth x `--io-buf-bytes`, 64 MiB per device at the defaults) is
