@@ -93,7 +93,7 @@ impl DedupBench {
             &|_| true,
         )?;
         self.next_id += 1;
-        self.index.install(&inputs, new);
+        self.index.install(&inputs, new)?;
         for run in &inputs {
             self.storage.remove_file(run.path())?;
         }
@@ -120,7 +120,10 @@ impl DedupBench {
 /// entries at the most), whatever its size: the fixed part of the index's
 /// memory in a large store.
 pub fn memtable_cap_bytes() -> u64 {
-    let records = super::writer::flush_records(u64::MAX, super::ChunkStoreOptions::default().index_checkpoint_min_bytes);
+    let records = super::writer::flush_records(
+        u64::MAX,
+        super::ChunkStoreOptions::default().index_checkpoint_min_bytes,
+    );
     dedup::mem_bytes_for(records as usize)
 }
 
@@ -201,7 +204,7 @@ pub fn write_synthetic_store(
             Entry { hash: hash_of(i), at: ChunkLoc { pack, slot, crc: 0 } }
         })
         .collect();
-    entries.sort_unstable_by(|a, b| a.hash.as_bytes().cmp(b.hash.as_bytes()));
+    entries.sort_unstable_by(|a, b| super::dedup::run::hash_order(&a.hash, &b.hash));
     entries.dedup_by(|a, b| a.hash == b.hash);
     let mut run = RunWriter::create(storage, dir, 1, 0, store_id)?;
     let mut bits: BTreeMap<u32, Bits> = BTreeMap::new();

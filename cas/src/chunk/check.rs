@@ -104,7 +104,7 @@ fn load_index(
                 let stale = match (run::parse_run_file_name(&n), slots::parse_slots_file_name(&n)) {
                     (Some(id), _) => !root.runs.contains(&id),
                     (_, Some(id)) => id != root.slots_id,
-                    _ => false,
+                    _ => run::is_keys_spill_name(&n),
                 };
                 if stale {
                     let _ = storage.remove_file(&dir.join(&n));
@@ -123,10 +123,21 @@ fn load_index(
         }
         for &id in &root.runs {
             let path = dir.join(run::run_file_name(id));
-            let streamed = Run::open(storage, dir, id, root.store_id).and_then(|(r, _)| {
-                let mut st = Arc::new(r).stream();
-                while let Some(e) = st.next_entry()? {
+            let streamed = Run::open(storage, dir, id, root.store_id).and_then(|r| {
+                let r = Arc::new(r);
+                let (mut entries, mut keys) = (r.stream(), r.keys());
+                while let Some(e) = entries.next_entry()? {
+                    let key = keys.next_key()?;
+                    if key.as_ref().map(|k| &k[..]) != Some(&e.hash.as_bytes()[..run::KEY_BYTES]) {
+                        return Err(cas_corrupt(
+                            r.path(),
+                            format!("summary key of entry {} disagrees with it", e.hash),
+                        ));
+                    }
                     ordered.push((e.hash, e.at));
+                }
+                if keys.next_key()?.is_some() {
+                    return Err(cas_corrupt(r.path(), "more summary keys than entries".into()));
                 }
                 Ok(())
             });
@@ -193,6 +204,10 @@ fn load_index(
     Some((store_id, map, bits))
 }
 
+fn cas_corrupt(path: &Path, detail: String) -> crate::error::Error {
+    crate::error::Error::Corruption { path: path.to_path_buf(), offset: 0, detail }
+}
+
 /// The replayed index, sorted by hash.
 pub struct IndexCheck {
     dir: PathBuf,
@@ -231,6 +246,7 @@ impl IndexCheck {
                 || n == ROOT_FILE
                 || *n == format!("{ROOT_FILE}.tmp")
                 || run::parse_run_file_name(n).is_some()
+                || run::is_keys_spill_name(n)
                 || slots::parse_slots_file_name(n).is_some();
             if !known && pack::parse_pack_file_name(n).is_none() {
                 let f =

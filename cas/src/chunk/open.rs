@@ -77,9 +77,9 @@ impl ChunkStore {
                 let runs_started = Instant::now();
                 index = DedupIndex::new(root.summary_limit as usize, u64::MAX);
                 for &id in &root.runs {
-                    let (run, keys) = Run::open(storage.as_ref(), dir, id, root.store_id)?;
+                    let run = Run::open(storage.as_ref(), dir, id, root.store_id)?;
                     report.run_entries += run.entries;
-                    index.add_opened(run, &keys);
+                    index.add_opened(run)?;
                 }
                 report.runs = root.runs.len() as u64;
                 report.runs_ms = ms(runs_started);
@@ -307,7 +307,7 @@ fn remove_unnamed(storage: &dyn Storage, dir: &Path, names: &[String], root: &Ro
         let stale = match (run::parse_run_file_name(name), slots::parse_slots_file_name(name)) {
             (Some(id), _) => !root.runs.contains(&id),
             (_, Some(id)) => id != root.slots_id,
-            _ => false,
+            _ => run::is_keys_spill_name(name),
         };
         if stale {
             storage.remove_file(&dir.join(name))?;

@@ -347,7 +347,7 @@ impl ChunkStore {
             self.storage.sync_dir(&self.dir)?;
             let merged: Vec<u64> = inputs.iter().map(|r| r.id).collect();
             let mut runs: Vec<u64> = s.root.runs.iter().copied().filter(|id| !merged.contains(id)).collect();
-            runs.extend(new.as_ref().map(|(r, _)| r.id));
+            runs.extend(new.as_ref().map(|r| r.id));
             let generation = s.root.generation + 1;
             let root = Root {
                 store_id: self.store_id,
@@ -379,7 +379,11 @@ impl ChunkStore {
             let budget = self.summary_budget(&w);
             let mut idx = self.write_index(&mut w);
             idx.set_summary_budget(budget);
-            idx.install(&inputs, new);
+            if let Err(e) = idx.install(&inputs, new) {
+                // The run is on disk and named; reading its keys back failed.
+                self.poison(&e);
+                return Err(e);
+            }
         }
         // Files the new root no longer names; a crash before this leaves
         // them for the next open to delete.

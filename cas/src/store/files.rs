@@ -186,7 +186,7 @@ mod tests {
         let dir = Path::new("/d");
         s.create_dir_all(dir).unwrap();
         write_atomic(&s, dir, "STORE", &encode_store(STORE_VERSION)).unwrap();
-        assert_eq!(read_store(&s, &dir.join("STORE")).unwrap(), 3);
+        assert_eq!(read_store(&s, &dir.join("STORE")).unwrap(), 4);
         // What such a casblk runs: the same check with 1 as the newest it reads.
         let body = read_sealed(&s, &dir.join("STORE")).unwrap();
         let e = check_magic_version(&mut Decoder::new(&body), STORE_MAGIC, 1, "store", dir).unwrap_err();

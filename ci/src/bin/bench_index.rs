@@ -157,7 +157,8 @@ fn memory_arm(chunks: u64) -> serde_json::Value {
     let mut index = IndexBench::default();
     let mut v = rates(&mut index, chunks);
     v["table_load"] = serde_json::json!(chunks as f64 / index.buckets() as f64);
-    v["ram_gib_per_tib_unique"] = serde_json::json!(v["ram_bytes_per_chunk"].as_f64().unwrap_or(0.0) * TIB_CHUNKS / GIB);
+    v["ram_gib_per_tib_unique"] =
+        serde_json::json!(v["ram_bytes_per_chunk"].as_f64().unwrap_or(0.0) * TIB_CHUNKS / GIB);
     v
 }
 

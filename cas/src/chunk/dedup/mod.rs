@@ -189,8 +189,9 @@ impl DedupIndex {
     /// Installs a flush's result: the runs in `merged` (the newest ones)
     /// replaced by `new` (None when every entry was stale), the frozen
     /// memtable dropped. Halves the summary while it is over its budget.
-    /// Returns the summary elements dropped by halving.
-    pub fn install(&mut self, merged: &[Arc<Run>], new: Option<(Run, Vec<u8>)>) -> u64 {
+    /// Returns the summary elements dropped by halving; fails if the new
+    /// run's keys cannot be read back.
+    pub fn install(&mut self, merged: &[Arc<Run>], new: Option<Run>) -> Result<u64> {
         let keep = self.runs.len() - merged.len();
         debug_assert!(self.runs[keep..].iter().zip(merged).all(|((_, a), b)| Arc::ptr_eq(a, b)));
         let dropped: Vec<u8> = self.runs.drain(keep..).map(|(s, _)| s).collect();
@@ -198,24 +199,29 @@ impl DedupIndex {
             .map(|s| s as u8)
             .find(|s| !self.runs.iter().any(|(used, _)| used == s))
             .expect("fewer than 256 runs");
-        let keys = match new {
-            Some((run, keys)) => {
-                self.runs.push((free, Arc::new(run)));
-                keys
+        match new {
+            Some(run) => {
+                let run = Arc::new(run);
+                let mut keys = run.keys();
+                self.summary.replace(&dropped, free, &mut || keys.next_key())?;
+                self.runs.push((free, run));
             }
-            None => Vec::new(),
-        };
-        self.summary.replace(&dropped, free, &keys);
+            None => self.summary.replace(&dropped, free, &mut || Ok(None))?,
+        }
         self.frozen = None;
-        self.fit_summary()
+        Ok(self.fit_summary())
     }
 
-    /// Adds a run read at open (oldest first).
-    pub fn add_opened(&mut self, run: Run, keys: &[u8]) {
+    /// Adds a run read at open (oldest first), streaming its keys into the
+    /// summary.
+    pub fn add_opened(&mut self, run: Run) -> Result<()> {
         let slot = self.runs.len() as u8;
         assert!(self.runs.len() < SLOTS, "too many runs");
-        self.summary.replace(&[], slot, keys);
-        self.runs.push((slot, Arc::new(run)));
+        let run = Arc::new(run);
+        let mut keys = run.keys();
+        self.summary.replace(&[], slot, &mut || keys.next_key())?;
+        self.runs.push((slot, run));
+        Ok(())
     }
 
     /// Halves the summary until it fits its budget (or covers one
@@ -265,7 +271,7 @@ impl DedupIndex {
 /// The entries of a frozen memtable in hash order.
 pub(crate) fn sorted_entries(m: &MemTable) -> Vec<Entry> {
     let mut v: Vec<Entry> = m.iter().map(|(k, &at)| Entry { hash: k.0, at }).collect();
-    v.sort_unstable_by(|a, b| a.hash.as_bytes().cmp(b.hash.as_bytes()));
+    v.sort_unstable_by(|a, b| run::hash_order(&a.hash, &b.hash));
     v
 }
 
@@ -282,7 +288,7 @@ pub(crate) fn write_merged(
     inputs: &[Arc<Run>],
     newest: &[Entry],
     valid: &dyn Fn(ChunkLoc) -> bool,
-) -> Result<Option<(Run, Vec<u8>)>> {
+) -> Result<Option<Run>> {
     let mut streams: Vec<run::RunStream> = inputs.iter().map(|r| r.stream()).collect();
     // Heads, by input: index `inputs.len()` is `newest`.
     let mut heads: Vec<Option<Entry>> = Vec::with_capacity(streams.len() + 1);
@@ -294,19 +300,25 @@ pub(crate) fn write_merged(
     let mut writer: Option<RunWriter> = None;
     loop {
         // The smallest hash; on a tie the newest input (the highest index).
-        let mut best: Option<usize> = None;
+        let mut best: Option<(usize, u64)> = None;
         for (i, h) in heads.iter().enumerate() {
             let Some(h) = h else { continue };
-            match best {
-                Some(b) if heads[b].expect("head").hash.as_bytes() < h.hash.as_bytes() => {}
-                _ => best = Some(i),
+            let p = run::prefix_of(h.hash.as_bytes());
+            let newer_or_smaller = match best {
+                None => true,
+                Some((b, bp)) => {
+                    p < bp || (p == bp && h.hash.as_bytes() <= heads[b].expect("head").hash.as_bytes())
+                }
+            };
+            if newer_or_smaller {
+                best = Some((i, p));
             }
         }
-        let Some(b) = best else { break };
+        let Some((b, bp)) = best else { break };
         let winner = heads[b].expect("head");
         // Advance every input at this hash.
         for i in 0..heads.len() {
-            if heads[i].is_some_and(|h| h.hash == winner.hash) {
+            if heads[i].is_some_and(|h| run::prefix_of(h.hash.as_bytes()) == bp && h.hash == winner.hash) {
                 heads[i] = if i == streams.len() {
                     newest_at += 1;
                     newest.get(newest_at).copied()
@@ -347,7 +359,7 @@ mod tests {
         let new =
             write_merged(s, Path::new("/d"), 1, *next_id, level, &inputs, &sorted_entries(&frozen), valid)
                 .unwrap();
-        idx.install(&inputs, new);
+        idx.install(&inputs, new).unwrap();
     }
 
     #[test]

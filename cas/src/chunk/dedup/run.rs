@@ -76,6 +76,13 @@ pub(crate) fn prefix_of(bytes: &[u8]) -> u64 {
     u64::from_be_bytes(bytes[..8].try_into().expect("at least 8 bytes"))
 }
 
+/// The order of runs: by the hash's bytes (decided by the 8-byte prefix
+/// almost always, without a byte-wise compare).
+pub(crate) fn hash_order(a: &ChunkHash, b: &ChunkHash) -> std::cmp::Ordering {
+    let (pa, pb) = (prefix_of(a.as_bytes()), prefix_of(b.as_bytes()));
+    pa.cmp(&pb).then_with(|| a.as_bytes().cmp(b.as_bytes()))
+}
+
 fn pages_for(entries: u64) -> u64 {
     entries.div_ceil(PAGE_RECORDS as u64)
 }
@@ -107,10 +114,26 @@ fn encode_record(out: &mut Vec<u8>, e: &Entry) {
     out.extend_from_slice(&e.at.crc.to_le_bytes());
 }
 
+/// The file a writer spills run `id`'s keys to (deleted when the run is
+/// finished; a crash leaves it for the next open to delete).
+pub(crate) fn keys_spill_name(id: u64) -> String {
+    format!("{}.keys", run_file_name(id))
+}
+
+/// True for a spill file name (any run).
+pub(crate) fn is_keys_spill_name(name: &str) -> bool {
+    name.strip_suffix(".keys").and_then(parse_run_file_name).is_some()
+}
+
+/// Keys buffered before a spill write, and read per pread when streamed.
+const KEY_BUFFER_BYTES: usize = 1 << 20;
+
 /// Writes a run: entries pushed in strictly ascending hash order, then
-/// [`RunWriter::finish`]. Memory: one batch of pages, the fences and the
-/// summary keys (13 bytes per entry at most).
-pub(crate) struct RunWriter {
+/// [`RunWriter::finish`]. Memory: one batch of pages, 1 MiB of keys (the
+/// rest spilled to `<run>.keys`), and the fences (8 bytes per 92 entries).
+pub(crate) struct RunWriter<'s> {
+    storage: &'s dyn Storage,
+    dir: std::path::PathBuf,
     file: Arc<dyn StorageFile>,
     id: u64,
     level: u32,
@@ -122,20 +145,25 @@ pub(crate) struct RunWriter {
     written_pages: u64,
     fences: Vec<u64>,
     keys: Vec<u8>,
+    /// Keys past the buffer, and their bytes.
+    spill: Option<Arc<dyn StorageFile>>,
+    spilled: u64,
     last: Option<ChunkHash>,
 }
 
-impl RunWriter {
+impl<'s> RunWriter<'s> {
     /// Creates `dir/index-run-<id>` (it must not exist).
     pub fn create(
-        storage: &dyn Storage,
+        storage: &'s dyn Storage,
         dir: &Path,
         id: u64,
         level: u32,
         store_id: u64,
-    ) -> Result<RunWriter> {
+    ) -> Result<RunWriter<'s>> {
         let file = storage.open(&dir.join(run_file_name(id)), OpenMode::CreateNew)?;
         Ok(RunWriter {
+            storage,
+            dir: dir.to_path_buf(),
             file,
             id,
             level,
@@ -145,7 +173,9 @@ impl RunWriter {
             in_page: 0,
             written_pages: 0,
             fences: Vec::new(),
-            keys: Vec::new(),
+            keys: Vec::with_capacity(KEY_BUFFER_BYTES),
+            spill: None,
+            spilled: 0,
             last: None,
         })
     }
@@ -153,7 +183,7 @@ impl RunWriter {
     /// Appends `e`, whose hash must sort after every hash pushed before.
     pub fn push(&mut self, e: &Entry) -> Result<()> {
         if let Some(last) = &self.last {
-            assert!(last.as_bytes() < e.hash.as_bytes(), "run entries out of order");
+            assert!(hash_order(last, &e.hash).is_lt(), "run entries out of order");
         }
         if self.entries >= MAX_ENTRIES {
             return Err(Error::InvalidArgument(format!("an index run holds at most {MAX_ENTRIES} entries")));
@@ -165,6 +195,9 @@ impl RunWriter {
         }
         encode_record(&mut self.pages, e);
         self.keys.extend_from_slice(&e.hash.as_bytes()[..KEY_BYTES]);
+        if self.keys.len() >= KEY_BUFFER_BYTES {
+            self.spill_keys()?;
+        }
         self.in_page += 1;
         self.entries += 1;
         if self.in_page == PAGE_RECORDS {
@@ -173,6 +206,17 @@ impl RunWriter {
                 self.write_pages()?;
             }
         }
+        Ok(())
+    }
+
+    fn spill_keys(&mut self) -> Result<()> {
+        if self.spill.is_none() {
+            let path = self.dir.join(keys_spill_name(self.id));
+            self.spill = Some(self.storage.open(&path, OpenMode::Create)?);
+        }
+        self.spill.as_ref().expect("opened").write_all_at(&self.keys, self.spilled)?;
+        self.spilled += self.keys.len() as u64;
+        self.keys.clear();
         Ok(())
     }
 
@@ -193,34 +237,48 @@ impl RunWriter {
         Ok(())
     }
 
-    /// Writes the last page, the fences, the keys and the header, and
-    /// syncs the file. Returns the open run and its summary keys.
-    pub fn finish(mut self) -> Result<(Run, Vec<u8>)> {
+    /// Writes the last page, the fences, the keys (copied from the spill
+    /// file) and the header, syncs the file and deletes the spill file.
+    pub fn finish(mut self) -> Result<Run> {
         if self.in_page > 0 {
             self.seal_page();
         }
         self.write_pages()?;
         let pages = self.written_pages;
-        let mut tail = Encoder::with_capacity(self.fences.len() * 8 + self.keys.len() + 8);
+        let mut tail = Encoder::with_capacity(self.fences.len() * 8 + 4);
         for f in &self.fences {
             tail.bytes(&f.to_le_bytes());
         }
         tail.seal();
-        let keys_at = tail.len();
-        tail.bytes(&self.keys);
-        let crc = format::crc32c(&tail.buf[keys_at..]);
-        tail.u32(crc);
         self.file.write_all_at(&tail.buf, fences_offset(pages))?;
+        // The keys: spilled ones first, then the buffer, then their crc.
+        let mut at = keys_offset(pages);
+        let mut crc = 0u32;
+        if let Some(spill) = self.spill.take() {
+            let mut buf = vec![0u8; KEY_BUFFER_BYTES];
+            let mut done = 0;
+            while done < self.spilled {
+                let n = (self.spilled - done).min(KEY_BUFFER_BYTES as u64) as usize;
+                spill.read_exact_at(&mut buf[..n], done)?;
+                crc = format::crc32c_append(crc, &buf[..n]);
+                self.file.write_all_at(&buf[..n], at)?;
+                (done, at) = (done + n as u64, at + n as u64);
+            }
+            drop(spill);
+            self.storage.remove_file(&self.dir.join(keys_spill_name(self.id)))?;
+        }
+        crc = format::crc32c_append(crc, &self.keys);
+        self.keys.extend_from_slice(&crc.to_le_bytes());
+        self.file.write_all_at(&self.keys, at)?;
         self.file.write_all_at(&encode_header(self.level, self.store_id, self.id, self.entries), 0)?;
         self.file.sync_data()?;
-        let run = Run {
+        Ok(Run {
             id: self.id,
             level: self.level,
             entries: self.entries,
             file: self.file,
             fences: self.fences.into_boxed_slice(),
-        };
-        Ok((run, self.keys))
+        })
     }
 }
 
@@ -240,9 +298,9 @@ fn corrupt(path: &Path, offset: u64, detail: impl Into<String>) -> Error {
 }
 
 impl Run {
-    /// Opens run `id` in `dir`, checking its header, fences and keys, and
-    /// returns it with its summary keys.
-    pub fn open(storage: &dyn Storage, dir: &Path, id: u64, store_id: u64) -> Result<(Run, Vec<u8>)> {
+    /// Opens run `id` in `dir`, checking its header, length and fences
+    /// (the keys are checked as they are streamed, [`Run::keys`]).
+    pub fn open(storage: &dyn Storage, dir: &Path, id: u64, store_id: u64) -> Result<Run> {
         let path = dir.join(run_file_name(id));
         let file = storage.open(&path, OpenMode::Existing)?;
         let mut head = vec![0u8; HEADER_USED + 4];
@@ -257,10 +315,17 @@ impl Run {
                 format!("run of {entries} entries is {len} bytes, not {}", run_file_bytes(entries)),
             ));
         }
-        let mut tail = vec![0u8; (len - fences_offset(pages)) as usize];
+        let mut tail = vec![0u8; pages as usize * 8 + 4];
         file.read_exact_at(&mut tail, fences_offset(pages))?;
-        let (fences, keys) = decode_tail(&tail, &path, pages, entries)?;
-        Ok((Run { id, level, entries, file, fences }, keys))
+        let fences = decode_fences(&tail, &path, pages)?;
+        Ok(Run { id, level, entries, file, fences })
+    }
+
+    /// The run's summary keys in order, read `KEY_BUFFER_BYTES` at a time,
+    /// each page's first key checked against its fence and the section's
+    /// crc32c at its end.
+    pub fn keys(self: &Arc<Self>) -> KeyStream {
+        KeyStream { run: self.clone(), buf: Vec::new(), at: 0, read: 0, crc: 0, index: 0 }
     }
 
     pub fn path(&self) -> &Path {
@@ -343,14 +408,10 @@ fn decode_header(head: &[u8], path: &Path, id: u64, store_id: u64) -> Result<(u3
     Ok((level, entries))
 }
 
-/// Decodes the fences and keys sections after the pages; checks that the
-/// fences ascend and agree with the keys (each page's first key).
-fn decode_tail(tail: &[u8], path: &Path, pages: u64, entries: u64) -> Result<(Box<[u64]>, Vec<u8>)> {
+/// Decodes the fences section after the pages; checks that they ascend.
+fn decode_fences(tail: &[u8], path: &Path, pages: u64) -> Result<Box<[u64]>> {
     let at = fences_offset(pages);
-    let fences_len = pages as usize * 8 + 4;
-    let fences_bytes = format::unseal(&tail[..fences_len], path, at)?;
-    let keys = format::unseal(&tail[fences_len..], path, at + fences_len as u64)?;
-    debug_assert_eq!(keys.len() as u64, entries * KEY_BYTES as u64);
+    let fences_bytes = format::unseal(tail, path, at)?;
     let fences: Box<[u64]> =
         fences_bytes.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).collect();
     for (p, w) in fences.windows(2).enumerate() {
@@ -358,13 +419,64 @@ fn decode_tail(tail: &[u8], path: &Path, pages: u64, entries: u64) -> Result<(Bo
             return Err(corrupt(path, at, format!("fence of page {} is below page {p}'s", p + 1)));
         }
     }
-    for (p, &f) in fences.iter().enumerate() {
-        let k = &keys[p * PAGE_RECORDS * KEY_BYTES..][..KEY_BYTES];
-        if (f >> 24).to_be_bytes()[3..] != *k {
-            return Err(corrupt(path, at, format!("fence of page {p} disagrees with its first key")));
+    Ok(fences)
+}
+
+/// A run's summary keys, streamed (see [`Run::keys`]).
+pub(crate) struct KeyStream {
+    run: Arc<Run>,
+    buf: Vec<u8>,
+    at: usize,
+    /// Key bytes read so far, and their crc32c.
+    read: u64,
+    crc: u32,
+    /// Keys handed out.
+    index: u64,
+}
+
+impl KeyStream {
+    /// The next key (hash bytes 0..5), or None after the last one (whose
+    /// read checked the section's crc32c).
+    pub fn next_key(&mut self) -> Result<Option<[u8; KEY_BYTES]>> {
+        let total = self.run.entries * KEY_BYTES as u64;
+        let path = self.run.file.path();
+        let base = keys_offset(self.run.pages());
+        if self.at == self.buf.len() {
+            if self.read == total {
+                return Ok(None);
+            }
+            // Whole keys per read.
+            let n = (total - self.read).min((KEY_BUFFER_BYTES / KEY_BYTES * KEY_BYTES) as u64) as usize;
+            self.buf.resize(n, 0);
+            self.run.file.read_exact_at(&mut self.buf, base + self.read)?;
+            self.crc = format::crc32c_append(self.crc, &self.buf);
+            self.read += n as u64;
+            self.at = 0;
+            if self.read == total {
+                let mut stored = [0u8; 4];
+                self.run.file.read_exact_at(&mut stored, base + total)?;
+                let stored = u32::from_le_bytes(stored);
+                if stored != self.crc {
+                    return Err(Error::ChecksumMismatch {
+                        path: path.to_path_buf(),
+                        offset: base,
+                        expected: stored,
+                        actual: self.crc,
+                    });
+                }
+            }
         }
+        let key: [u8; KEY_BYTES] = self.buf[self.at..self.at + KEY_BYTES].try_into().expect("5 bytes");
+        if self.index % PAGE_RECORDS as u64 == 0 {
+            let p = (self.index / PAGE_RECORDS as u64) as usize;
+            if (self.run.fences[p] >> 24).to_be_bytes()[3..] != key {
+                return Err(corrupt(path, base, format!("fence of page {p} disagrees with its first key")));
+            }
+        }
+        self.at += KEY_BYTES;
+        self.index += 1;
+        Ok(Some(key))
     }
-    Ok((fences, keys.to_vec()))
 }
 
 /// Decodes whole pages from `buf` into `out`; `offset` is the first
@@ -423,7 +535,7 @@ impl RunStream {
             self.next_page += n;
         }
         let e = self.buf[self.at];
-        if self.last.is_some_and(|l| l.as_bytes() >= e.hash.as_bytes()) {
+        if self.last.is_some_and(|l| hash_order(&l, &e.hash).is_ge()) {
             return Err(corrupt(self.run.path(), 0, format!("index run out of order at hash {}", e.hash)));
         }
         self.last = Some(e.hash);
@@ -461,16 +573,22 @@ mod tests {
             for e in &es {
                 w.push(e).unwrap();
             }
-            let (run, keys) = w.finish().unwrap();
-            assert_eq!(keys.len() as u64, n * KEY_BYTES as u64);
-            let (run2, keys2) = Run::open(&s, dir, id, 9).unwrap();
-            assert_eq!((run2.entries, keys2), (n, keys));
+            let run = w.finish().unwrap();
+            let run2 = Arc::new(Run::open(&s, dir, id, 9).unwrap());
+            assert_eq!(run2.entries, n);
+            let mut ks = run2.keys();
+            let mut keys = Vec::new();
+            while let Some(k) = ks.next_key().unwrap() {
+                keys.push(k);
+            }
+            let want: Vec<[u8; KEY_BYTES]> =
+                es.iter().map(|e| e.hash.as_bytes()[..KEY_BYTES].try_into().unwrap()).collect();
+            assert_eq!(keys, want);
             for e in &es {
                 assert_eq!(run.find(&e.hash.tag()).unwrap(), Some(*e));
             }
             assert_eq!(run.find(&hash(n + 1).tag()).unwrap(), None);
-            let run = Arc::new(run2);
-            let mut st = run.stream();
+            let mut st = run2.stream();
             let mut got = Vec::new();
             while let Some(e) = st.next_entry().unwrap() {
                 got.push(e);
@@ -478,6 +596,30 @@ mod tests {
             assert_eq!(got, es);
             assert!(Run::open(&s, dir, id, 8).is_err(), "another store's run");
         }
+    }
+
+    /// Past 1 MiB of keys a writer spills them and copies them back.
+    #[test]
+    fn keys_spill_and_come_back() {
+        let s = MemStorage::new();
+        let dir = Path::new("/d");
+        s.create_dir_all(dir).unwrap();
+        let n = (KEY_BUFFER_BYTES / KEY_BYTES) as u64 * 2 + 77;
+        let mut w = RunWriter::create(&s, dir, 3, 0, 9).unwrap();
+        let es = entries(n);
+        for e in &es {
+            w.push(e).unwrap();
+        }
+        assert!(s.exists(&dir.join(keys_spill_name(3))));
+        w.finish().unwrap();
+        assert!(!s.exists(&dir.join(keys_spill_name(3))));
+        let run = Arc::new(Run::open(&s, dir, 3, 9).unwrap());
+        let mut ks = run.keys();
+        for e in &es {
+            assert_eq!(ks.next_key().unwrap().unwrap()[..], e.hash.as_bytes()[..KEY_BYTES]);
+        }
+        assert_eq!(ks.next_key().unwrap(), None);
+        assert!(is_keys_spill_name(&keys_spill_name(3)) && !is_keys_spill_name(&run_file_name(3)));
     }
 
     #[test]
@@ -491,6 +633,7 @@ mod tests {
             w.push(e).unwrap();
         }
         w.finish().unwrap();
+        assert!(!s.exists(&dir.join(keys_spill_name(1))));
         let path = dir.join(run_file_name(1));
         let f = s.open(&path, OpenMode::Existing).unwrap();
         let len = f.len().unwrap();
@@ -505,16 +648,24 @@ mod tests {
             f.write_all_at(&bad, 0).unwrap();
             let caught = match Run::open(&s, dir, 1, 9) {
                 Err(_) => true,
-                Ok((run, _)) => {
+                Ok(run) => {
                     let run = Arc::new(run);
-                    let mut st = run.stream();
-                    loop {
-                        match st.next_entry() {
+                    let (mut st, mut ks) = (run.stream(), run.keys());
+                    let keys_bad = loop {
+                        match ks.next_key() {
                             Err(_) => break true,
                             Ok(None) => break false,
                             Ok(Some(_)) => {}
                         }
-                    }
+                    };
+                    keys_bad
+                        || loop {
+                            match st.next_entry() {
+                                Err(_) => break true,
+                                Ok(None) => break false,
+                                Ok(Some(_)) => {}
+                            }
+                        }
                 }
             };
             assert!(caught, "a flipped byte at {at} went unnoticed");

@@ -22,6 +22,9 @@
 //! ratio instead of failing writes, like dm-vdo's sparse index. Hashes
 //! are uniform, so the fraction summarized is `limit / 4,096`.
 
+use super::run::KEY_BYTES;
+use crate::error::Result;
+
 pub(crate) const PARTITIONS: usize = 1 << 12;
 
 /// Bytes of one element.
@@ -136,25 +139,34 @@ impl Summary {
     }
 
     /// Removes the elements of every slot in `dropped` (runs merged
-    /// away) and adds `keys` (5 bytes per entry, in hash order) as run
-    /// slot `slot`. Each partition touched is rebuilt with exact capacity.
-    pub fn replace(&mut self, dropped: &[u8], slot: u8, keys: &[u8]) {
+    /// away) and adds the keys `next` yields (hash bytes 0..5, in hash
+    /// order) as run slot `slot`. Each partition touched is rebuilt with
+    /// exact capacity. On an error from `next` the summary holds part of
+    /// the new run's keys (lookups may miss, never find wrongly).
+    pub fn replace(
+        &mut self,
+        dropped: &[u8],
+        slot: u8,
+        next: &mut dyn FnMut() -> Result<Option<[u8; KEY_BYTES]>>,
+    ) -> Result<()> {
         let mut drop = [false; 256];
         for &d in dropped {
             drop[usize::from(d)] = true;
         }
         let mut added: Vec<u32> = Vec::new();
-        let mut keys = keys.chunks_exact(super::run::KEY_BYTES).peekable();
+        let mut pending = next()?;
         for p in 0..self.limit {
             added.clear();
-            while let Some(k) = keys.peek() {
-                let (kp, fp) = split(k);
-                if kp != p {
-                    debug_assert!(kp > p, "keys in hash order");
+            while let Some(k) = pending {
+                let (kp, fp) = split(&k);
+                if kp > p {
                     break;
                 }
-                added.push(fp << 8 | u32::from(slot));
-                keys.next();
+                // Keys out of order (kp < p) are skipped: a miss, not a wrong find.
+                if kp == p {
+                    added.push(fp << 8 | u32::from(slot));
+                }
+                pending = next()?;
             }
             let part = &mut self.parts[p];
             let before = part.len();
@@ -184,6 +196,7 @@ impl Summary {
             self.len = self.len + merged.len() as u64 - before as u64;
             *part = merged;
         }
+        Ok(())
     }
 
     /// Halves the partitions summarized (drops the upper half); returns
@@ -210,6 +223,12 @@ mod tests {
         bits.to_be_bytes()[3..].try_into().unwrap()
     }
 
+    /// `replace` with keys from a byte string.
+    fn put(s: &mut Summary, dropped: &[u8], slot: u8, keys: &[u8]) {
+        let mut it = keys.chunks_exact(KEY_BYTES).map(|k| k.try_into().unwrap());
+        s.replace(dropped, slot, &mut || Ok(it.next())).unwrap();
+    }
+
     fn slots_of(s: &Summary, k: &[u8]) -> Vec<u8> {
         let mut v = Vec::new();
         s.candidates(k, |slot| v.push(slot));
@@ -227,15 +246,15 @@ mod tests {
         let mut s = Summary::new(PARTITIONS);
         let run_a: Vec<u8> = [key(1, 5), key(1, 9), key(7, 5)].concat();
         let run_b: Vec<u8> = [key(1, 9), key(9, 1)].concat();
-        s.replace(&[], 3, &run_a);
-        s.replace(&[], 4, &run_b);
+        put(&mut s, &[], 3, &run_a);
+        put(&mut s, &[], 4, &run_b);
         assert_eq!(s.len(), 5);
         assert_eq!(slots_of(&s, &key(1, 9)), vec![3, 4]);
         assert_eq!(slots_of(&s, &key(1, 5)), vec![3]);
         assert_eq!(slots_of(&s, &key(2, 5)), Vec::<u8>::new());
         // Merging both into slot 5.
         let merged: Vec<u8> = [key(1, 5), key(1, 9), key(7, 5), key(9, 1)].concat();
-        s.replace(&[3, 4], 5, &merged);
+        put(&mut s, &[3, 4], 5, &merged);
         assert_eq!(s.len(), 4);
         assert_eq!(slots_of(&s, &key(1, 9)), vec![5]);
         assert_eq!(slots_of(&s, &key(9, 1)), vec![5]);
@@ -262,13 +281,13 @@ mod tests {
     fn halving_drops_the_upper_partitions() {
         let mut s = Summary::new(PARTITIONS);
         let keys: Vec<u8> = (0..PARTITIONS as u16).step_by(16).flat_map(|p| key(p, 1)).collect();
-        s.replace(&[], 0, &keys);
+        put(&mut s, &[], 0, &keys);
         assert_eq!(s.len(), 256);
         assert_eq!(s.halve(), 128);
         assert!(slots_of(&s, &key(PARTITIONS as u16 / 2, 1)).is_empty());
         assert_eq!(slots_of(&s, &key(0x10, 1)), vec![0]);
         // Later runs add only covered partitions.
-        s.replace(&[], 1, &[key(0x10, 2), key(0x900, 2)].concat());
+        put(&mut s, &[], 1, &[key(0x10, 2), key(0x900, 2)].concat());
         assert_eq!(s.len(), 129);
     }
 }
