@@ -81,9 +81,10 @@ pub struct StoreOptions {
     pub log_quota_bytes: u64,
     /// Clean chunk cache on the read path (cas::chunk), shared by all images.
     pub chunk_cache_bytes: u64,
-    /// Chunk index plus compaction preparation: the index may grow to
-    /// `memory_budget_bytes - compaction_memory_bytes`, beyond which new
-    /// chunks are refused (`Error::MemoryBudget`).
+    /// Chunk index plus compaction preparation: the index may take
+    /// `memory_budget_bytes - compaction_memory_bytes`, beyond which its
+    /// summary samples the hashes (fewer duplicates are found; writes
+    /// never fail on it).
     pub memory_budget_bytes: u64,
     /// The part of the memory budget compaction passes may lease for their
     /// buffers (see cas::compact::budget). Must hold two of the largest log
@@ -110,6 +111,10 @@ pub struct StoreOptions {
     pub compaction_interval_ms: u64,
     /// Largest chunk pack file.
     pub pack_bytes: u64,
+    /// The chunk index is flushed to a run on disk once its journal is
+    /// past this (or 1/32 of the chunks stored, if more; see
+    /// cas::chunk::dedup).
+    pub index_flush_bytes: u64,
     /// Scheduling class of the compactor and the log writeback threads
     /// (cas::background): by default they never preempt the request path
     /// on wakeup. Not among the numeric settings counters (a name, not a
@@ -136,6 +141,7 @@ impl Default for StoreOptions {
             compaction_trigger_percent: 50,
             compaction_interval_ms: 1000,
             pack_bytes: 64 << 20,
+            index_flush_bytes: 4 << 20,
             background_cpu: BackgroundCpu::default(),
             tasks: Tasks::default(),
         }
@@ -302,7 +308,7 @@ impl Store {
             pack_bytes: opts.pack_bytes,
             cache_bytes: opts.chunk_cache_bytes,
             index_memory_budget_bytes: opts.memory_budget_bytes - opts.compaction_memory_bytes,
-            ..ChunkStoreOptions::default()
+            index_checkpoint_min_bytes: opts.index_flush_bytes,
         };
         let chunks = Arc::new(ChunkStore::open(storage.clone(), &dir.join("chunks"), chunk_opts)?);
         let compactor = Arc::new(Compactor {

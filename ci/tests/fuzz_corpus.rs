@@ -17,12 +17,13 @@ use cas::wal::{RecordHeader, RecordKind, SegmentHeader};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-const TARGETS: [&str; 7] = [
+const TARGETS: [&str; 8] = [
     "wal_record",
     "manifest_page",
     "pack_header",
     "pack_forward",
     "chunk_index",
+    "dedup_index",
     "store_files",
     "control_request",
 ];
@@ -84,6 +85,7 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
         "pack_header" => vec![PackHeader { store_id: 0x5eed, pack_id: 7, capacity_slots: 16383 }.encode()],
         "pack_forward" => vec![cas::chunk::fuzz_sample_forward()],
         "chunk_index" => vec![cas::chunk::fuzz_sample_index(1), cas::chunk::fuzz_sample_index(3)],
+        "dedup_index" => cas::chunk::fuzz_sample_dedup(),
         "store_files" => cas::store::fuzz_samples(),
         "control_request" => [
             r#"{"cmd":"stats","image":null}"#,
@@ -123,6 +125,7 @@ fn run(target: &str, data: &[u8]) -> bool {
             table.is_ok()
         }
         "chunk_index" => cas::chunk::fuzz_replay_index(data).is_ok(),
+        "dedup_index" => cas::chunk::fuzz_decode_dedup(data).is_ok(),
         "store_files" => {
             let (store, image) = cas::store::fuzz_decode_store_files(data);
             store.is_ok() || image.is_ok()

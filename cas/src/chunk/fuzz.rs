@@ -75,6 +75,7 @@ pub fn fuzz_sample_index(batches: u32) -> Vec<u8> {
             let mut ops = vec![JournalOp::NextPack { id: 2 + b }];
             ops.extend((0..3).map(|i| JournalOp::Put { hash: hash(i), pack: 1, slot: b * 3 + i, crc: i }));
             ops.push(JournalOp::Remove { hash: hash(0) });
+            ops.push(JournalOp::Free { pack: 1, slot: b * 3 });
             j.append(&ops)?;
         }
         let f = storage.open(&dir.join(journal::INDEX_FILE), OpenMode::Existing)?;

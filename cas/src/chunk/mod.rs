@@ -90,6 +90,7 @@ mod pin;
 mod writer;
 
 pub(crate) use cache::ClockCache;
+pub use dedup::fuzz::{fuzz_decode_dedup, fuzz_reseal_dedup, fuzz_sample_dedup};
 pub use forward::{fuzz_decode_forward, fuzz_sample_forward, Forward, Move};
 pub use fuzz::{fuzz_replay_index, fuzz_reseal_index, fuzz_sample_index};
 pub use maintenance::PackUsage;

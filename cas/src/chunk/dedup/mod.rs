@@ -28,6 +28,7 @@
 //! run of the next level (and so on up), so an entry is rewritten about
 //! log8(entries / memtable) times and there are at most 7 runs per level.
 
+pub(crate) mod fuzz;
 pub(crate) mod root;
 pub(crate) mod run;
 pub(crate) mod slots;
