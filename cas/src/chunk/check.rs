@@ -74,6 +74,10 @@ pub struct Entry {
     pub refs: u32,
 }
 
+/// What `load_index` read: the store id, each chunk's newest entry in a
+/// live slot, and the live bits.
+type LoadedIndex = (u64, HashMap<ChunkHash, ChunkLoc>, BTreeMap<u32, Bits>);
+
 /// Reads the whole index as an open would see it, reporting what is
 /// damaged: (store id, each chunk's newest entry in a live slot, the live
 /// bits). Index files the root does not name are removed (recorded by the
@@ -82,7 +86,7 @@ fn load_index(
     storage: &dyn Storage,
     dir: &Path,
     report: &mut FsckReport,
-) -> Option<(u64, HashMap<ChunkHash, ChunkLoc>, BTreeMap<u32, Bits>)> {
+) -> Option<LoadedIndex> {
     let journal_path = dir.join(journal::INDEX_FILE);
     let root = match Root::read(storage, dir) {
         Ok(r) => r,

@@ -467,7 +467,7 @@ impl KeyStream {
             }
         }
         let key: [u8; KEY_BYTES] = self.buf[self.at..self.at + KEY_BYTES].try_into().expect("5 bytes");
-        if self.index % PAGE_RECORDS as u64 == 0 {
+        if self.index.is_multiple_of(PAGE_RECORDS as u64) {
             let p = (self.index / PAGE_RECORDS as u64) as usize;
             if (self.run.fences[p] >> 24).to_be_bytes()[3..] != key {
                 return Err(corrupt(path, base, format!("fence of page {p} disagrees with its first key")));
@@ -640,7 +640,7 @@ mod tests {
         let mut good = vec![0u8; len as usize];
         f.read_exact_at(&mut good, 0).unwrap();
         for at in (0..len as usize).step_by(97).chain([4096, 4096 + 3, len as usize - 1]) {
-            if at >= HEADER_USED + 4 && at < HEADER_BYTES {
+            if (HEADER_USED + 4..HEADER_BYTES).contains(&at) {
                 continue; // header padding
             }
             let mut bad = good.clone();

@@ -126,7 +126,7 @@ impl Summary {
             return;
         }
         let part = &self.parts[p];
-        let guess = (u64::from(fp) * part.len() as u64 >> 24) as usize;
+        let guess = ((u64::from(fp) * part.len() as u64) >> 24) as usize;
         let lo = lower_bound_near(part, fp << 8, guess);
         let mut last = None;
         for &e in part[lo..].iter().take_while(|&&e| e >> 8 == fp) {
