@@ -80,3 +80,30 @@ impl XorShift {
         self.0
     }
 }
+
+/// The compaction benchmark's data (`ci/bench compaction`, and the dedup
+/// loss of `ci/bench index`): block `i` of `blocks` has content
+/// `key_of(i, blocks)`; even blocks are all distinct, each odd block
+/// repeats a scattered even one, so exactly half the blocks are unique.
+pub mod compaction_data {
+    /// Fills `out` (4 KiB) with the content named `key`.
+    pub fn block_content(key: u64, out: &mut [u8]) {
+        let mut x = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        for w in out.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+    }
+
+    /// The content key of block `i` of `blocks`.
+    pub fn key_of(i: u64, blocks: u64) -> u64 {
+        let half = blocks / 2;
+        if i.is_multiple_of(2) {
+            i / 2
+        } else {
+            (i / 2).wrapping_mul(7919).wrapping_add(104_729) % half
+        }
+    }
+}

@@ -34,6 +34,10 @@ pub struct DedupBench {
     /// Run pages read by probes.
     pub page_reads: u64,
     pub flushes: u64,
+    /// The longest install (summary rebuild; the store holds its writer
+    /// and index locks across it) and longest flush, in milliseconds.
+    pub install_ms_max: u64,
+    pub flush_ms_max: u64,
 }
 
 impl DedupBench {
@@ -49,6 +53,8 @@ impl DedupBench {
             entries: 0,
             page_reads: 0,
             flushes: 0,
+            install_ms_max: 0,
+            flush_ms_max: 0,
         })
     }
 
@@ -80,6 +86,7 @@ impl DedupBench {
 
     /// Writes the memtable as a run.
     pub fn flush(&mut self) -> Result<()> {
+        let started = std::time::Instant::now();
         let frozen = self.index.freeze();
         let (inputs, level) = self.index.plan_flush();
         let new = dedup::write_merged(
@@ -93,11 +100,14 @@ impl DedupBench {
             &|_| true,
         )?;
         self.next_id += 1;
+        let installing = std::time::Instant::now();
         self.index.install(&inputs, new)?;
+        self.install_ms_max = self.install_ms_max.max(installing.elapsed().as_millis() as u64);
         for run in &inputs {
             self.storage.remove_file(run.path())?;
         }
         self.flushes += 1;
+        self.flush_ms_max = self.flush_ms_max.max(started.elapsed().as_millis() as u64);
         Ok(())
     }
 

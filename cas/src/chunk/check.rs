@@ -82,11 +82,7 @@ type LoadedIndex = (u64, HashMap<ChunkHash, ChunkLoc>, BTreeMap<u32, Bits>);
 /// damaged: (store id, each chunk's newest entry in a live slot, the live
 /// bits). Index files the root does not name are removed (recorded by the
 /// dry run) as an open would. None if the index cannot be read.
-fn load_index(
-    storage: &dyn Storage,
-    dir: &Path,
-    report: &mut FsckReport,
-) -> Option<LoadedIndex> {
+fn load_index(storage: &dyn Storage, dir: &Path, report: &mut FsckReport) -> Option<LoadedIndex> {
     let journal_path = dir.join(journal::INDEX_FILE);
     let root = match Root::read(storage, dir) {
         Ok(r) => r,

@@ -22,6 +22,7 @@
 
 use cas::storage::{FsStorage, Storage};
 use cas::{CompactReport, Store, StoreOptions};
+use casblk_ci::compaction_data::{block_content, key_of};
 use casblk_ci::{filesystem_of, secs, write_results, Scratch};
 use serde_json::json;
 use std::sync::Arc;
@@ -32,27 +33,6 @@ const BLOCK: usize = 4096;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// Fills `out` (4 KiB) with the content named `key`.
-fn block_content(key: u64, out: &mut [u8]) {
-    let mut x = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for w in out.chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        w.copy_from_slice(&x.to_le_bytes());
-    }
-}
-
-/// The content key of block `i` of `blocks` (see the module docs).
-fn key_of(i: u64, blocks: u64) -> u64 {
-    let half = blocks / 2;
-    if i.is_multiple_of(2) {
-        i / 2
-    } else {
-        (i / 2).wrapping_mul(7919).wrapping_add(104_729) % half
-    }
 }
 
 /// Single-core blake3 over distinct 4 KiB blocks of a 64 MiB buffer: MiB/s.

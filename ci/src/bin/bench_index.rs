@@ -40,6 +40,7 @@ use cas::chunk::bench::{memtable_cap_bytes, slot_bits_bytes, write_synthetic_sto
 use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions};
 use cas::storage::{FsStorage, Storage};
 use cas::{Store, StoreOptions};
+use casblk_ci::compaction_data::{block_content, key_of};
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -173,6 +174,8 @@ fn dedup_arm(chunks: u64, dir: &Path) -> serde_json::Value {
     let fixed = memtable_cap_bytes() as f64 + slot_bits_bytes(1 << 28) as f64;
     v["runs"] = serde_json::json!(index.runs());
     v["flushes"] = serde_json::json!(index.flushes);
+    v["install_ms_max"] = serde_json::json!(index.install_ms_max);
+    v["flush_ms_max"] = serde_json::json!(index.flush_ms_max);
     v["page_reads"] = serde_json::json!(index.page_reads);
     v["index_estimate_bytes"] = serde_json::json!(index.memory_bytes());
     v["summary_fraction"] = serde_json::json!(index.summary_fraction());
@@ -272,27 +275,6 @@ fn read_path(dir: &Path) -> cas::Result<serde_json::Value> {
         "read_path_reads_forwarded": after.reads_forwarded - before.reads_forwarded,
         "read_path_gc_chunks_moved": gc.chunks_moved,
     }))
-}
-
-/// Fills `out` (4 KiB) with the compaction benchmark's content `key`.
-fn block_content(key: u64, out: &mut [u8]) {
-    let mut x = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for w in out.chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        w.copy_from_slice(&x.to_le_bytes());
-    }
-}
-
-/// The compaction benchmark's content key of block `i` of `blocks`.
-fn key_of(i: u64, blocks: u64) -> u64 {
-    let half = blocks / 2;
-    if i.is_multiple_of(2) {
-        i / 2
-    } else {
-        (i / 2).wrapping_mul(7919).wrapping_add(104_729) % half
-    }
 }
 
 /// Writes `images` (each a list of 1 MiB pieces from `piece`) into a store

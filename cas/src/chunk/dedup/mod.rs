@@ -52,6 +52,18 @@ pub(crate) const FAN_IN: usize = 8;
 /// Run slots (the summary names a run in 8 bits).
 const SLOTS: usize = 256;
 
+/// `<prefix><16 hex digits>`: the file name of index file `id`.
+pub(crate) fn file_name(prefix: &str, id: u64) -> String {
+    format!("{prefix}{id:016x}")
+}
+
+/// The id in a name `file_name(prefix, id)` made.
+pub(crate) fn parse_file_name(name: &str, prefix: &str) -> Option<u64> {
+    let hex = name.strip_prefix(prefix)?;
+    (hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| u64::from_str_radix(hex, 16).ok())?
+}
+
 /// Bytes of one memtable bucket (key, location, control byte).
 const MEM_BUCKET_BYTES: u64 = (std::mem::size_of::<(Key, ChunkLoc)>() + 1) as u64;
 

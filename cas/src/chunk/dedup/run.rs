@@ -60,14 +60,12 @@ pub(crate) struct Entry {
 
 /// The file name of run `id`.
 pub(crate) fn run_file_name(id: u64) -> String {
-    format!("index-run-{id:016x}")
+    super::file_name("index-run-", id)
 }
 
 /// The run id a file name names.
 pub(crate) fn parse_run_file_name(name: &str) -> Option<u64> {
-    let hex = name.strip_prefix("index-run-")?;
-    (hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
-        .then(|| u64::from_str_radix(hex, 16).ok())?
+    super::parse_file_name(name, "index-run-")
 }
 
 /// The first 8 bytes of a hash (or tag) as a big-endian number: sorts as

@@ -24,13 +24,11 @@ const SLOTS_MAGIC: [u8; 8] = *b"CASISLOT";
 
 /// The file name of slots file `id`.
 pub(crate) fn slots_file_name(id: u64) -> String {
-    format!("index-slots-{id:016x}")
+    super::file_name("index-slots-", id)
 }
 
 pub(crate) fn parse_slots_file_name(name: &str) -> Option<u64> {
-    let hex = name.strip_prefix("index-slots-")?;
-    (hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
-        .then(|| u64::from_str_radix(hex, 16).ok())?
+    super::parse_file_name(name, "index-slots-")
 }
 
 /// A growable bitmap of slots.
@@ -79,20 +77,11 @@ impl Bits {
 
     /// Set bits in ascending order.
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.words.iter().enumerate().flat_map(|(i, &w)| {
-            let mut w = w;
-            std::iter::from_fn(move || {
-                if w == 0 {
-                    return None;
-                }
-                let b = w.trailing_zeros();
-                w &= w - 1;
-                Some(i as u32 * 64 + b)
-            })
-        })
+        static NONE: Bits = Bits { words: Vec::new() };
+        self.and_not(&NONE)
     }
 
-    /// Bits set here and clear in `other`.
+    /// Bits set here and clear in `other`, in ascending order.
     pub fn and_not<'a>(&'a self, other: &'a Bits) -> impl Iterator<Item = u32> + 'a {
         self.words.iter().enumerate().flat_map(move |(i, &w)| {
             let mut w = w & !other.words.get(i).copied().unwrap_or(0);
