@@ -76,6 +76,8 @@ pub(crate) struct RepackCounts {
     pub bytes_written: u64,
     /// Where each moved chunk went: the pack's forward table.
     pub moves: Vec<Move>,
+    /// Chunks moved by their content alone (no entry named their slot).
+    pub adopted: u64,
 }
 
 impl ChunkStore {
@@ -167,11 +169,14 @@ impl ChunkStore {
 
     /// Copies the live chunks of pack `id` (not the active pack) into the
     /// active pack, puts index entries for the copies and frees the old
-    /// slots. Each chunk read is hashed and must be what an index entry
-    /// says that slot holds (else `ChecksumMismatch`); a chunk whose entry
-    /// a newer copy replaced (stored twice when the summary did not cover
-    /// it) is not copied but forwarded to that copy. Durable after the
-    /// next sync; the old pack is then deleted by `gc_delete_pack`.
+    /// slots. Each chunk read is hashed and looked up: the entry naming its
+    /// slot (whose crc32c must match) is moved with it; a chunk with a live
+    /// copy in another pack (stored twice while the summary did not cover
+    /// it) is forwarded to that copy; one no entry names (its entry a merge
+    /// dropped for a newer copy's) is moved by its content, counted in
+    /// `adopted` (damaged bytes would still fail the crc32c of the leaves
+    /// that name them). Durable after the next sync; the old pack is then
+    /// deleted by `gc_delete_pack`.
     pub(crate) fn gc_repack(&self, id: u32) -> Result<RepackCounts> {
         self.check_poison()?;
         let live: Vec<u32> = {
@@ -215,14 +220,14 @@ impl ChunkStore {
                             let other = |at: ChunkLoc| at.pack != id && w.is_live(at);
                             match idx.find(&hash.tag(), &other)?.filter(|e| e.hash == hash) {
                                 Some(e) => elsewhere.push((slot, e.at)),
+                                // No entry names this slot and no copy is
+                                // live elsewhere: a second copy whose entry
+                                // a merge dropped for the newer one's (or
+                                // damage). Moved by its content; a leaf's
+                                // crc32c still catches damaged bytes.
                                 None => {
-                                    return Err(Error::Corruption {
-                                        path: file.path().to_path_buf(),
-                                        offset: offset + (j * CHUNK_BYTES) as u64,
-                                        detail: format!(
-                                            "live slot {slot} holds bytes no index entry names (damaged)"
-                                        ),
-                                    })
+                                    counts.adopted += 1;
+                                    copy.push((j, hash, format::crc32c(data)));
                                 }
                             }
                         }

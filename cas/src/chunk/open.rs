@@ -107,17 +107,11 @@ impl ChunkStore {
             }
             None if storage.exists(&journal_path) => {
                 // Before the on-disk index (or a store created but never
-                // flushed): the journal is the whole index.
-                let thread_started = ThreadTime::now();
-                let journal = Journal::open(storage.as_ref(), dir, |op| {
-                    replay(op, &mut index.mem, &mut bits, &mut next_pack_floor, &mut report, true)
-                })?;
-                report.journal_time = thread_started.split();
-                report.migrated = journal.version < journal::INDEX_VERSION || journal.batches() > 0;
-                // Not yet written: the flush at the end of the open writes
-                // it (generation 1, and journal generation 1).
-                let root = Root {
-                    store_id: journal.store_id,
+                // flushed): the journal is the whole index. Files of a
+                // migration a crash cut short go first (their names would
+                // be given out again).
+                let no_root = Root {
+                    store_id: 0,
                     generation: 0,
                     next_file_id: 1,
                     next_pack_id: 0,
@@ -126,7 +120,16 @@ impl ChunkStore {
                     runs: Vec::new(),
                     summary_limit: PARTITIONS as u32,
                 };
-                (root, journal)
+                remove_unnamed(storage.as_ref(), dir, &names, &no_root)?;
+                let thread_started = ThreadTime::now();
+                let journal = Journal::open(storage.as_ref(), dir, |op| {
+                    replay(op, &mut index.mem, &mut bits, &mut next_pack_floor, &mut report, true)
+                })?;
+                report.journal_time = thread_started.split();
+                report.migrated = journal.version < journal::INDEX_VERSION || journal.batches() > 0;
+                // Not yet written: the flush at the end of the open writes
+                // it (generation 1, and journal generation 1).
+                (Root { store_id: journal.store_id, ..no_root }, journal)
             }
             None => {
                 if !pack_ids.is_empty() {

@@ -502,6 +502,13 @@ fn a_version_1_journal_is_migrated_on_open() {
     f.write_all_at(&head, 0).unwrap();
     f.sync_data().unwrap();
     drop(f);
+    // What a migration a crash cut short leaves (its names come back).
+    for name in
+        ["index-run-0000000000000001", "index-run-0000000000000001.keys", "index-slots-0000000000000002"]
+    {
+        let f = s.open(&Path::new("/chunks").join(name), crate::storage::OpenMode::CreateNew).unwrap();
+        f.write_all_at(b"partial", 0).unwrap();
+    }
     let c = open(&s, small_opts());
     assert_eq!(lock(&c.sync_state).journal.version, journal::INDEX_VERSION);
     let r = c.open_report();
@@ -514,4 +521,50 @@ fn a_version_1_journal_is_migrated_on_open() {
     let mut refs = Vec::new();
     c.insert_located(&c.pin(), &[(ChunkHash::of(&b), &b[..])], &mut refs).unwrap();
     assert_eq!(refs[0].at.map(|at| at.pack), Some(2), "the newest pack has room: appends go on there");
+}
+
+/// A chunk stored twice (the summary did not cover its hash) whose newer
+/// copy GC freed after a merge kept only the newer copy's entry: repack
+/// finds no entry for the older copy's slot and moves it by its content.
+#[test]
+fn repack_moves_a_second_copy_no_entry_names() {
+    use std::time::Duration;
+    let s = MemStorage::new();
+    let opts = ChunkStoreOptions {
+        index_memory_budget_bytes: 64 << 10,
+        index_checkpoint_min_bytes: 2048,
+        ..small_opts()
+    };
+    let c = open(&s, opts);
+    // A chunk outside partition 0, the only one a 64 KiB budget summarizes.
+    let seed = (1000..).find(|&i| ChunkHash::of(&block(i)).as_bytes()[0] != 0).unwrap();
+    let b = block(seed);
+    let item = [(ChunkHash::of(&b), &b[..])];
+    let (mut first, mut second) = (Vec::new(), Vec::new());
+    c.insert_located(&c.pin(), &item, &mut first).unwrap();
+    c.sync().unwrap();
+    c.flush(&mut lock(&c.sync_state)).unwrap();
+    c.insert_located(&c.pin(), &item, &mut second).unwrap();
+    assert_ne!(first[0].at, second[0].at, "not found by dedup: stored again");
+    // Eight flushes in all: the runs merge, keeping the newer copy's entry.
+    for filler in 0..7 {
+        insert(&c, [filler]);
+        c.sync().unwrap();
+        c.flush(&mut lock(&c.sync_state)).unwrap();
+    }
+    assert_eq!(c.stats().index_runs, 1);
+    insert(&c, [99]); // the first pack is full: appends move on
+                      // Only the first copy is referenced: the second is swept.
+    let epoch = c.gc_advance_epoch(Duration::from_secs(1)).unwrap();
+    assert_eq!(c.gc_mark(epoch, &first).unwrap(), 0);
+    c.gc_sweep(epoch).unwrap();
+    c.sync().unwrap();
+    let pack = first[0].at.unwrap().pack;
+    let moved = c.gc_repack(pack).unwrap();
+    assert_eq!((moved.moved, moved.adopted), (1, 1), "{moved:?}");
+    c.gc_delete_pack(pack, moved.moves).unwrap();
+    let mut out = vec![0u8; CHUNK_BYTES];
+    c.read_ref(&first[0], &mut out).unwrap();
+    assert_eq!(out, b);
+    assert!(c.contains(&ChunkHash::of(&b)), "the moved copy has an entry again");
 }

@@ -385,16 +385,16 @@ impl ChunkStore {
                 return Err(e);
             }
         }
-        // Files the new root no longer names; a crash before this leaves
-        // them for the next open to delete.
-        for run in &inputs {
-            self.storage.remove_file(run.path())?;
-        }
-        if s.root.slots_id != 0 {
-            self.storage.remove_file(&self.dir.join(slots::slots_file_name(s.root.slots_id)))?;
-        }
-        s.root = root;
+        let old_slots = std::mem::replace(&mut s.root, root).slots_id;
         s.durable_seq = s.durable_seq.max(upto);
+        // Files the new root no longer names; one left by a crash or a
+        // failed unlink is deleted by the next open.
+        let old = inputs.iter().map(|r| r.path().to_path_buf());
+        for path in old.chain((old_slots != 0).then(|| self.dir.join(slots::slots_file_name(old_slots)))) {
+            if let Err(e) = self.storage.remove_file(&path) {
+                tracing::warn!(path = %path.display(), error = %e, "chunk index file left for the next open");
+            }
+        }
         tracing::debug!(entries = frozen.len(), merged = inputs.len(), level, "chunk index flushed");
         Ok(())
     }

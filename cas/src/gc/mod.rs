@@ -96,6 +96,9 @@ pub struct GcReport {
     pub packs_rewritten: u64,
     pub packs_deleted: u64,
     pub chunks_moved: u64,
+    /// Of those, chunks no index entry named, moved by their content (a
+    /// second copy whose entry a merge dropped; see ChunkStore::gc_repack).
+    pub chunks_adopted: u64,
     pub bytes_moved: u64,
     /// Pack bytes deleted minus bytes written to move live chunks.
     pub bytes_reclaimed: i64,
@@ -160,6 +163,7 @@ pub fn run(chunks: &ChunkStore, manifests: &[&Manifest], opts: &GcOptions) -> Re
         } else if usage.dead_fraction() >= opts.repack_dead_fraction {
             let moved = chunks.gc_repack(usage.id)?;
             report.chunks_moved += moved.moved;
+            report.chunks_adopted += moved.adopted;
             report.bytes_moved += moved.bytes_written;
             let freed = chunks.gc_delete_pack(usage.id, moved.moves)?;
             report.bytes_reclaimed += freed as i64 - moved.bytes_written as i64;

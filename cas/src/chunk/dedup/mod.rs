@@ -289,8 +289,10 @@ pub(crate) fn sorted_entries(m: &MemTable) -> Vec<Entry> {
 }
 
 /// Writes run `id` at `level`: the entries of `inputs` (oldest first)
-/// and `newest` (sorted), the newest entry of each hash kept, entries for
-/// which `valid` fails dropped. None (and no file) if nothing is left.
+/// and `newest` (sorted), of each hash the newest entry for which `valid`
+/// holds (none if it holds for none). None (and no file) if nothing is
+/// left. A chunk with two live copies keeps the newer one's entry; GC
+/// moves the other by its content (maintenance.rs).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn write_merged(
     storage: &dyn Storage,
@@ -328,21 +330,28 @@ pub(crate) fn write_merged(
             }
         }
         let Some((b, bp)) = best else { break };
-        let winner = heads[b].expect("head");
-        // Advance every input at this hash.
+        let hash = heads[b].expect("head").hash;
+        // Of the inputs at this hash, the newest valid entry is kept (an
+        // older copy may be the valid one: a chunk stored twice while the
+        // summary did not cover it, whose newer copy was freed); advance
+        // them all.
+        let mut keep: Option<Entry> = None;
         for i in 0..heads.len() {
-            if heads[i].is_some_and(|h| run::prefix_of(h.hash.as_bytes()) == bp && h.hash == winner.hash) {
-                heads[i] = if i == streams.len() {
-                    newest_at += 1;
-                    newest.get(newest_at).copied()
-                } else {
-                    streams[i].next_entry()?
-                };
+            let Some(h) = heads[i].filter(|h| run::prefix_of(h.hash.as_bytes()) == bp && h.hash == hash)
+            else {
+                continue;
+            };
+            if valid(h.at) {
+                keep = Some(h);
             }
+            heads[i] = if i == streams.len() {
+                newest_at += 1;
+                newest.get(newest_at).copied()
+            } else {
+                streams[i].next_entry()?
+            };
         }
-        if !valid(winner.at) {
-            continue;
-        }
+        let Some(winner) = keep else { continue };
         if writer.is_none() {
             writer = Some(RunWriter::create(storage, dir, id, level, store_id)?);
         }
@@ -434,6 +443,31 @@ mod tests {
         assert_eq!(idx.entries(), 40 + FAN_IN as u64 - 2);
         assert_eq!(idx.find(&hash(3).tag(), &all).unwrap().map(|e| e.at.pack), Some(9));
         assert_eq!(idx.find(&hash(12).tag(), &all).unwrap(), None, "dropped by the merge");
+    }
+
+    /// A merge keeps, per hash, the newest entry whose slot is live, even
+    /// when a newer one is stale (two copies of a chunk, the newer freed).
+    #[test]
+    fn a_merge_keeps_the_newest_valid_entry_not_the_newest() {
+        let s = MemStorage::new();
+        s.create_dir_all(Path::new("/d")).unwrap();
+        let mut idx = DedupIndex::new(summary::PARTITIONS, u64::MAX);
+        let mut next_id = 0;
+        let older = ChunkLoc { pack: 1, slot: 0, crc: 5 };
+        let newer = ChunkLoc { pack: 2, slot: 0, crc: 5 };
+        idx.put(hash(5), older);
+        flush(&mut idx, &s, &mut next_id, &|_| true);
+        idx.put(hash(5), newer);
+        let newer_freed = |at: ChunkLoc| at != newer;
+        // The first of these flushes writes no run (its one entry is stale).
+        for k in 0..FAN_IN as u64 {
+            if k > 0 {
+                idx.put(hash(100 + k), at(100 + k));
+            }
+            flush(&mut idx, &s, &mut next_id, &newer_freed);
+        }
+        assert_eq!(idx.runs().count(), 1, "everything merged");
+        assert_eq!(idx.find(&hash(5).tag(), &|_| true).unwrap().map(|e| e.at), Some(older));
     }
 
     #[test]
