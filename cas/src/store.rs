@@ -309,6 +309,7 @@ impl Store {
             cache_bytes: opts.chunk_cache_bytes,
             index_memory_budget_bytes: opts.memory_budget_bytes - opts.compaction_memory_bytes,
             index_checkpoint_min_bytes: opts.index_flush_bytes,
+            ..ChunkStoreOptions::default()
         };
         let chunks = Arc::new(ChunkStore::open(storage.clone(), &dir.join("chunks"), chunk_opts)?);
         let compactor = Arc::new(Compactor {

@@ -5,6 +5,7 @@
 //! a synthetic store of many chunks to time an open. Not part of the
 //! store's API.
 
+use super::dedup::merge::{MergeJob, MergeSpec};
 use super::dedup::root::Root;
 use super::dedup::run::{Entry, RunWriter};
 use super::dedup::slots::{self, Bits};
@@ -35,9 +36,16 @@ pub struct DedupBench {
     pub page_reads: u64,
     pub flushes: u64,
     /// The longest install (summary rebuild; the store holds its writer
-    /// and index locks across it) and longest flush, in milliseconds.
+    /// and index locks across it) and longest flush (what a sync waits
+    /// for), in milliseconds.
     pub install_ms_max: u64,
     pub flush_ms_max: u64,
+    /// Merges installed, the longest (on its own thread), and flushes that
+    /// waited for one because the runs had piled up.
+    pub merges: u64,
+    pub merge_ms_max: u64,
+    pub merge_waits: u64,
+    merge: Option<MergeJob>,
 }
 
 impl DedupBench {
@@ -55,6 +63,10 @@ impl DedupBench {
             flushes: 0,
             install_ms_max: 0,
             flush_ms_max: 0,
+            merges: 0,
+            merge_ms_max: 0,
+            merge_waits: 0,
+            merge: None,
         })
     }
 
@@ -84,31 +96,71 @@ impl DedupBench {
         Ok(found.map(|at| (at.pack, at.slot)))
     }
 
-    /// Writes the memtable as a run.
+    /// Writes the memtable as a level-0 run, then installs a finished
+    /// merge and starts the next one due, on its own thread as the store
+    /// does (waiting for the running one past the store's run limit).
     pub fn flush(&mut self) -> Result<()> {
         let started = std::time::Instant::now();
         let frozen = self.index.freeze();
-        let (inputs, level) = self.index.plan_flush();
         let new = dedup::write_merged(
             self.storage.as_ref(),
             &self.dir,
             1,
             self.next_id,
-            level,
-            &inputs,
+            0,
+            &[],
             &dedup::sorted_entries(&frozen),
             &|_| true,
         )?;
         self.next_id += 1;
         let installing = std::time::Instant::now();
-        self.index.install(&inputs, new)?;
+        self.index.install_flush(new)?;
         self.install_ms_max = self.install_ms_max.max(installing.elapsed().as_millis() as u64);
-        for run in &inputs {
-            self.storage.remove_file(run.path())?;
-        }
+        self.merge_runs(false)?;
         self.flushes += 1;
         self.flush_ms_max = self.flush_ms_max.max(started.elapsed().as_millis() as u64);
         Ok(())
+    }
+
+    /// Installs the running merge if it finished (or must be waited for:
+    /// `wait`, or too many runs), then starts the next one due.
+    pub fn merge_runs(&mut self, wait: bool) -> Result<()> {
+        loop {
+            if let Some(job) = &self.merge {
+                let runs = self.index.runs().count();
+                if !job.is_finished() && !wait && runs < super::ChunkStore::MERGE_WAIT_RUNS {
+                    return Ok(());
+                }
+                if !job.is_finished() && !wait {
+                    self.merge_waits += 1;
+                }
+                let job = self.merge.take().expect("checked");
+                let inputs = job.inputs.clone();
+                let (result, took) = job.wait();
+                let installing = std::time::Instant::now();
+                self.index.install_merge(&inputs, result?)?;
+                self.install_ms_max = self.install_ms_max.max(installing.elapsed().as_millis() as u64);
+                self.merge_ms_max = self.merge_ms_max.max(took.as_millis() as u64);
+                self.merges += 1;
+                for run in &inputs {
+                    self.storage.remove_file(run.path())?;
+                }
+            }
+            let Some((inputs, level)) = self.index.plan_merge() else { return Ok(()) };
+            let spec = MergeSpec {
+                storage: self.storage.clone(),
+                dir: self.dir.clone(),
+                store_id: 1,
+                run_id: self.next_id,
+                level,
+                inputs,
+            };
+            self.next_id += 1;
+            self.merge = Some(MergeJob::start(spec, Box::new(|_| true), true)?);
+            if !wait {
+                return Ok(());
+            }
+        }
     }
 
     /// The index's own estimate of its heap bytes.

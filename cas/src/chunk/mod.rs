@@ -142,6 +142,11 @@ pub struct ChunkStoreOptions {
     /// emptied) once the journal is larger than this and than what the
     /// memtable's size for the store calls for (default 4 MiB).
     pub index_checkpoint_min_bytes: u64,
+    /// Merges of index runs run on a thread of their own (default), so a
+    /// sync waits for one only when the runs outnumber `MERGE_WAIT_RUNS`;
+    /// false runs them inside the flush that makes them due (tests that
+    /// cut the storage at every operation want that order fixed).
+    pub index_merge_in_background: bool,
 }
 
 impl Default for ChunkStoreOptions {
@@ -151,6 +156,7 @@ impl Default for ChunkStoreOptions {
             cache_bytes: 16 << 20,
             index_memory_budget_bytes: 1 << 30,
             index_checkpoint_min_bytes: 4 << 20,
+            index_merge_in_background: true,
         }
     }
 }
@@ -188,6 +194,11 @@ pub struct ChunkStats {
     pub index_summary_entries: u64,
     /// Run pages read by dedup lookups.
     pub index_page_reads: u64,
+    /// Merges of index runs installed, the longest one's time, and the
+    /// syncs that waited for a merge because the runs had piled up.
+    pub index_merges: u64,
+    pub index_merge_ms_max: u64,
+    pub index_merge_waits: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub cache_entries: u64,
@@ -260,8 +271,11 @@ pub(crate) struct SyncState {
     pub journal: Journal,
     /// Every index change up to this sequence is durable.
     pub durable_seq: u64,
-    /// The index root on disk.
+    /// The index root on disk, except that `next_file_id` is past the id
+    /// a running merge reserved.
     pub root: dedup::root::Root,
+    /// The merge of index runs under way, if any (dedup/merge.rs).
+    pub merge: Option<dedup::merge::MergeJob>,
 }
 
 impl Writer {
@@ -326,6 +340,7 @@ pub struct ChunkStore {
     /// [`ChunkStore::lend_memory`]); the index may use only the rest.
     pub(crate) lent_bytes: std::sync::atomic::AtomicU64,
     pub(crate) checkpoint_min_bytes: u64,
+    pub(crate) merge_in_background: bool,
     pub(crate) index: RwLock<DedupIndex>,
     pub(crate) files: RwLock<PackFiles>,
     /// Forward tables of packs GC repacked and deleted (forward.rs).
@@ -342,6 +357,10 @@ pub struct ChunkStore {
     pub(crate) reads_forwarded: AtomicU64,
     /// See [`ChunkStats::index_page_reads`].
     pub(crate) index_page_reads: AtomicU64,
+    /// See [`ChunkStats::index_merges`] and the two after it.
+    pub(crate) index_merges: AtomicU64,
+    pub(crate) index_merge_ms_max: AtomicU64,
+    pub(crate) index_merge_waits: AtomicU64,
     poisoned: AtomicBool,
     poison_reason: Mutex<String>,
     /// Where the time of [`ChunkStore::open`] went.
@@ -352,6 +371,17 @@ pub(crate) use crate::sync::lock;
 
 fn corrupt(path: &Path, offset: u64, detail: impl Into<String>) -> Error {
     Error::Corruption { path: path.to_path_buf(), offset, detail: detail.into() }
+}
+
+impl Drop for ChunkStore {
+    /// Waits for a running merge of index runs: its run, not yet named by
+    /// a root, is deleted by the next open, which must not race its writes.
+    fn drop(&mut self) {
+        let job = self.sync_state.get_mut().unwrap_or_else(|p| p.into_inner()).merge.take();
+        if let Some(job) = job {
+            let _ = job.wait();
+        }
+    }
 }
 
 impl ChunkStore {
@@ -566,6 +596,9 @@ impl ChunkStore {
             index_summary_fraction_ppm: fraction,
             index_summary_entries: summarized,
             index_page_reads: self.index_page_reads.load(Ordering::Relaxed),
+            index_merges: self.index_merges.load(Ordering::Relaxed),
+            index_merge_ms_max: self.index_merge_ms_max.load(Ordering::Relaxed),
+            index_merge_waits: self.index_merge_waits.load(Ordering::Relaxed),
             cache_hits: self.cache.hits(),
             cache_misses: self.cache.misses(),
             cache_entries: self.cache.len() as u64,

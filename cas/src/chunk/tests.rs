@@ -533,6 +533,7 @@ fn repack_moves_a_second_copy_no_entry_names() {
     let opts = ChunkStoreOptions {
         index_memory_budget_bytes: 64 << 10,
         index_checkpoint_min_bytes: 2048,
+        index_merge_in_background: false,
         ..small_opts()
     };
     let c = open(&s, opts);

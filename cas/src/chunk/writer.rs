@@ -276,6 +276,8 @@ impl ChunkStore {
         s.durable_seq = upto;
         if s.journal.len_bytes() > self.flush_threshold_bytes() {
             self.flush(&mut s)?;
+        } else if s.merge.as_ref().is_some_and(|j| j.is_finished()) {
+            self.merge_runs(&mut s)?;
         }
         Ok(())
     }
@@ -304,20 +306,19 @@ impl ChunkStore {
     }
 
     /// Flushes the index (see the module docs): the memtable becomes a
-    /// run, the live bits a slots file, a new root names them, and the
-    /// journal starts empty. Every change made before it is durable when it
-    /// returns. A failure poisons the store.
+    /// level-0 run, the live bits a slots file, a new root names them, and
+    /// the journal starts empty. Every change made before it is durable
+    /// when it returns. Then installs a finished merge and starts the next
+    /// one due (`merge_runs`). A failure poisons the store.
     pub(crate) fn flush(&self, s: &mut super::SyncState) -> Result<()> {
         self.check_poison()?;
         let (frozen, bits, ops, upto, dirty, dir_dirty, next_pack_id) = {
             let mut w = lock(&self.writer);
             let frozen = self.write_index(&mut w).freeze();
-            let bits: BTreeMap<u32, Bits> =
-                w.packs.iter().map(|(&id, p)| (id, p.live_bits.clone())).collect();
             let ops = std::mem::take(&mut w.pending);
             (
                 frozen,
-                bits,
+                self.bits_snapshot(&w),
                 ops,
                 w.seq,
                 std::mem::take(&mut w.dirty),
@@ -326,7 +327,6 @@ impl ChunkStore {
             )
         };
         drop(ops); // The run and the slots file hold everything they said.
-        let (inputs, level) = self.read_index().plan_flush();
         let result = (|| {
             self.sync_packs(&dirty, dir_dirty)?;
             let (run_id, slots_id) = (s.root.next_file_id, s.root.next_file_id + 1);
@@ -337,16 +337,15 @@ impl ChunkStore {
                 &self.dir,
                 self.store_id,
                 run_id,
-                level,
-                &inputs,
+                0,
+                &[],
                 &entries,
                 &valid,
             )?;
             slots::write(self.storage.as_ref(), &self.dir, slots_id, &slots::encode(self.store_id, &bits))?;
             self.count_syncs(2 + u64::from(new.is_some()));
             self.storage.sync_dir(&self.dir)?;
-            let merged: Vec<u64> = inputs.iter().map(|r| r.id).collect();
-            let mut runs: Vec<u64> = s.root.runs.iter().copied().filter(|id| !merged.contains(id)).collect();
+            let mut runs = s.root.runs.clone();
             runs.extend(new.as_ref().map(|r| r.id));
             let generation = s.root.generation + 1;
             let root = Root {
@@ -379,7 +378,7 @@ impl ChunkStore {
             let budget = self.summary_budget(&w);
             let mut idx = self.write_index(&mut w);
             idx.set_summary_budget(budget);
-            if let Err(e) = idx.install(&inputs, new) {
+            if let Err(e) = idx.install_flush(new) {
                 // The run is on disk and named; reading its keys back failed.
                 self.poison(&e);
                 return Err(e);
@@ -387,16 +386,113 @@ impl ChunkStore {
         }
         let old_slots = std::mem::replace(&mut s.root, root).slots_id;
         s.durable_seq = s.durable_seq.max(upto);
-        // Files the new root no longer names; one left by a crash or a
-        // failed unlink is deleted by the next open.
-        let old = inputs.iter().map(|r| r.path().to_path_buf());
-        for path in old.chain((old_slots != 0).then(|| self.dir.join(slots::slots_file_name(old_slots)))) {
-            if let Err(e) = self.storage.remove_file(&path) {
-                tracing::warn!(path = %path.display(), error = %e, "chunk index file left for the next open");
+        // A file the new root no longer names that a crash or a failed
+        // unlink leaves is deleted by the next open.
+        if old_slots != 0 {
+            self.remove_index_file(&self.dir.join(slots::slots_file_name(old_slots)));
+        }
+        tracing::debug!(entries = frozen.len(), "chunk index flushed");
+        self.merge_runs(s)
+    }
+
+    /// Runs past which a sync waits for the running merge: lookups read a
+    /// page of each run the summary names, and the summary names a run in
+    /// 8 bits.
+    pub(crate) const MERGE_WAIT_RUNS: usize = 4 * dedup::FAN_IN;
+
+    /// Installs the running merge if it has finished (or waits for it, if
+    /// the runs have piled up past `MERGE_WAIT_RUNS`), then starts the next
+    /// merge due; in line, when merges are not in the background, until
+    /// none is due. A failed merge poisons the store.
+    pub(crate) fn merge_runs(&self, s: &mut super::SyncState) -> Result<()> {
+        loop {
+            if let Some(job) = &s.merge {
+                if !job.is_finished() {
+                    if self.read_index().runs().count() < Self::MERGE_WAIT_RUNS {
+                        return Ok(());
+                    }
+                    self.index_merge_waits.fetch_add(1, Ordering::Relaxed);
+                }
+                let job = s.merge.take().expect("checked");
+                let inputs = job.inputs.clone();
+                let (result, took) = job.wait();
+                if let Err(e) = result.and_then(|new| self.install_merge(s, &inputs, new)) {
+                    self.poison(&e);
+                    return Err(e);
+                }
+                self.index_merges.fetch_add(1, Ordering::Relaxed);
+                self.index_merge_ms_max.fetch_max(took.as_millis() as u64, Ordering::Relaxed);
+            }
+            let Some((inputs, level)) = self.read_index().plan_merge() else { return Ok(()) };
+            let run_id = s.root.next_file_id;
+            s.root.next_file_id += 1;
+            let bits = self.bits_snapshot(&lock(&self.writer));
+            let valid: dedup::merge::Valid =
+                Box::new(move |at: ChunkLoc| bits.get(&at.pack).is_some_and(|b| b.get(at.slot)));
+            let spec = dedup::merge::MergeSpec {
+                storage: self.storage.clone(),
+                dir: self.dir.clone(),
+                store_id: self.store_id,
+                run_id,
+                level,
+                inputs,
+            };
+            match dedup::merge::MergeJob::start(spec, valid, self.merge_in_background) {
+                Ok(job) => s.merge = Some(job),
+                Err(e) => {
+                    self.poison(&e);
+                    return Err(e);
+                }
+            }
+            if self.merge_in_background {
+                return Ok(());
             }
         }
-        tracing::debug!(entries = frozen.len(), merged = inputs.len(), level, "chunk index flushed");
+    }
+
+    /// Names a merged run in a new root in place of its inputs (the
+    /// journal and slots file stay), installs it in the index, and deletes
+    /// the inputs.
+    fn install_merge(
+        &self,
+        s: &mut super::SyncState,
+        inputs: &[std::sync::Arc<dedup::run::Run>],
+        new: Option<dedup::run::Run>,
+    ) -> Result<()> {
+        self.count_syncs(1);
+        self.storage.sync_dir(&self.dir)?;
+        let first =
+            s.root.runs.iter().position(|&id| id == inputs[0].id).expect("merged runs are in the root");
+        let mut runs = s.root.runs.clone();
+        runs.splice(first..first + inputs.len(), new.as_ref().map(|r| r.id));
+        let root = Root { generation: s.root.generation + 1, runs, ..s.root.clone() };
+        self.count_syncs(2);
+        root.write(self.storage.as_ref(), &self.dir)?;
+        {
+            let mut w = lock(&self.writer);
+            let budget = self.summary_budget(&w);
+            let mut idx = self.write_index(&mut w);
+            idx.set_summary_budget(budget);
+            idx.install_merge(inputs, new)?;
+        }
+        s.root = root;
+        for run in inputs {
+            self.remove_index_file(run.path());
+        }
         Ok(())
+    }
+
+    /// Deletes an index file no root names any more; one a failure leaves
+    /// is deleted by the next open.
+    fn remove_index_file(&self, path: &std::path::Path) {
+        if let Err(e) = self.storage.remove_file(path) {
+            tracing::warn!(path = %path.display(), error = %e, "chunk index file left for the next open");
+        }
+    }
+
+    /// The live bits of every pack, for a flush's slots file or a merge.
+    fn bits_snapshot(&self, w: &Writer) -> BTreeMap<u32, Bits> {
+        w.packs.iter().map(|(&id, p)| (id, p.live_bits.clone())).collect()
     }
 
     /// What the summary may take: the index's budget less the memtables

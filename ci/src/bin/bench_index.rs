@@ -111,6 +111,7 @@ impl Arm for DedupBench {
     }
     fn finish(&mut self) {
         self.flush().expect("dedup index flush");
+        self.merge_runs(true).expect("dedup index merges");
     }
 }
 
@@ -176,6 +177,9 @@ fn dedup_arm(chunks: u64, dir: &Path) -> serde_json::Value {
     v["flushes"] = serde_json::json!(index.flushes);
     v["install_ms_max"] = serde_json::json!(index.install_ms_max);
     v["flush_ms_max"] = serde_json::json!(index.flush_ms_max);
+    v["merges"] = serde_json::json!(index.merges);
+    v["merge_ms_max"] = serde_json::json!(index.merge_ms_max);
+    v["merge_waits"] = serde_json::json!(index.merge_waits);
     v["page_reads"] = serde_json::json!(index.page_reads);
     v["index_estimate_bytes"] = serde_json::json!(index.memory_bytes());
     v["summary_fraction"] = serde_json::json!(index.summary_fraction());

@@ -23,12 +23,15 @@
 //! can never become valid again. Merges drop stale entries and older
 //! duplicates.
 //!
-//! Flushes write the memtable as a level-0 run; when that makes `FAN_IN`
-//! runs of one level at the newest end, they are merged with it into one
-//! run of the next level (and so on up), so an entry is rewritten about
-//! log8(entries / memtable) times and there are at most 7 runs per level.
+//! Flushes write the memtable as a level-0 run. Whenever a level holds
+//! `FAN_IN` runs, its oldest `FAN_IN` are merged into one run of the next
+//! level, which takes their place (merge.rs: on a thread of its own, one
+//! merge at a time), so an entry is rewritten about log8(entries /
+//! memtable) times and a level holds 7 runs, plus those flushed while a
+//! merge runs (the store waits for a merge past `MERGE_WAIT_RUNS` runs).
 
 pub(crate) mod fuzz;
+pub(crate) mod merge;
 pub(crate) mod root;
 pub(crate) mod run;
 pub(crate) mod slots;
@@ -178,51 +181,72 @@ impl DedupIndex {
         self.runs.iter().map(|(_, r)| r)
     }
 
-    /// The runs a flush merges with the frozen memtable (the newest ones,
-    /// see the module docs), and the merged run's level.
-    pub fn plan_flush(&self) -> (Vec<Arc<Run>>, u32) {
-        if self.runs.len() + 1 >= SLOTS - 8 {
-            // Never expected (7 runs per level); merge everything.
-            let level = self.runs.iter().map(|(_, r)| r.level).max().unwrap_or(0) + 1;
-            return (self.runs().cloned().collect(), level);
+    /// The next merge, if one is due (see the module docs): the oldest
+    /// `FAN_IN` runs of the lowest level that has that many, and the
+    /// merged run's level. Runs of a level are contiguous (levels never
+    /// grow from older to newer runs), so the merged run takes their place.
+    pub fn plan_merge(&self) -> Option<(Vec<Arc<Run>>, u32)> {
+        let mut start = 0;
+        let mut groups: Vec<(u32, usize, usize)> = Vec::new();
+        while start < self.runs.len() {
+            let level = self.runs[start].1.level;
+            let len = self.runs[start..].iter().take_while(|(_, r)| r.level == level).count();
+            groups.push((level, start, len));
+            start += len;
         }
-        let mut level = 0;
-        let mut start = self.runs.len();
-        loop {
-            let same = self.runs[..start].iter().rev().take_while(|(_, r)| r.level == level).count();
-            if same + 1 < FAN_IN {
-                break;
-            }
-            start -= same;
-            level += 1;
-        }
-        (self.runs[start..].iter().map(|(_, r)| r.clone()).collect(), level)
+        let (level, start, _) = groups.into_iter().filter(|g| g.2 >= FAN_IN).min_by_key(|g| g.0)?;
+        let inputs = self.runs[start..start + FAN_IN].iter().map(|(_, r)| r.clone()).collect();
+        Some((inputs, level + 1))
     }
 
-    /// Installs a flush's result: the runs in `merged` (the newest ones)
-    /// replaced by `new` (None when every entry was stale), the frozen
-    /// memtable dropped. Halves the summary while it is over its budget.
-    /// Returns the summary elements dropped by halving; fails if the new
+    /// Installs a flush's result: `new` (the frozen memtable as a level-0
+    /// run; None when every entry was stale) becomes the newest run and
+    /// the frozen memtable is dropped. Halves the summary while it is over
+    /// its budget; returns the summary elements that dropped. Fails if the
     /// run's keys cannot be read back.
-    pub fn install(&mut self, merged: &[Arc<Run>], new: Option<Run>) -> Result<u64> {
-        let keep = self.runs.len() - merged.len();
-        debug_assert!(self.runs[keep..].iter().zip(merged).all(|((_, a), b)| Arc::ptr_eq(a, b)));
-        let dropped: Vec<u8> = self.runs.drain(keep..).map(|(s, _)| s).collect();
+    pub fn install_flush(&mut self, new: Option<Run>) -> Result<u64> {
+        let at = self.runs.len();
+        self.replace_runs(at, 0, new)?;
+        self.frozen = None;
+        Ok(self.fit_summary())
+    }
+
+    /// Installs a merge's result: the contiguous runs `merged` replaced by
+    /// `new` (None when every entry was stale) in their place.
+    pub fn install_merge(&mut self, merged: &[Arc<Run>], new: Option<Run>) -> Result<u64> {
+        let first = merged.first().expect("a merge has inputs");
+        let at =
+            self.runs.iter().position(|(_, r)| Arc::ptr_eq(r, first)).expect("merged runs are installed");
+        assert!(
+            self.runs[at..].iter().zip(merged).filter(|((_, a), b)| Arc::ptr_eq(a, b)).count()
+                == merged.len(),
+            "merged runs are contiguous"
+        );
+        self.replace_runs(at, merged.len(), new)?;
+        Ok(self.fit_summary())
+    }
+
+    /// Replaces `len` runs from position `at` with `new`, in the runs and
+    /// the summary.
+    fn replace_runs(&mut self, at: usize, len: usize, new: Option<Run>) -> Result<()> {
+        let dropped: Vec<u8> = self.runs[at..at + len].iter().map(|(s, _)| *s).collect();
         let free = (0..SLOTS as u16)
             .map(|s| s as u8)
-            .find(|s| !self.runs.iter().any(|(used, _)| used == s))
+            .find(|s| dropped.contains(s) || !self.runs.iter().any(|(used, _)| used == s))
             .expect("fewer than 256 runs");
         match new {
             Some(run) => {
                 let run = Arc::new(run);
                 let mut keys = run.keys();
                 self.summary.replace(&dropped, free, &mut || keys.next_key())?;
-                self.runs.push((free, run));
+                self.runs.splice(at..at + len, std::iter::once((free, run)));
             }
-            None => self.summary.replace(&dropped, free, &mut || Ok(None))?,
+            None => {
+                self.summary.replace(&dropped, free, &mut || Ok(None))?;
+                self.runs.drain(at..at + len);
+            }
         }
-        self.frozen = None;
-        Ok(self.fit_summary())
+        Ok(())
     }
 
     /// Adds a run read at open (oldest first), streaming its keys into the
@@ -373,15 +397,19 @@ mod tests {
         ChunkLoc { pack: 1 + (i >> 10) as u32, slot: (i & 1023) as u32, crc: i as u32 }
     }
 
-    /// Flushes `idx`'s memtable the way the chunk store does.
+    /// Flushes `idx`'s memtable the way the chunk store does, then makes
+    /// every merge due (in line).
     fn flush(idx: &mut DedupIndex, s: &MemStorage, next_id: &mut u64, valid: &dyn Fn(ChunkLoc) -> bool) {
         let frozen = idx.freeze();
-        let (inputs, level) = idx.plan_flush();
         *next_id += 1;
         let new =
-            write_merged(s, Path::new("/d"), 1, *next_id, level, &inputs, &sorted_entries(&frozen), valid)
-                .unwrap();
-        idx.install(&inputs, new).unwrap();
+            write_merged(s, Path::new("/d"), 1, *next_id, 0, &[], &sorted_entries(&frozen), valid).unwrap();
+        idx.install_flush(new).unwrap();
+        while let Some((inputs, level)) = idx.plan_merge() {
+            *next_id += 1;
+            let new = write_merged(s, Path::new("/d"), 1, *next_id, level, &inputs, &[], valid).unwrap();
+            idx.install_merge(&inputs, new).unwrap();
+        }
     }
 
     #[test]
@@ -443,6 +471,43 @@ mod tests {
         assert_eq!(idx.entries(), 40 + FAN_IN as u64 - 2);
         assert_eq!(idx.find(&hash(3).tag(), &all).unwrap().map(|e| e.at.pack), Some(9));
         assert_eq!(idx.find(&hash(12).tag(), &all).unwrap(), None, "dropped by the merge");
+    }
+
+    /// A merge that finishes after newer runs were flushed installs its run
+    /// in its inputs' place: the newer runs still win.
+    #[test]
+    fn a_merge_installed_after_newer_flushes_stays_below_them() {
+        let s = MemStorage::new();
+        s.create_dir_all(Path::new("/d")).unwrap();
+        let mut idx = DedupIndex::new(summary::PARTITIONS, u64::MAX);
+        let all = |_: ChunkLoc| true;
+        let mut next_id = 0;
+        let flush_only = |idx: &mut DedupIndex, next_id: &mut u64| {
+            let frozen = idx.freeze();
+            *next_id += 1;
+            let new = write_merged(&s, Path::new("/d"), 1, *next_id, 0, &[], &sorted_entries(&frozen), &all);
+            idx.install_flush(new.unwrap()).unwrap();
+        };
+        for k in 0..FAN_IN as u64 {
+            idx.put(hash(k), at(k));
+            flush_only(&mut idx, &mut next_id);
+        }
+        let (inputs, level) = idx.plan_merge().expect("8 level-0 runs");
+        assert_eq!((inputs.len(), level), (FAN_IN, 1));
+        // While the merge runs, chunk 2 moves (pack 9) and a run is flushed.
+        idx.put(hash(2), ChunkLoc { pack: 9, slot: 0, crc: 2 });
+        flush_only(&mut idx, &mut next_id);
+        let merged = write_merged(&s, Path::new("/d"), 1, 100, level, &inputs, &[], &all).unwrap();
+        idx.install_merge(&inputs, merged).unwrap();
+        assert_eq!(idx.runs().map(|r| r.level).collect::<Vec<_>>(), vec![1, 0]);
+        assert!(idx.plan_merge().is_none());
+        let mut cost = ProbeCost::default();
+        assert_eq!(idx.probe(&hash(2), &all, &mut cost).unwrap().map(|a| a.pack), Some(9));
+        assert_eq!(idx.find(&hash(2).tag(), &all).unwrap().map(|e| e.at.pack), Some(9));
+        for k in (0..FAN_IN as u64).filter(|&k| k != 2) {
+            assert_eq!(idx.probe(&hash(k), &all, &mut cost).unwrap(), Some(at(k)), "entry {k}");
+        }
+        assert_eq!(idx.summarized(), FAN_IN as u64 + 1);
     }
 
     /// A merge keeps, per hash, the newest entry whose slot is live, even
