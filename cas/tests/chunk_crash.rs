@@ -80,6 +80,16 @@ fn crash_at_every_point(open: fn(Arc<dyn Storage>) -> cas::Result<ChunkStore>) {
     let c = open(Arc::new(MemStorage::new())).unwrap();
     workload(&c, &mut Vec::new()).unwrap();
     assert!(c.stats().index_journal_bytes < 4096, "no flush in the workload");
+    // The workload's merge is installed by a later sync, in either mode.
+    for extra in 0..100 {
+        if c.stats().index_merges >= 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        insert(&c, 1000 + extra..1001 + extra).unwrap();
+        c.sync().unwrap();
+    }
+    assert!(c.stats().index_merges >= 1, "no merge installed: {:?}", c.stats());
     drop(c);
     let c = open_in_line(Arc::new(MemStorage::new())).unwrap();
     workload(&c, &mut Vec::new()).unwrap();
@@ -175,5 +185,65 @@ fn eio_on_sync_or_journal_poisons_and_reopen_is_consistent() {
         let c = open(Arc::new(mem.clone())).unwrap_or_else(|e| panic!("{op:?} {path}: {e}"));
         let n = c.verify(true).unwrap();
         assert!((4..=12).contains(&n), "{op:?} {path}: {n} chunks");
+    }
+}
+
+/// A merge that fails (ENOSPC writing its run) is dropped, not fatal: the
+/// store carries on with the unmerged runs, deletes the partial run, and a
+/// later flush merges them; nothing is lost, before or after a reopen.
+#[test]
+fn a_failed_merge_is_dropped_and_retried() {
+    let mem = MemStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let c = open_in_line(storage.clone()).unwrap();
+    let dir = Path::new("/s/chunks");
+    let ids = |prefix: &str| -> Vec<u64> {
+        let names = storage.list_dir(dir).unwrap();
+        names
+            .iter()
+            .filter_map(|n| n.strip_prefix(prefix))
+            .filter_map(|h| u64::from_str_radix(h, 16).ok())
+            .collect()
+    };
+    let mut next = 0u64;
+    let step = |c: &ChunkStore, next: &mut u64| {
+        insert(c, *next..*next + 1).unwrap();
+        c.sync().unwrap();
+        *next += 1;
+    };
+    while c.stats().index_runs < 7 {
+        step(&c, &mut next);
+        assert!(next < 200, "no seventh run: {:?}", c.stats());
+    }
+    // The next flush writes run S+1 and slots S+2; its merge reserves S+3.
+    let slots = *ids("index-slots-").iter().max().expect("a slots file");
+    let merge_run = format!("index-run-{:016x}", slots + 3);
+    mem.inject(fault(FaultOp::Write, &merge_run, libc::ENOSPC, 0));
+    while c.stats().index_runs < 8 {
+        step(&c, &mut next);
+        assert!(next < 400, "no eighth run: {:?}", c.stats());
+    }
+    let st = c.stats();
+    assert_eq!((st.index_runs, st.index_merges), (8, 0), "the merge should have failed: {st:?}");
+    assert!(!ids("index-run-").contains(&(slots + 3)), "the failed merge's run is left");
+    // The next flush retries it.
+    let flushed = ids("index-slots-").into_iter().max();
+    while ids("index-slots-").into_iter().max() == flushed {
+        step(&c, &mut next);
+        assert!(next < 600, "no later flush: {:?}", c.stats());
+    }
+    let st = c.stats();
+    assert!(st.index_merges >= 1 && st.index_runs < 8, "not merged on retry: {st:?}");
+    let mut out = vec![0u8; CHUNK_BYTES];
+    for id in 0..next {
+        c.read(&block_hash(id), &mut out).unwrap();
+    }
+    drop(c);
+    mem.crash(CrashMode::LoseUnsynced);
+    let c = open(Arc::new(mem.clone())).unwrap();
+    assert_eq!(c.verify(true).unwrap(), next);
+    for id in 0..next {
+        c.read(&block_hash(id), &mut out).unwrap();
+        assert_eq!(out, block(id));
     }
 }

@@ -98,7 +98,7 @@ impl DedupBench {
 
     /// Writes the memtable as a level-0 run, then installs a finished
     /// merge and starts the next one due, on its own thread as the store
-    /// does (waiting for the running one past the store's run limit).
+    /// does (waiting for the running one at the store's run limit).
     pub fn flush(&mut self) -> Result<()> {
         let started = std::time::Instant::now();
         let frozen = self.index.freeze();

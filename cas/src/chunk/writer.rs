@@ -37,6 +37,10 @@ use crate::storage::OpenMode;
 use std::collections::hash_map::{Entry, HashMap};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The live bits of every pack, by pack id.
+type BitsMap = BTreeMap<u32, Bits>;
 
 /// Chunks per pwrite (4 MiB): bounds the run buffer.
 pub(crate) const RUN_CHUNKS: usize = 1024;
@@ -277,7 +281,7 @@ impl ChunkStore {
         if s.journal.len_bytes() > self.flush_threshold_bytes() {
             self.flush(&mut s)?;
         } else if s.merge.as_ref().is_some_and(|j| j.is_finished()) {
-            self.merge_runs(&mut s)?;
+            self.merge_runs(&mut s, None)?;
         }
         Ok(())
     }
@@ -318,7 +322,7 @@ impl ChunkStore {
             let ops = std::mem::take(&mut w.pending);
             (
                 frozen,
-                self.bits_snapshot(&w),
+                Arc::new(self.bits_snapshot(&w)),
                 ops,
                 w.seq,
                 std::mem::take(&mut w.dirty),
@@ -392,41 +396,73 @@ impl ChunkStore {
             self.remove_index_file(&self.dir.join(slots::slots_file_name(old_slots)));
         }
         tracing::debug!(entries = frozen.len(), "chunk index flushed");
-        self.merge_runs(s)
+        self.merge_runs(s, Some(&bits))
     }
 
-    /// Runs past which a sync waits for the running merge: lookups read a
+    /// Runs at which a sync waits for the running merge: lookups read a
     /// page of each run the summary names, and the summary names a run in
     /// 8 bits.
     pub(crate) const MERGE_WAIT_RUNS: usize = 4 * dedup::FAN_IN;
 
-    /// Installs the running merge if it has finished (or waits for it, if
-    /// the runs have piled up past `MERGE_WAIT_RUNS`), then starts the next
-    /// merge due; in line, when merges are not in the background, until
-    /// none is due. A failed merge poisons the store.
-    pub(crate) fn merge_runs(&self, s: &mut super::SyncState) -> Result<()> {
+    /// Installs the running merge if it has finished (or waits for it, once
+    /// there are `MERGE_WAIT_RUNS` runs), then, given `durable_bits`,
+    /// starts the next merge due; in line, when merges are not in the
+    /// background, until none is due.
+    ///
+    /// `durable_bits` must be the live bits as they are durable now (a
+    /// flush's slots file): a merge drops the entries of slots they show
+    /// free, and a free queued but not yet in the journal comes back live
+    /// after a crash, so judging by newer bits could drop the only entry of
+    /// a chunk that is still stored. (A background merge is installed by a
+    /// later sync, which has journaled every free older than its bits; an
+    /// in-line one is installed at once, hence the rule.)
+    ///
+    /// A failed merge is dropped (its unnamed run is deleted now or by the
+    /// next open) and retried by a later flush, unless the runs have piled
+    /// up to `MERGE_WAIT_RUNS`: then it poisons the store.
+    pub(crate) fn merge_runs(
+        &self,
+        s: &mut super::SyncState,
+        durable_bits: Option<&Arc<BitsMap>>,
+    ) -> Result<()> {
         loop {
             if let Some(job) = &s.merge {
+                let piled_up = self.read_index().runs().count() >= Self::MERGE_WAIT_RUNS;
                 if !job.is_finished() {
-                    if self.read_index().runs().count() < Self::MERGE_WAIT_RUNS {
+                    if !piled_up {
                         return Ok(());
                     }
                     self.index_merge_waits.fetch_add(1, Ordering::Relaxed);
                 }
                 let job = s.merge.take().expect("checked");
-                let inputs = job.inputs.clone();
+                let (inputs, run_id) = (job.inputs.clone(), job.run_id);
                 let (result, took) = job.wait();
-                if let Err(e) = result.and_then(|new| self.install_merge(s, &inputs, new)) {
+                let installed = match result {
+                    Ok(new) => self.install_merge(s, &inputs, new),
+                    Err(e) if !piled_up => {
+                        tracing::warn!(error = %e, "chunk index merge failed; a later flush retries it");
+                        for name in [dedup::run::run_file_name(run_id), dedup::run::keys_spill_name(run_id)] {
+                            let path = self.dir.join(name);
+                            if self.storage.exists(&path) {
+                                self.remove_index_file(&path);
+                            }
+                        }
+                        return Ok(());
+                    }
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = installed {
                     self.poison(&e);
                     return Err(e);
                 }
                 self.index_merges.fetch_add(1, Ordering::Relaxed);
                 self.index_merge_ms_max.fetch_max(took.as_millis() as u64, Ordering::Relaxed);
             }
+            let Some(bits) = durable_bits else { return Ok(()) };
             let Some((inputs, level)) = self.read_index().plan_merge() else { return Ok(()) };
             let run_id = s.root.next_file_id;
             s.root.next_file_id += 1;
-            let bits = self.bits_snapshot(&lock(&self.writer));
+            let bits = bits.clone();
             let valid: dedup::merge::Valid =
                 Box::new(move |at: ChunkLoc| bits.get(&at.pack).is_some_and(|b| b.get(at.slot)));
             let spec = dedup::merge::MergeSpec {
@@ -456,7 +492,7 @@ impl ChunkStore {
     fn install_merge(
         &self,
         s: &mut super::SyncState,
-        inputs: &[std::sync::Arc<dedup::run::Run>],
+        inputs: &[Arc<dedup::run::Run>],
         new: Option<dedup::run::Run>,
     ) -> Result<()> {
         self.count_syncs(1);
@@ -491,7 +527,7 @@ impl ChunkStore {
     }
 
     /// The live bits of every pack, for a flush's slots file or a merge.
-    fn bits_snapshot(&self, w: &Writer) -> BTreeMap<u32, Bits> {
+    fn bits_snapshot(&self, w: &Writer) -> BitsMap {
         w.packs.iter().map(|(&id, p)| (id, p.live_bits.clone())).collect()
     }
 

@@ -7,10 +7,11 @@
 //! run under an id reserved for it; nothing names that run until the
 //! caller installs it (a new root, then the index in memory), so a crash
 //! or a failure before that leaves an unnamed file that the next open
-//! deletes. Whether an entry is still valid is judged against a snapshot
-//! of the slot bits taken when the job starts: a slot freed later is
-//! never used again, so at worst the merged run keeps a stale entry that
-//! lookups skip and a later merge drops.
+//! deletes. Whether an entry is still valid is judged against the slot
+//! bits as they were durable when the job started (the starting flush's
+//! slots file; see `ChunkStore::merge_runs` for why not newer ones): a
+//! slot freed later is never used again, so at worst the merged run keeps
+//! a stale entry that lookups skip and a later merge drops.
 
 use super::run::Run;
 use super::write_merged;
@@ -39,6 +40,9 @@ pub(crate) struct MergeSpec {
 
 /// A merge started (on a thread, or already done in line).
 pub(crate) struct MergeJob {
+    /// The id reserved for the merged run (its file is deleted if the
+    /// merge fails).
+    pub run_id: u64,
     pub inputs: Vec<Arc<Run>>,
     started: Instant,
     state: State,
@@ -53,7 +57,7 @@ impl MergeJob {
     /// Starts the merge on a thread of its own (`background`) or runs it
     /// now. Fails only if the thread cannot be started.
     pub fn start(spec: MergeSpec, valid: Valid, background: bool) -> Result<MergeJob> {
-        let (inputs, started) = (spec.inputs.clone(), Instant::now());
+        let (run_id, inputs, started) = (spec.run_id, spec.inputs.clone(), Instant::now());
         let work = move || {
             write_merged(
                 spec.storage.as_ref(),
@@ -75,7 +79,7 @@ impl MergeJob {
         } else {
             State::Done(work(), started.elapsed())
         };
-        Ok(MergeJob { inputs, started, state })
+        Ok(MergeJob { run_id, inputs, started, state })
     }
 
     /// True once the merged run is written (or the merge failed).
