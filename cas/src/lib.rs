@@ -14,6 +14,7 @@ pub mod fsck;
 pub mod gc;
 pub mod image;
 pub mod manifest;
+pub mod objects;
 pub mod observe;
 pub mod storage;
 pub mod store;
