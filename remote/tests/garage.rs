@@ -1,0 +1,200 @@
+//! `S3Objects` against a real Garage cluster on loopback (`ci/garage`):
+//! objects round-trip, a bad setup is a one-line error naming the problem,
+//! and a three-node cluster with one node killed keeps serving through
+//! endpoint failover.
+//!
+//! Needs the Garage binary `ci/setup --garage` builds ($CASBLK_GARAGE_BIN,
+//! or the one in $CASBLK_VM_CACHE). Without it the tests say so and pass,
+//! unless CASBLK_REQUIRE_GARAGE=1 (CI), where its absence fails them.
+
+use cas::objects::{ObjectErrorKind, Objects};
+use casblk_remote::{RemoteConfig, S3Objects};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A running cluster, stopped on drop.
+struct Cluster {
+    dir: PathBuf,
+    env: HashMap<String, String>,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/garage")
+}
+
+fn garage_bin() -> Option<PathBuf> {
+    if let Some(bin) = std::env::var_os("CASBLK_GARAGE_BIN") {
+        return Some(PathBuf::from(bin));
+    }
+    let cache = std::env::var_os("CASBLK_VM_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/casblk-vm")))?;
+    let bin = cache.join("garage/bin/garage");
+    bin.exists().then_some(bin)
+}
+
+impl Cluster {
+    /// Starts `nodes` nodes, or None (after saying why) when there is no
+    /// Garage binary and CI does not require one.
+    fn start(name: &str, nodes: u32) -> Option<Cluster> {
+        let Some(bin) = garage_bin() else {
+            assert!(
+                std::env::var("CASBLK_REQUIRE_GARAGE").as_deref() != Ok("1"),
+                "CASBLK_REQUIRE_GARAGE=1 but no Garage binary: run ci/setup --garage"
+            );
+            eprintln!("skipped: no Garage binary (ci/setup --garage builds it)");
+            return None;
+        };
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("garage-{name}"));
+        let out = Command::new(script())
+            .args(["start", "--nodes", &nodes.to_string(), "--dir"])
+            .arg(&dir)
+            .env("CASBLK_GARAGE_BIN", &bin)
+            .output()
+            .expect("run ci/garage");
+        assert!(out.status.success(), "ci/garage start: {}", String::from_utf8_lossy(&out.stderr));
+        let text = std::fs::read_to_string(dir.join("env")).expect("ci/garage's env file");
+        let env = text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Some(Cluster { dir, env })
+    }
+
+    fn var(&self, name: &str) -> &str {
+        self.env.get(name).map(String::as_str).unwrap_or_else(|| panic!("{name} missing from the env file"))
+    }
+
+    fn config(&self) -> RemoteConfig {
+        let endpoints = self.var("CASBLK_GARAGE_ENDPOINTS").split(',').map(str::to_string).collect();
+        RemoteConfig::new(
+            endpoints,
+            self.var("CASBLK_GARAGE_BUCKET"),
+            self.var("CASBLK_GARAGE_REGION"),
+            self.var("CASBLK_GARAGE_KEY_ID"),
+            self.var("CASBLK_GARAGE_SECRET"),
+        )
+    }
+
+    fn node(&self, what: &str, n: u32) {
+        let out = Command::new(script())
+            .args([what, &n.to_string(), "--dir"])
+            .arg(&self.dir)
+            .env("CASBLK_GARAGE_BIN", garage_bin().expect("binary"))
+            .output()
+            .expect("run ci/garage");
+        assert!(out.status.success(), "ci/garage {what} {n}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(script()).args(["stop", "--dir"]).arg(&self.dir).output();
+    }
+}
+
+fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn objects_round_trip_on_one_node() {
+    let Some(cluster) = Cluster::start("round-trip", 1) else { return };
+    let mut cfg = cluster.config();
+    cfg.prefix = "store-a/".into();
+    let o = S3Objects::open(cfg).unwrap();
+    // Garage 2.5 ignores If-None-Match on PUT: the lease cannot rely on it.
+    assert!(!o.enforces_put_new(), "Garage now enforces conditional creates: the lease can use them");
+    assert_eq!(o.put_new("x", b"1").unwrap_err().kind, ObjectErrorKind::Unsupported);
+    let pack = data(1, 3 << 20);
+    o.put("packs/00000002", &pack).unwrap();
+    o.put("packs/00000001", b"one").unwrap();
+    o.put("roots/0001", b"root").unwrap();
+    assert_eq!(o.get("packs/00000002").unwrap(), pack);
+    assert_eq!(o.get_range("packs/00000002", 4096..8192).unwrap(), pack[4096..8192]);
+    assert_eq!(o.head("packs/00000001").unwrap(), Some(3));
+    assert_eq!(o.head("packs/missing").unwrap(), None);
+    assert_eq!(o.get("packs/missing").unwrap_err().kind, ObjectErrorKind::NotFound);
+    let keys = |v: Vec<cas::objects::ObjectInfo>| v.into_iter().map(|i| i.key).collect::<Vec<_>>();
+    assert_eq!(keys(o.list("packs/", None, 100).unwrap()), ["packs/00000001", "packs/00000002"]);
+    assert_eq!(keys(o.list("packs/", Some("packs/00000001"), 100).unwrap()), ["packs/00000002"]);
+    assert_eq!(keys(o.list("packs/", None, 1).unwrap()), ["packs/00000001"]);
+    assert_eq!(o.list("packs/", None, 100).unwrap()[1].size, 3 << 20);
+    assert_eq!(keys(o.list("", None, 100).unwrap()).len(), 3, "the probe key is gone");
+    o.delete("packs/00000001").unwrap();
+    o.delete("packs/00000001").unwrap();
+    assert_eq!(keys(o.list("packs/", None, 100).unwrap()), ["packs/00000002"]);
+}
+
+/// Each bad setup fails at open with one line naming the problem, within
+/// the request bounds.
+#[test]
+fn bad_setups_are_one_line_errors() {
+    let Some(cluster) = Cluster::start("bad-setups", 1) else { return };
+    let check = |cfg: RemoteConfig, kind: ObjectErrorKind, words: &str| {
+        let started = Instant::now();
+        let e = S3Objects::open(cfg).err().expect("open should fail");
+        assert_eq!(e.kind, kind, "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains(words) && !msg.contains('\n'), "{msg}");
+        assert!(started.elapsed() < Duration::from_secs(20), "took {:?}: {msg}", started.elapsed());
+        eprintln!("{msg}");
+    };
+    let mut cfg = cluster.config();
+    cfg.secret = "0".repeat(64);
+    check(cfg, ObjectErrorKind::Denied, "access denied");
+    let mut cfg = cluster.config();
+    cfg.bucket = "no-such-bucket".into();
+    check(cfg, ObjectErrorKind::NoBucket, "bucket does not exist");
+    let mut cfg = cluster.config();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    cfg.endpoints = vec![format!("http://127.0.0.1:{port}")];
+    check(cfg, ObjectErrorKind::Unreachable, "cannot connect");
+}
+
+/// Three nodes, replication factor 3: with the node behind the current
+/// endpoint killed, reads and writes go on through the next endpoint,
+/// and everything written is read back after it returns.
+#[test]
+fn three_nodes_serve_through_a_killed_node() {
+    let Some(cluster) = Cluster::start("three-nodes", 3) else { return };
+    let o = S3Objects::open(cluster.config()).unwrap();
+    let first = o.current_endpoint().to_string();
+    let started = Instant::now();
+    let count = 32u64;
+    for i in 0..count {
+        o.put(&format!("packs/{i:08x}"), &data(i, 1 << 20)).unwrap();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!("PUT of {count} x 1 MiB to 3 nodes: {:.1} MiB/s", count as f64 / secs);
+    cluster.node("kill", 1);
+    for i in 0..count {
+        assert_eq!(
+            o.get_range(&format!("packs/{i:08x}"), 0..4096).unwrap(),
+            data(i, 1 << 20)[..4096],
+            "pack {i}"
+        );
+    }
+    assert_ne!(o.current_endpoint(), first, "requests did not fail over");
+    for i in count..count + 8 {
+        o.put(&format!("packs/{i:08x}"), &data(i, 1 << 20)).unwrap();
+    }
+    cluster.node("restart", 1);
+    cluster.node("kill", 2);
+    for i in 0..count + 8 {
+        assert_eq!(o.get(&format!("packs/{i:08x}")).unwrap(), data(i, 1 << 20), "pack {i}");
+    }
+    assert_eq!(o.list("packs/", None, 1000).unwrap().len(), (count + 8) as usize);
+    cluster.node("restart", 2);
+}
