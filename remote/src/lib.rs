@@ -50,6 +50,10 @@ pub struct RemoteConfig {
     /// (default 2 within 5 s), before the next endpoint is tried.
     pub retries: usize,
     pub retry_timeout: Duration,
+    /// Sign requests without hashing their bodies (`UNSIGNED-PAYLOAD`):
+    /// saves a SHA-256 pass over every uploaded byte; the body is then
+    /// protected only by TLS (https endpoints) or TCP. Default false.
+    pub unsigned_payload: bool,
 }
 
 impl RemoteConfig {
@@ -72,6 +76,7 @@ impl RemoteConfig {
             connect_timeout: Duration::from_secs(2),
             retries: 2,
             retry_timeout: Duration::from_secs(5),
+            unsigned_payload: false,
         }
     }
 }
@@ -138,6 +143,7 @@ impl S3Objects {
                 .with_access_key_id(&cfg.key_id)
                 .with_secret_access_key(&cfg.secret)
                 .with_virtual_hosted_style_request(false)
+                .with_unsigned_payload(cfg.unsigned_payload)
                 .with_client_options(options)
                 .with_retry(retry)
                 .build()
