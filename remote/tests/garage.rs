@@ -198,3 +198,41 @@ fn three_nodes_serve_through_a_killed_node() {
     assert_eq!(o.list("packs/", None, 1000).unwrap().len(), (count + 8) as usize);
     cluster.node("restart", 2);
 }
+
+/// The lease (cas::objects::lease) between two stores on a 3-node Garage:
+/// refused while the holder renews, taken once it released, fenced after
+/// it went silent.
+#[test]
+fn the_lease_works_between_two_stores_on_three_nodes() {
+    use cas::objects::lease::{Lease, LeaseConfig, LeaseError};
+    let Some(cluster) = Cluster::start("lease", 3) else { return };
+    let a_store = S3Objects::open(cluster.config()).unwrap();
+    let b_store = S3Objects::open(cluster.config()).unwrap();
+    let cfg = LeaseConfig {
+        lease: Duration::from_secs(2),
+        claim_bound: Duration::from_millis(500),
+        margin: Duration::from_millis(300),
+    };
+    let prefix = "images/vm1/lease/";
+    let mut a = Lease::acquire(&a_store, prefix, 0xa, cfg, 3).unwrap();
+    let renewing = std::sync::atomic::AtomicBool::new(true);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while renewing.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(a.renew_every());
+                a.renew().unwrap();
+            }
+        });
+        let e = Lease::acquire(&b_store, prefix, 0xb, cfg, 3).err().expect("taken from a renewing holder");
+        assert_eq!(e, LeaseError::Held { store: 0xa, epoch: 1 });
+        renewing.store(false, std::sync::atomic::Ordering::Relaxed);
+    });
+    a.release().unwrap();
+    let b = Lease::acquire(&b_store, prefix, 0xb, cfg, 3).unwrap();
+    assert_eq!(b.epoch(), 2);
+    // B goes silent; A takes over after its lease, and B is fenced.
+    let mut b = b;
+    let a = Lease::acquire(&a_store, prefix, 0xa, cfg, 3).unwrap();
+    assert_eq!(a.epoch(), 3);
+    assert!(matches!(b.renew(), Err(LeaseError::Lost { by_store: 0xa, epoch: 3 })));
+}

@@ -23,6 +23,8 @@ struct State {
     /// Operations left before `fault_after`'s fault starts.
     fault_after: Option<(u64, ObjectFault)>,
     ops: u64,
+    /// Each operation sleeps this long first (outside the lock).
+    latency: std::time::Duration,
 }
 
 /// See the module docs. Clones share the store (two "hosts" on one bucket).
@@ -55,6 +57,12 @@ impl MemObjects {
     /// Operations after the next `ops` fail with `fault`.
     pub fn fault_after(&self, ops: u64, fault: ObjectFault) {
         self.state().fault_after = Some((ops, fault));
+    }
+
+    /// Every operation takes at least `latency` (so that concurrent
+    /// callers' operations interleave as over a network).
+    pub fn set_latency(&self, latency: std::time::Duration) {
+        self.state().latency = latency;
     }
 
     pub fn clear_fault(&self) {

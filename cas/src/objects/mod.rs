@@ -17,6 +17,7 @@
 //!   reports that the store enforces them (Garage 2.5 does not: it ignores
 //!   `If-None-Match`).
 
+pub mod lease;
 mod mem;
 
 pub use mem::{MemObjects, ObjectFault};
