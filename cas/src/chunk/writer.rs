@@ -377,16 +377,14 @@ impl ChunkStore {
                 return Err(e);
             }
         };
-        {
+        let install = {
             let mut w = lock(&self.writer);
-            let budget = self.summary_budget(&w);
-            let mut idx = self.write_index(&mut w);
-            idx.set_summary_budget(budget);
-            if let Err(e) = idx.install_flush(new) {
-                // The run is on disk and named; reading its keys back failed.
-                self.poison(&e);
-                return Err(e);
-            }
+            self.write_index(&mut w).begin_flush(new)
+        };
+        if let Err(e) = self.install_in_steps(install) {
+            // The run is on disk and named; reading its keys back failed.
+            self.poison(&e);
+            return Err(e);
         }
         let old_slots = std::mem::replace(&mut s.root, root).slots_id;
         s.durable_seq = s.durable_seq.max(upto);
@@ -504,18 +502,38 @@ impl ChunkStore {
         let root = Root { generation: s.root.generation + 1, runs, ..s.root.clone() };
         self.count_syncs(2);
         root.write(self.storage.as_ref(), &self.dir)?;
-        {
+        let install = {
             let mut w = lock(&self.writer);
-            let budget = self.summary_budget(&w);
-            let mut idx = self.write_index(&mut w);
-            idx.set_summary_budget(budget);
-            idx.install_merge(inputs, new)?;
-        }
+            self.write_index(&mut w).begin_merge(inputs, new)
+        };
+        self.install_in_steps(install)?;
         s.root = root;
         for run in inputs {
             self.remove_index_file(run.path());
         }
         Ok(())
+    }
+
+    /// Summary partitions an install step replaces under the writer and
+    /// index locks (of 4,096): at 64 M chunks about 1/16 of a summary
+    /// rebuild, so inserts wait tens of milliseconds, not the whole rebuild.
+    pub(crate) const INSTALL_STEP_PARTITIONS: usize = 256;
+
+    /// Runs an install (dedup::Install) a batch of partitions per hold of
+    /// the writer and index locks, then finishes it (halving the summary
+    /// if it is over its budget). Called under the sync lock, so runs
+    /// change only here meanwhile.
+    fn install_in_steps(&self, mut install: dedup::Install) -> Result<()> {
+        loop {
+            let mut w = lock(&self.writer);
+            if self.write_index(&mut w).install_step(&mut install, Self::INSTALL_STEP_PARTITIONS)? {
+                let budget = self.summary_budget(&w);
+                let mut idx = self.write_index(&mut w);
+                idx.set_summary_budget(budget);
+                idx.finish_install(install);
+                return Ok(());
+            }
+        }
     }
 
     /// Deletes an index file no root names any more; one a failure leaves

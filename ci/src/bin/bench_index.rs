@@ -176,6 +176,7 @@ fn dedup_arm(chunks: u64, dir: &Path) -> serde_json::Value {
     v["runs"] = serde_json::json!(index.runs());
     v["flushes"] = serde_json::json!(index.flushes);
     v["install_ms_max"] = serde_json::json!(index.install_ms_max);
+    v["install_total_ms_max"] = serde_json::json!(index.install_total_ms_max);
     v["flush_ms_max"] = serde_json::json!(index.flush_ms_max);
     v["merges"] = serde_json::json!(index.merges);
     v["merge_ms_max"] = serde_json::json!(index.merge_ms_max);

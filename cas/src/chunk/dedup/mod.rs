@@ -90,6 +90,19 @@ pub(crate) struct DedupIndex {
     summary_budget: u64,
 }
 
+/// A flush's or merge's run being installed a batch of summary
+/// partitions at a time, so that inserts (which take the same locks) run
+/// in between: from `begin_*` to `finish_install` the new run is among
+/// the runs beside those it replaces (and a flush's frozen memtable is
+/// still read), so a lookup finds its entries whichever partitions are
+/// done (summary::Replace).
+pub(crate) struct Install {
+    merged: Vec<Arc<Run>>,
+    flush: bool,
+    replace: summary::Replace,
+    keys: Option<run::KeyStream>,
+}
+
 /// Where an entry was found (for counting what lookups cost).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ProbeCost {
@@ -203,17 +216,32 @@ impl DedupIndex {
     /// run; None when every entry was stale) becomes the newest run and
     /// the frozen memtable is dropped. Halves the summary while it is over
     /// its budget; returns the summary elements that dropped. Fails if the
-    /// run's keys cannot be read back.
+    /// run's keys cannot be read back. (All at once: the store installs in
+    /// steps, see [`Install`].)
+    #[cfg(test)]
     pub fn install_flush(&mut self, new: Option<Run>) -> Result<u64> {
-        let at = self.runs.len();
-        self.replace_runs(at, 0, new)?;
-        self.frozen = None;
-        Ok(self.fit_summary())
+        let mut inst = self.begin_flush(new);
+        while !self.install_step(&mut inst, summary::PARTITIONS)? {}
+        Ok(self.finish_install(inst))
     }
 
     /// Installs a merge's result: the contiguous runs `merged` replaced by
     /// `new` (None when every entry was stale) in their place.
+    #[cfg(test)]
     pub fn install_merge(&mut self, merged: &[Arc<Run>], new: Option<Run>) -> Result<u64> {
+        let mut inst = self.begin_merge(merged, new);
+        while !self.install_step(&mut inst, summary::PARTITIONS)? {}
+        Ok(self.finish_install(inst))
+    }
+
+    /// Starts installing a flush's run (see [`Install`]).
+    pub fn begin_flush(&mut self, new: Option<Run>) -> Install {
+        let at = self.runs.len();
+        self.begin(at, Vec::new(), new, true)
+    }
+
+    /// Starts installing a merge's run, just above its inputs.
+    pub fn begin_merge(&mut self, merged: &[Arc<Run>], new: Option<Run>) -> Install {
         let first = merged.first().expect("a merge has inputs");
         let at =
             self.runs.iter().position(|(_, r)| Arc::ptr_eq(r, first)).expect("merged runs are installed");
@@ -222,31 +250,47 @@ impl DedupIndex {
                 == merged.len(),
             "merged runs are contiguous"
         );
-        self.replace_runs(at, merged.len(), new)?;
-        Ok(self.fit_summary())
+        self.begin(at + merged.len(), merged.to_vec(), new, false)
     }
 
-    /// Replaces `len` runs from position `at` with `new`, in the runs and
-    /// the summary.
-    fn replace_runs(&mut self, at: usize, len: usize, new: Option<Run>) -> Result<()> {
-        let dropped: Vec<u8> = self.runs[at..at + len].iter().map(|(s, _)| *s).collect();
+    /// Puts `new` among the runs at position `at` (the runs it replaces
+    /// stay until `finish_install`), under a slot no run holds.
+    fn begin(&mut self, at: usize, merged: Vec<Arc<Run>>, new: Option<Run>, flush: bool) -> Install {
+        let dropped: Vec<u8> = self
+            .runs
+            .iter()
+            .filter(|(_, r)| merged.iter().any(|m| Arc::ptr_eq(m, r)))
+            .map(|(s, _)| *s)
+            .collect();
         let free = (0..SLOTS as u16)
             .map(|s| s as u8)
-            .find(|s| dropped.contains(s) || !self.runs.iter().any(|(used, _)| used == s))
+            .find(|s| !self.runs.iter().any(|(used, _)| used == s))
             .expect("fewer than 256 runs");
-        match new {
-            Some(run) => {
-                let run = Arc::new(run);
-                let mut keys = run.keys();
-                self.summary.replace(&dropped, free, &mut || keys.next_key())?;
-                self.runs.splice(at..at + len, std::iter::once((free, run)));
-            }
-            None => {
-                self.summary.replace(&dropped, free, &mut || Ok(None))?;
-                self.runs.drain(at..at + len);
-            }
+        let keys = new.map(|run| {
+            let run = Arc::new(run);
+            self.runs.insert(at, (free, run.clone()));
+            run.keys()
+        });
+        Install { merged, flush, replace: summary::Replace::new(&dropped, free), keys }
+    }
+
+    /// Replaces the summary's elements in up to `parts` more partitions;
+    /// true when every partition is done.
+    pub fn install_step(&mut self, inst: &mut Install, parts: usize) -> Result<bool> {
+        let keys = &mut inst.keys;
+        let mut next = || keys.as_mut().map_or(Ok(None), |k| k.next_key());
+        inst.replace.step(&mut self.summary, &mut next, parts)
+    }
+
+    /// Ends an install whose steps are done: the replaced runs (and, for a
+    /// flush, the frozen memtable) go. Halves the summary while it is over
+    /// its budget; returns the elements dropped.
+    pub fn finish_install(&mut self, inst: Install) -> u64 {
+        self.runs.retain(|(_, r)| !inst.merged.iter().any(|m| Arc::ptr_eq(m, r)));
+        if inst.flush {
+            self.frozen = None;
         }
-        Ok(())
+        self.fit_summary()
     }
 
     /// Adds a run read at open (oldest first), streaming its keys into the

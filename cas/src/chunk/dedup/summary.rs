@@ -83,6 +83,41 @@ fn lower_bound_near(part: &[u32], target: u32, guess: usize) -> usize {
     lo + part[lo..hi].partition_point(|&e| e < target)
 }
 
+/// A replacement of run slots in the summary done a batch of partitions
+/// at a time (`step`), so that its owner can let others take its locks in
+/// between. Until it is done, partitions below `next_part` name the new
+/// slot and the others still name the dropped ones, so both the new run
+/// and the dropped runs must stay readable.
+pub(crate) struct Replace {
+    drop: [bool; 256],
+    any_dropped: bool,
+    slot: u8,
+    started: bool,
+    pending: Option<[u8; KEY_BYTES]>,
+    next_part: usize,
+}
+
+impl Replace {
+    pub fn new(dropped: &[u8], slot: u8) -> Replace {
+        let mut drop = [false; 256];
+        for &d in dropped {
+            drop[usize::from(d)] = true;
+        }
+        Replace { drop, any_dropped: !dropped.is_empty(), slot, started: false, pending: None, next_part: 0 }
+    }
+
+    /// Replaces in up to `parts` more partitions of `summary`, reading the
+    /// new run's keys from `next`; true when every partition is done.
+    pub fn step(
+        &mut self,
+        summary: &mut Summary,
+        next: &mut dyn FnMut() -> Result<Option<[u8; KEY_BYTES]>>,
+        parts: usize,
+    ) -> Result<bool> {
+        summary.replace_parts(self, next, parts)
+    }
+}
+
 pub(crate) struct Summary {
     parts: Vec<Vec<u32>>,
     len: u64,
@@ -149,29 +184,41 @@ impl Summary {
         slot: u8,
         next: &mut dyn FnMut() -> Result<Option<[u8; KEY_BYTES]>>,
     ) -> Result<()> {
-        let mut drop = [false; 256];
-        for &d in dropped {
-            drop[usize::from(d)] = true;
+        let mut r = Replace::new(dropped, slot);
+        while !r.step(self, next, PARTITIONS)? {}
+        Ok(())
+    }
+
+    /// One step of `r`: up to `parts` more partitions; true when done.
+    fn replace_parts(
+        &mut self,
+        r: &mut Replace,
+        next: &mut dyn FnMut() -> Result<Option<[u8; KEY_BYTES]>>,
+        parts: usize,
+    ) -> Result<bool> {
+        if !r.started {
+            r.pending = next()?;
+            r.started = true;
         }
         let mut added: Vec<u32> = Vec::new();
-        let mut pending = next()?;
-        for p in 0..self.limit {
+        let end = (r.next_part + parts).min(self.limit);
+        for p in r.next_part..end {
             added.clear();
-            while let Some(k) = pending {
+            while let Some(k) = r.pending {
                 let (kp, fp) = split(&k);
                 if kp > p {
                     break;
                 }
                 // Keys out of order (kp < p) are skipped: a miss, not a wrong find.
                 if kp == p {
-                    added.push(fp << 8 | u32::from(slot));
+                    added.push(fp << 8 | u32::from(r.slot));
                 }
-                pending = next()?;
+                r.pending = next()?;
             }
             let part = &mut self.parts[p];
             let before = part.len();
-            if !dropped.is_empty() {
-                part.retain(|&e| !drop[(e & 0xff) as usize]);
+            if r.any_dropped {
+                part.retain(|&e| !r.drop[(e & 0xff) as usize]);
             }
             if added.is_empty() {
                 if part.len() != before {
@@ -196,7 +243,8 @@ impl Summary {
             self.len = self.len + merged.len() as u64 - before as u64;
             *part = merged;
         }
-        Ok(())
+        r.next_part = end;
+        Ok(end >= self.limit)
     }
 
     /// Halves the partitions summarized (drops the upper half); returns
