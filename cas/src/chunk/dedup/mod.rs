@@ -554,6 +554,46 @@ mod tests {
         assert_eq!(idx.summarized(), FAN_IN as u64 + 1);
     }
 
+    /// Halfway through an install (some summary partitions replaced, some
+    /// not), every entry is still found, for a flush and for a merge.
+    #[test]
+    fn lookups_find_every_entry_midway_through_an_install() {
+        let s = MemStorage::new();
+        s.create_dir_all(Path::new("/d")).unwrap();
+        let mut idx = DedupIndex::new(summary::PARTITIONS, u64::MAX);
+        let all = |_: ChunkLoc| true;
+        let mut cost = ProbeCost::default();
+        let check = |idx: &DedupIndex, n: u64, cost: &mut ProbeCost| {
+            for i in 0..n {
+                assert_eq!(idx.probe(&hash(i), &all, cost).unwrap(), Some(at(i)), "entry {i}");
+            }
+        };
+        for k in 0..FAN_IN as u64 {
+            for i in k * 500..(k + 1) * 500 {
+                idx.put(hash(i), at(i));
+            }
+            let frozen = idx.freeze();
+            let new =
+                write_merged(&s, Path::new("/d"), 1, k + 1, 0, &[], &sorted_entries(&frozen), &all).unwrap();
+            let mut inst = idx.begin_flush(new);
+            assert!(!idx.install_step(&mut inst, summary::PARTITIONS / 3).unwrap());
+            check(&idx, (k + 1) * 500, &mut cost);
+            while !idx.install_step(&mut inst, summary::PARTITIONS / 3).unwrap() {}
+            idx.finish_install(inst);
+            check(&idx, (k + 1) * 500, &mut cost);
+        }
+        let (inputs, level) = idx.plan_merge().unwrap();
+        let merged = write_merged(&s, Path::new("/d"), 1, 100, level, &inputs, &[], &all).unwrap();
+        let mut inst = idx.begin_merge(&inputs, merged);
+        assert!(!idx.install_step(&mut inst, summary::PARTITIONS / 2).unwrap());
+        check(&idx, 4000, &mut cost);
+        assert!(idx.install_step(&mut inst, summary::PARTITIONS / 2).unwrap());
+        idx.finish_install(inst);
+        assert_eq!(idx.runs().count(), 1);
+        check(&idx, 4000, &mut cost);
+        assert_eq!(idx.summarized(), 4000);
+    }
+
     /// A merge keeps, per hash, the newest entry whose slot is live, even
     /// when a newer one is stale (two copies of a chunk, the newer freed).
     #[test]
