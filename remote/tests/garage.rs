@@ -223,9 +223,9 @@ fn the_lease_works_between_two_stores_on_three_nodes() {
                 a.renew().unwrap();
             }
         });
-        let e = Lease::acquire(&b_store, prefix, 0xb, cfg, 3).err().expect("taken from a renewing holder");
-        assert_eq!(e, LeaseError::Held { store: 0xa, epoch: 1 });
+        let r = Lease::acquire(&b_store, prefix, 0xb, cfg, 3).map(|l| l.epoch());
         renewing.store(false, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(r.err(), Some(LeaseError::Held { store: 0xa, epoch: 1 }), "taken from a renewing holder");
     });
     a.release().unwrap();
     let b = Lease::acquire(&b_store, prefix, 0xb, cfg, 3).unwrap();

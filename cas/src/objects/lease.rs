@@ -15,26 +15,35 @@
 //! ```
 //!
 //! The holder of epoch E is the lowest store id among E's claims that are
-//! not released; a higher epoch's claim fences every lower one.
+//! not released; a higher epoch's claim fences every lower one. A claim
+//! that does not decode counts as held (waited out, never taken as
+//! released), and only claims of the newest epochs are read.
 //!
-//! **Acquire.** (1) LIST the claims: E0 is the newest epoch, W its holder.
-//! If W is another store, its claim must stay unchanged (same renewal
-//! count) for `lease + margin` on our clock before it counts as expired; a
-//! change means W is alive: refused. (2) PUT our claim at E0+1; if more
+//! **Acquire.** (1) LIST the claims: E0 is the newest epoch. Every claim
+//! of E0 not released and not ours must stay unchanged (same bytes) for
+//! `lease + margin` on our clock before they count as expired (all of
+//! them: a late claim with a lower id must not hide the real holder); a
+//! change means its store is alive: refused. (2) PUT our claim at E0+1; if more
 //! than `claim_bound` passed since the LIST of this round began, mark it
 //! released and start over. (3) Wait `2 * claim_bound`, LIST again: we
 //! hold E0+1 if no lower store id claims it and no higher epoch exists;
-//! otherwise mark ours released and report the contention. Two stores
+//! otherwise mark ours released and report the contention; a holder
+//! waited out that has been rewritten since (a renewal that landed late)
+//! also refuses. Two stores
 //! cannot both win: a rival whose claim we do not see at (3) finished its
 //! PUT later, so its LIST began after ours was written (its PUT is within
 //! `claim_bound` of its LIST), so it saw our claim and would have had to
 //! wait out our lease at (1).
 //!
 //! **Renew** (every `lease / 4`, by the holder): LIST; a higher epoch means
-//! the lease is lost. Otherwise rewrite our claim with renewals + 1. The
-//! lease is valid until `start of the last successful renewal + lease -
+//! the lease is lost. Otherwise rewrite our claim with renewals + 1; a
+//! rewrite that returns after the current deadline does not count (lost).
+//! The lease is valid until `start of the last successful renewal + lease -
 //! margin`: a rival starts counting our silence only after seeing that
-//! renewal, and waits `lease + margin`. Past the deadline the holder must
+//! renewal, and waits `lease + margin`; one that began counting from the
+//! previous renewal sees this one, which returned before the deadline.
+//! Writes made under the lease must also complete before the deadline
+//! (stage 5 bounds them), or readers must prefer the highest epoch. Past the deadline the holder must
 //! stop writing (its requests fail); its roots carry its epoch and can
 //! never be taken for the new holder's.
 
@@ -112,6 +121,9 @@ struct Claim {
     epoch: u64,
     renewals: u64,
     released: bool,
+    /// crc32c of the claim's bytes: any rewrite changes it (a renewal, or
+    /// a claim this build cannot decode being rewritten).
+    stamp: u32,
 }
 
 fn encode(c: &Claim, lease: Duration) -> Vec<u8> {
@@ -122,21 +134,35 @@ fn encode(c: &Claim, lease: Duration) -> Vec<u8> {
     e.buf
 }
 
-/// A claim's bytes; None if they are not a claim this build reads (a
-/// damaged claim counts as absent: it cannot hold the lease, and its
-/// store's next renewal rewrites it).
-fn decode(buf: &[u8]) -> Option<Claim> {
-    if buf.get(..8)? != MAGIC {
-        return None;
-    }
-    let body = crate::format::unseal(buf, std::path::Path::new("lease claim"), 0).ok()?;
-    let mut d = Decoder::new(&body[8..]);
-    let (version, state) = (d.u32()?, d.u32()?);
-    if version != VERSION || !(state == HELD || state == RELEASED) {
-        return None;
-    }
-    let (store, epoch, _lease_ms, renewals) = (d.u64()?, d.u64()?, d.u64()?, d.u64()?);
-    Some(Claim { store, epoch, renewals, released: state == RELEASED })
+/// A claim's bytes, found at key (`epoch`, `store`). Bytes that do not
+/// decode (damage, or a newer version of this format during an upgrade)
+/// make a claim that is held: it is waited out like a silent holder,
+/// never taken as released.
+fn decode(buf: &[u8], epoch: u64, store: u64) -> Claim {
+    // Not the crc of the whole sealed buffer: that is the same constant
+    // for every sealed buffer (the crc of data followed by its crc).
+    let stamp = crate::format::crc32c(&buf[..buf.len().saturating_sub(4)]) ^ buf.len() as u32;
+    let held = Claim { store, epoch, renewals: 0, released: false, stamp };
+    let parse = || -> Option<Claim> {
+        if buf.get(..8)? != MAGIC {
+            return None;
+        }
+        let body = crate::format::unseal(buf, std::path::Path::new("lease claim"), 0).ok()?;
+        let mut d = Decoder::new(&body[8..]);
+        let (version, state) = (d.u32()?, d.u32()?);
+        if version != VERSION || !(state == HELD || state == RELEASED) {
+            return None;
+        }
+        let (c_store, c_epoch, _lease_ms, renewals) = (d.u64()?, d.u64()?, d.u64()?, d.u64()?);
+        ((c_store, c_epoch) == (store, epoch)).then_some(Claim {
+            store,
+            epoch,
+            renewals,
+            released: state == RELEASED,
+            stamp,
+        })
+    };
+    parse().unwrap_or(held)
 }
 
 fn key(prefix: &str, epoch: u64, store: u64) -> String {
@@ -150,35 +176,56 @@ fn parse_key(prefix: &str, key: &str) -> Option<(u64, u64)> {
     Some((hex(epoch)?, hex(store)?))
 }
 
-/// The claims under `prefix`. A claim whose bytes do not decode (or
-/// disagree with its key) counts as released: its epoch is taken, but it
-/// cannot hold the lease (its store's next renewal rewrites it).
-fn claims(objects: &dyn Objects, prefix: &str) -> Result<Vec<Claim>, ObjectError> {
+/// The (epoch, store) of every claim under `prefix`, by key only.
+fn claim_keys(objects: &dyn Objects, prefix: &str) -> Result<Vec<(u64, u64)>, ObjectError> {
     let mut out = Vec::new();
     let mut after: Option<String> = None;
     loop {
         let page = objects.list(prefix, after.as_deref(), 1000)?;
         let Some(last) = page.last() else { break };
         after = Some(last.key.clone());
-        for info in &page {
-            let Some((epoch, store)) = parse_key(prefix, &info.key) else { continue };
-            let damaged = Claim { store, epoch, renewals: 0, released: true };
-            match objects.get(&info.key) {
-                Ok(bytes) => out
-                    .push(decode(&bytes).filter(|c| (c.epoch, c.store) == (epoch, store)).unwrap_or(damaged)),
-                Err(e) if e.kind == ObjectErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
+        out.extend(page.iter().filter_map(|i| parse_key(prefix, &i.key)));
     }
     Ok(out)
 }
 
-/// The newest epoch and its holder (lowest store id not released), if any.
-fn newest(claims: &[Claim]) -> Option<(u64, Option<Claim>)> {
-    let epoch = claims.iter().map(|c| c.epoch).max()?;
-    let holder = claims.iter().filter(|c| c.epoch == epoch && !c.released).min_by_key(|c| c.store).copied();
-    Some((epoch, holder))
+/// One claim read back; None if it is gone.
+fn read_claim(
+    objects: &dyn Objects,
+    prefix: &str,
+    epoch: u64,
+    store: u64,
+) -> Result<Option<Claim>, ObjectError> {
+    match objects.get(&key(prefix, epoch, store)) {
+        Ok(bytes) => Ok(Some(decode(&bytes, epoch, store))),
+        Err(e) if e.kind == ObjectErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The claims not released at epochs `>= min_epoch` (only those are read:
+/// older epochs are fenced and never matter again).
+fn live_claims(
+    objects: &dyn Objects,
+    prefix: &str,
+    keys: &[(u64, u64)],
+    min_epoch: u64,
+) -> Result<Vec<Claim>, ObjectError> {
+    let mut out = Vec::new();
+    for &(epoch, store) in keys.iter().filter(|(e, _)| *e >= min_epoch) {
+        out.extend(read_claim(objects, prefix, epoch, store)?.filter(|c| !c.released));
+    }
+    Ok(out)
+}
+
+/// What watching a holder's claims found.
+enum Watch {
+    /// Unchanged for a whole `lease + margin`, or released or gone.
+    Expired,
+    /// Rewritten (renewed): its store is alive.
+    Alive(Claim),
+    /// A newer epoch was claimed meanwhile: look again.
+    Changed,
 }
 
 /// A held lease. Dropping it does not release it (a crashed holder does
@@ -192,11 +239,19 @@ pub struct Lease<'o> {
     deadline: Instant,
 }
 
+/// Listings per acquire round before it gives up as contended (each may
+/// wait out a holder once).
+const LISTINGS_PER_ROUND: u32 = 4;
+
 impl<'o> Lease<'o> {
     /// Acquires the lease under `prefix` (a "directory" key ending in `/`)
-    /// for `store` (see the module docs). Waits at most about `lease +
-    /// margin + 3 * claim_bound` per round, and tries `rounds` rounds
-    /// when claims collide or run late.
+    /// for `store` (see the module docs), in at most `rounds` rounds when
+    /// claims collide or run late. A round waits at most about
+    /// `4 * (lease + margin) + 3 * claim_bound` plus request times.
+    ///
+    /// `store` must be unique per process holding the lease: a claim of
+    /// our own id at the newest epoch is taken as left by our own earlier
+    /// run (the store's directory lock proves that run is gone).
     pub fn acquire(
         objects: &'o dyn Objects,
         prefix: &str,
@@ -206,25 +261,34 @@ impl<'o> Lease<'o> {
     ) -> Result<Lease<'o>, LeaseError> {
         let mut contended = 0;
         for round in 0..rounds.max(1) {
-            // A holder found silent for a whole lease (its claim unchanged):
-            // if the next listing still shows it so, it has expired.
-            let mut expired: Option<Claim> = None;
-            let (listed, e0) = loop {
+            // Holders found silent for a whole lease: if the next listing
+            // shows exactly them, unchanged, they have expired.
+            let mut expired: Vec<Claim> = Vec::new();
+            let mut found = None;
+            for _ in 0..LISTINGS_PER_ROUND {
                 let listed = Instant::now();
-                let all = claims(objects, prefix)?;
-                let (e0, holder) = newest(&all).unwrap_or((0, None));
-                match holder.filter(|w| w.store != store) {
-                    Some(w) if expired != Some(w) => {
-                        if !Self::silent(objects, prefix, w, &cfg)? {
-                            return Err(LeaseError::Held { store: w.store, epoch: w.epoch });
-                        }
-                        expired = Some(w);
-                    }
-                    _ => break (listed, e0),
+                let keys = claim_keys(objects, prefix)?;
+                let e0 = keys.iter().map(|k| k.0).max().unwrap_or(0);
+                let others: Vec<Claim> = live_claims(objects, prefix, &keys, e0.max(1))?
+                    .into_iter()
+                    .filter(|c| c.store != store)
+                    .collect();
+                if others.is_empty() || others == expired {
+                    found = Some((listed, e0));
+                    break;
                 }
+                match Self::watch(objects, prefix, &others, &cfg)? {
+                    Watch::Alive(w) => return Err(LeaseError::Held { store: w.store, epoch: w.epoch }),
+                    Watch::Expired => expired = others,
+                    Watch::Changed => expired.clear(),
+                }
+            }
+            let Some((listed, e0)) = found else {
+                contended = contended.max(1);
+                continue;
             };
             let epoch = e0 + 1;
-            let me = Claim { store, epoch, renewals: 0, released: false };
+            let me = Claim { store, epoch, renewals: 0, released: false, stamp: 0 };
             objects.put(&key(prefix, epoch, store), &encode(&me, cfg.lease))?;
             let put_done = Instant::now();
             if put_done - listed > cfg.claim_bound {
@@ -238,12 +302,25 @@ impl<'o> Lease<'o> {
                 continue;
             }
             std::thread::sleep(2 * cfg.claim_bound);
-            let all = claims(objects, prefix)?;
-            let rival_lower = all.iter().any(|c| c.epoch == epoch && !c.released && c.store < store);
-            let newer =
-                all.iter().filter(|c| c.epoch > epoch && !c.released).min_by_key(|c| (c.epoch, c.store));
-            if rival_lower || newer.is_some() {
+            let keys = claim_keys(objects, prefix)?;
+            let live = live_claims(objects, prefix, &keys, epoch)?;
+            let rival_lower = live.iter().any(|c| c.epoch == epoch && c.store < store);
+            let newer = live.iter().any(|c| c.epoch > epoch);
+            // A holder waited out must not have renewed since it was judged
+            // expired (a renewal that landed late).
+            let mut renewed = None;
+            for w in &expired {
+                if read_claim(objects, prefix, w.epoch, w.store)?
+                    .is_some_and(|c| c.stamp != w.stamp && !c.released)
+                {
+                    renewed = Some(*w);
+                }
+            }
+            if rival_lower || newer || renewed.is_some() {
                 Self::mark_released(objects, prefix, me, &cfg)?;
+                if let Some(w) = renewed {
+                    return Err(LeaseError::Held { store: w.store, epoch: w.epoch });
+                }
                 contended = epoch;
                 // Back off a little, differently per store, before the next round.
                 std::thread::sleep(cfg.claim_bound / 4 * (1 + (store % 4) as u32));
@@ -260,30 +337,37 @@ impl<'o> Lease<'o> {
         Err(LeaseError::Contended { epoch: contended })
     }
 
-    /// True once `w`'s claim has stayed unchanged for `lease + margin`;
-    /// false as soon as it changes (its store renews it).
-    fn silent(objects: &dyn Objects, prefix: &str, w: Claim, cfg: &LeaseConfig) -> Result<bool, ObjectError> {
+    /// Watches `holders` (the live claims of one epoch) for `lease +
+    /// margin`: alive as soon as one is rewritten, expired if none is.
+    fn watch(
+        objects: &dyn Objects,
+        prefix: &str,
+        holders: &[Claim],
+        cfg: &LeaseConfig,
+    ) -> Result<Watch, ObjectError> {
         let started = Instant::now();
-        let k = key(prefix, w.epoch, w.store);
+        let epoch = holders.iter().map(|c| c.epoch).max().unwrap_or(0);
         let poll = (cfg.lease / 8).max(Duration::from_millis(1));
         while started.elapsed() < cfg.lease + cfg.margin {
             std::thread::sleep(poll);
-            match objects.get(&k) {
-                Ok(bytes) => match decode(&bytes) {
-                    Some(c) if c.released => return Ok(true),
-                    Some(c) if c.renewals != w.renewals => return Ok(false),
-                    _ => {}
-                },
-                Err(e) if e.kind == ObjectErrorKind::NotFound => return Ok(true),
-                Err(e) => return Err(e),
+            let mut gone = 0;
+            for w in holders {
+                match read_claim(objects, prefix, w.epoch, w.store)? {
+                    Some(c) if c.released => gone += 1,
+                    Some(c) if c.stamp != w.stamp => return Ok(Watch::Alive(c)),
+                    Some(_) => {}
+                    None => gone += 1,
+                }
             }
-            // A newer epoch appeared: someone else is acquiring; look again.
-            let all = claims(objects, prefix)?;
-            if all.iter().any(|c| c.epoch > w.epoch && !c.released) {
-                return Ok(false);
+            if gone == holders.len() {
+                return Ok(Watch::Expired);
+            }
+            let keys = claim_keys(objects, prefix)?;
+            if keys.iter().any(|k| k.0 > epoch) {
+                return Ok(Watch::Changed);
             }
         }
-        Ok(true)
+        Ok(Watch::Expired)
     }
 
     fn mark_released(
@@ -313,11 +397,14 @@ impl<'o> Lease<'o> {
 
     /// Extends the lease, or finds it lost. A store failure leaves the
     /// deadline where it was (the lease runs out unless a later renewal
-    /// succeeds in time).
+    /// succeeds in time). A renewal whose PUT returns after the current
+    /// deadline does not count (a rival may have begun its wait before it
+    /// landed): the lease is lost.
     pub fn renew(&mut self) -> Result<(), LeaseError> {
         let started = Instant::now();
-        let all = claims(self.objects, &self.prefix)?;
-        if let Some(c) = all.iter().filter(|c| c.epoch > self.me.epoch && !c.released).min_by_key(|c| c.epoch)
+        let keys = claim_keys(self.objects, &self.prefix)?;
+        if let Some(c) =
+            live_claims(self.objects, &self.prefix, &keys, self.me.epoch + 1)?.iter().min_by_key(|c| c.epoch)
         {
             self.deadline = started.min(self.deadline);
             return Err(LeaseError::Lost { by_store: c.store, epoch: c.epoch });
@@ -329,6 +416,9 @@ impl<'o> Lease<'o> {
         let next = Claim { renewals: self.me.renewals + 1, ..self.me };
         self.objects.put(&key(&self.prefix, next.epoch, next.store), &encode(&next, self.cfg.lease))?;
         self.me = next;
+        if !self.is_valid() {
+            return Err(LeaseError::Lost { by_store: 0, epoch: self.me.epoch });
+        }
         self.deadline = started + self.cfg.lease - self.cfg.margin;
         Ok(())
     }
