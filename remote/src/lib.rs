@@ -81,6 +81,26 @@ impl RemoteConfig {
     }
 }
 
+impl RemoteConfig {
+    /// The configuration `ci/garage start` writes to its `env` file
+    /// (`CASBLK_GARAGE_ENDPOINTS`, `_BUCKET`, `_REGION`, `_KEY_ID`,
+    /// `_SECRET`), with the default bounds: what the tests and
+    /// `ci/bench remote` connect with.
+    pub fn from_garage_env(path: &std::path::Path) -> Result<RemoteConfig, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let vars: std::collections::HashMap<&str, &str> =
+            text.lines().filter_map(|l| l.split_once('=')).collect();
+        let var = |k: &str| vars.get(k).copied().ok_or_else(|| format!("{}: no {k}", path.display()));
+        Ok(RemoteConfig::new(
+            var("CASBLK_GARAGE_ENDPOINTS")?.split(',').map(str::to_string).collect(),
+            var("CASBLK_GARAGE_BUCKET")?,
+            var("CASBLK_GARAGE_REGION")?,
+            var("CASBLK_GARAGE_KEY_ID")?,
+            var("CASBLK_GARAGE_SECRET")?,
+        ))
+    }
+}
+
 /// The bucket, over S3. See the module docs.
 pub struct S3Objects {
     runtime: tokio::runtime::Runtime,
@@ -168,7 +188,7 @@ impl S3Objects {
     /// Writes a probe key twice with a conditional create: a store that
     /// refuses the second enforces `put_new`. The probe key is deleted.
     fn probe_put_new(&self) -> ObjectResult<bool> {
-        let key = format!("probe/{:016x}", rand_u64());
+        let key = format!("probe/{:016x}", rand::random::<u64>());
         let create = || {
             self.request(&key, |c, p| async move {
                 let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
@@ -324,14 +344,4 @@ impl Objects for S3Objects {
             r => r,
         }
     }
-}
-
-/// A random 64-bit value for probe keys (std's hasher is randomly seeded).
-fn rand_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
-    );
-    h.finish()
 }

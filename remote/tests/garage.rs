@@ -9,7 +9,6 @@
 
 use cas::objects::{ObjectErrorKind, Objects};
 use casblk_remote::{RemoteConfig, S3Objects};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -17,7 +16,7 @@ use std::time::{Duration, Instant};
 /// A running cluster, stopped on drop.
 struct Cluster {
     dir: PathBuf,
-    env: HashMap<String, String>,
+    config: RemoteConfig,
 }
 
 fn script() -> PathBuf {
@@ -55,28 +54,12 @@ impl Cluster {
             .output()
             .expect("run ci/garage");
         assert!(out.status.success(), "ci/garage start: {}", String::from_utf8_lossy(&out.stderr));
-        let text = std::fs::read_to_string(dir.join("env")).expect("ci/garage's env file");
-        let env = text
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Some(Cluster { dir, env })
-    }
-
-    fn var(&self, name: &str) -> &str {
-        self.env.get(name).map(String::as_str).unwrap_or_else(|| panic!("{name} missing from the env file"))
+        let config = RemoteConfig::from_garage_env(&dir.join("env")).unwrap_or_else(|e| panic!("{e}"));
+        Some(Cluster { dir, config })
     }
 
     fn config(&self) -> RemoteConfig {
-        let endpoints = self.var("CASBLK_GARAGE_ENDPOINTS").split(',').map(str::to_string).collect();
-        RemoteConfig::new(
-            endpoints,
-            self.var("CASBLK_GARAGE_BUCKET"),
-            self.var("CASBLK_GARAGE_REGION"),
-            self.var("CASBLK_GARAGE_KEY_ID"),
-            self.var("CASBLK_GARAGE_SECRET"),
-        )
+        self.config.clone()
     }
 
     fn node(&self, what: &str, n: u32) {

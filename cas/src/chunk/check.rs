@@ -194,9 +194,8 @@ fn load_index(storage: &dyn Storage, dir: &Path, report: &mut FsckReport) -> Opt
             bits.entry(at.pack).or_default().set(at.slot);
         }
     } else {
-        let live = |at: &ChunkLoc| bits.get(&at.pack).is_some_and(|b| b.get(at.slot));
         for (hash, at) in ordered {
-            if live(&at) {
+            if slots::is_live(&bits, at) {
                 map.insert(hash, at);
             }
         }

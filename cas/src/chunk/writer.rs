@@ -35,12 +35,8 @@ use crate::error::{Error, Result};
 use crate::format;
 use crate::storage::OpenMode;
 use std::collections::hash_map::{Entry, HashMap};
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// The live bits of every pack, by pack id.
-type BitsMap = BTreeMap<u32, Bits>;
 
 /// Chunks per pwrite (4 MiB): bounds the run buffer.
 pub(crate) const RUN_CHUNKS: usize = 1024;
@@ -334,7 +330,7 @@ impl ChunkStore {
         let result = (|| {
             self.sync_packs(&dirty, dir_dirty)?;
             let (run_id, slots_id) = (s.root.next_file_id, s.root.next_file_id + 1);
-            let valid = |at: ChunkLoc| bits.get(&at.pack).is_some_and(|b| b.get(at.slot));
+            let valid = |at: ChunkLoc| slots::is_live(&bits, at);
             let entries = dedup::sorted_entries(&frozen);
             let new = dedup::write_merged(
                 self.storage.as_ref(),
@@ -421,7 +417,7 @@ impl ChunkStore {
     pub(crate) fn merge_runs(
         &self,
         s: &mut super::SyncState,
-        durable_bits: Option<&Arc<BitsMap>>,
+        durable_bits: Option<&Arc<slots::PackBits>>,
     ) -> Result<()> {
         loop {
             if let Some(job) = &s.merge {
@@ -461,8 +457,7 @@ impl ChunkStore {
             let run_id = s.root.next_file_id;
             s.root.next_file_id += 1;
             let bits = bits.clone();
-            let valid: dedup::merge::Valid =
-                Box::new(move |at: ChunkLoc| bits.get(&at.pack).is_some_and(|b| b.get(at.slot)));
+            let valid: dedup::merge::Valid = Box::new(move |at: ChunkLoc| slots::is_live(&bits, at));
             let spec = dedup::merge::MergeSpec {
                 storage: self.storage.clone(),
                 dir: self.dir.clone(),
@@ -545,7 +540,7 @@ impl ChunkStore {
     }
 
     /// The live bits of every pack, for a flush's slots file or a merge.
-    fn bits_snapshot(&self, w: &Writer) -> BitsMap {
+    fn bits_snapshot(&self, w: &Writer) -> slots::PackBits {
         w.packs.iter().map(|(&id, p)| (id, p.live_bits.clone())).collect()
     }
 

@@ -81,11 +81,6 @@ impl MemObjects {
         self.state().objects.keys().cloned().collect()
     }
 
-    /// Bytes of every object whose key starts with `prefix`.
-    pub fn bytes_under(&self, prefix: &str) -> u64 {
-        self.state().objects.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v.len() as u64).sum()
-    }
-
     /// Runs `op` on the objects unless a fault is due.
     fn with<T>(
         &self,

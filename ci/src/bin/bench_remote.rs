@@ -21,8 +21,9 @@
 use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES};
 use cas::objects::Objects;
 use cas::storage::FsStorage;
+use casblk_ci::compaction_data::block_content;
+use casblk_ci::{results_dir, workspace_root, write_results};
 use casblk_remote::{RemoteConfig, S3Objects};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -31,23 +32,16 @@ use std::time::Instant;
 const SYNC_EVERY_MIB: u64 = 64;
 const BATCH_CHUNKS: u64 = 1024;
 
-fn fill(id: u64, out: &mut [u8]) {
-    let mut x = id.wrapping_add(0x51_7CC1_B727_220A).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for w in out.chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        w.copy_from_slice(&x.to_le_bytes());
-    }
-}
-
 fn mib_s(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / (1 << 20) as f64 / secs
 }
 
 /// Runs `ci/garage` with `args`; its stdout.
 fn garage(args: &[&str]) -> String {
-    let out = std::process::Command::new("ci/garage").args(args).output().expect("run ci/garage");
+    let out = std::process::Command::new(workspace_root().join("ci/garage"))
+        .args(args)
+        .output()
+        .expect("run ci/garage");
     assert!(out.status.success(), "ci/garage {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -66,7 +60,7 @@ fn local_append(dir: &Path, mib: u64) -> (f64, Vec<PathBuf>) {
     while id < total {
         let n = BATCH_CHUNKS.min(total - id);
         for (k, b) in blocks.chunks_exact_mut(CHUNK_BYTES).take(n as usize).enumerate() {
-            fill(id + k as u64, b);
+            block_content(id + k as u64, b);
         }
         let items: Vec<(ChunkHash, &[u8])> =
             blocks.chunks_exact(CHUNK_BYTES).take(n as usize).map(|b| (ChunkHash::of(b), b)).collect();
@@ -113,25 +107,13 @@ fn upload(objects: &Arc<S3Objects>, packs: &[PathBuf], in_flight: usize) -> f64 
 
 fn main() {
     let mib: u64 = std::env::var("BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
-    let root = PathBuf::from("target/bench");
+    let root = results_dir();
     let garage_dir = root.join("remote-garage");
     // BENCH_NODES=1: the same against one node (how much replication costs).
     let nodes = std::env::var("BENCH_NODES").unwrap_or_else(|_| "3".into());
     let env_path = garage(&["start", "--nodes", &nodes, "--dir", &garage_dir.to_string_lossy()]);
-    let env: HashMap<String, String> = std::fs::read_to_string(env_path.trim())
-        .expect("ci/garage's env file")
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let var = |k: &str| env.get(k).cloned().unwrap_or_else(|| panic!("{k} missing"));
-    let mut cfg = RemoteConfig::new(
-        var("CASBLK_GARAGE_ENDPOINTS").split(',').map(str::to_string).collect(),
-        &var("CASBLK_GARAGE_BUCKET"),
-        &var("CASBLK_GARAGE_REGION"),
-        &var("CASBLK_GARAGE_KEY_ID"),
-        &var("CASBLK_GARAGE_SECRET"),
-    );
+    let mut cfg = RemoteConfig::from_garage_env(std::path::Path::new(env_path.trim()))
+        .unwrap_or_else(|e| panic!("{e}"));
     // BENCH_UNSIGNED=1: requests sign no body hash (RemoteConfig::unsigned_payload).
     let unsigned = std::env::var("BENCH_UNSIGNED").is_ok_and(|v| v == "1");
     cfg.unsigned_payload = unsigned;
@@ -167,7 +149,6 @@ fn main() {
         "unsigned_payload": unsigned,
         "targets": { "upload_over_append_min": 0.5, "met": ratio >= 0.5 },
     });
-    let text = serde_json::to_string_pretty(&v).expect("json");
-    std::fs::write(root.join("remote.json"), &text).expect("write target/bench/remote.json");
-    println!("{text}");
+    write_results("remote", &v);
+    println!("{}", serde_json::to_string_pretty(&v).expect("json"));
 }

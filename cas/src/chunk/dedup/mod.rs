@@ -441,13 +441,31 @@ mod tests {
         ChunkLoc { pack: 1 + (i >> 10) as u32, slot: (i & 1023) as u32, crc: i as u32 }
     }
 
+    /// Storage with the directory `/d` for runs, and an empty index whose
+    /// summary covers every partition within `budget` bytes.
+    fn index(budget: u64) -> (MemStorage, DedupIndex) {
+        let s = MemStorage::new();
+        s.create_dir_all(Path::new("/d")).unwrap();
+        (s, DedupIndex::new(summary::PARTITIONS, budget))
+    }
+
+    /// Freezes `idx`'s memtable and writes it as level-0 run `next_id + 1`
+    /// (not installed).
+    fn write_level0(
+        idx: &mut DedupIndex,
+        s: &MemStorage,
+        next_id: &mut u64,
+        valid: &dyn Fn(ChunkLoc) -> bool,
+    ) -> Option<Run> {
+        let frozen = idx.freeze();
+        *next_id += 1;
+        write_merged(s, Path::new("/d"), 1, *next_id, 0, &[], &sorted_entries(&frozen), valid).unwrap()
+    }
+
     /// Flushes `idx`'s memtable the way the chunk store does, then makes
     /// every merge due (in line).
     fn flush(idx: &mut DedupIndex, s: &MemStorage, next_id: &mut u64, valid: &dyn Fn(ChunkLoc) -> bool) {
-        let frozen = idx.freeze();
-        *next_id += 1;
-        let new =
-            write_merged(s, Path::new("/d"), 1, *next_id, 0, &[], &sorted_entries(&frozen), valid).unwrap();
+        let new = write_level0(idx, s, next_id, valid);
         idx.install_flush(new).unwrap();
         while let Some((inputs, level)) = idx.plan_merge() {
             *next_id += 1;
@@ -458,9 +476,7 @@ mod tests {
 
     #[test]
     fn flushes_and_merges_keep_every_entry_findable() {
-        let s = MemStorage::new();
-        s.create_dir_all(Path::new("/d")).unwrap();
-        let mut idx = DedupIndex::new(summary::PARTITIONS, u64::MAX);
+        let (s, mut idx) = index(u64::MAX);
         let mut next_id = 0;
         let all = |_: ChunkLoc| true;
         let mut cost = ProbeCost::default();
@@ -490,9 +506,7 @@ mod tests {
 
     #[test]
     fn newer_entries_win_and_stale_ones_are_dropped_by_merges() {
-        let s = MemStorage::new();
-        s.create_dir_all(Path::new("/d")).unwrap();
-        let mut idx = DedupIndex::new(summary::PARTITIONS, u64::MAX);
+        let (s, mut idx) = index(u64::MAX);
         let mut next_id = 0;
         let all = |_: ChunkLoc| true;
         for i in 0..50 {
@@ -521,16 +535,12 @@ mod tests {
     /// in its inputs' place: the newer runs still win.
     #[test]
     fn a_merge_installed_after_newer_flushes_stays_below_them() {
-        let s = MemStorage::new();
-        s.create_dir_all(Path::new("/d")).unwrap();
-        let mut idx = DedupIndex::new(summary::PARTITIONS, u64::MAX);
+        let (s, mut idx) = index(u64::MAX);
         let all = |_: ChunkLoc| true;
         let mut next_id = 0;
         let flush_only = |idx: &mut DedupIndex, next_id: &mut u64| {
-            let frozen = idx.freeze();
-            *next_id += 1;
-            let new = write_merged(&s, Path::new("/d"), 1, *next_id, 0, &[], &sorted_entries(&frozen), &all);
-            idx.install_flush(new.unwrap()).unwrap();
+            let new = write_level0(idx, &s, next_id, &all);
+            idx.install_flush(new).unwrap();
         };
         for k in 0..FAN_IN as u64 {
             idx.put(hash(k), at(k));
@@ -558,10 +568,9 @@ mod tests {
     /// not), every entry is still found, for a flush and for a merge.
     #[test]
     fn lookups_find_every_entry_midway_through_an_install() {
-        let s = MemStorage::new();
-        s.create_dir_all(Path::new("/d")).unwrap();
-        let mut idx = DedupIndex::new(summary::PARTITIONS, u64::MAX);
+        let (s, mut idx) = index(u64::MAX);
         let all = |_: ChunkLoc| true;
+        let mut next_id = 0;
         let mut cost = ProbeCost::default();
         let check = |idx: &DedupIndex, n: u64, cost: &mut ProbeCost| {
             for i in 0..n {
@@ -572,9 +581,7 @@ mod tests {
             for i in k * 500..(k + 1) * 500 {
                 idx.put(hash(i), at(i));
             }
-            let frozen = idx.freeze();
-            let new =
-                write_merged(&s, Path::new("/d"), 1, k + 1, 0, &[], &sorted_entries(&frozen), &all).unwrap();
+            let new = write_level0(&mut idx, &s, &mut next_id, &all);
             let mut inst = idx.begin_flush(new);
             assert!(!idx.install_step(&mut inst, summary::PARTITIONS / 3).unwrap());
             check(&idx, (k + 1) * 500, &mut cost);
@@ -598,9 +605,7 @@ mod tests {
     /// when a newer one is stale (two copies of a chunk, the newer freed).
     #[test]
     fn a_merge_keeps_the_newest_valid_entry_not_the_newest() {
-        let s = MemStorage::new();
-        s.create_dir_all(Path::new("/d")).unwrap();
-        let mut idx = DedupIndex::new(summary::PARTITIONS, u64::MAX);
+        let (s, mut idx) = index(u64::MAX);
         let mut next_id = 0;
         let older = ChunkLoc { pack: 1, slot: 0, crc: 5 };
         let newer = ChunkLoc { pack: 2, slot: 0, crc: 5 };
@@ -621,11 +626,9 @@ mod tests {
 
     #[test]
     fn over_budget_the_summary_samples_and_dedup_is_lost_not_writes() {
-        let s = MemStorage::new();
-        s.create_dir_all(Path::new("/d")).unwrap();
         // Room for about 3000 elements.
         let budget = summary::Summary::bytes_for(3000);
-        let mut idx = DedupIndex::new(summary::PARTITIONS, budget);
+        let (s, mut idx) = index(budget);
         let mut next_id = 0;
         let all = |_: ChunkLoc| true;
         for i in 0..10_000 {

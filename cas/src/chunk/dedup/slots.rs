@@ -101,6 +101,14 @@ impl Bits {
     }
 }
 
+/// The live bits of every pack, by pack id (a slots file's content).
+pub(crate) type PackBits = BTreeMap<u32, Bits>;
+
+/// True when `bits` shows slot `at` live.
+pub(crate) fn is_live(bits: &PackBits, at: crate::chunk::ChunkLoc) -> bool {
+    bits.get(&at.pack).is_some_and(|b| b.get(at.slot))
+}
+
 /// Encodes the live bits of every pack.
 pub(crate) fn encode(store_id: u64, packs: &BTreeMap<u32, Bits>) -> Vec<u8> {
     let words: usize = packs.values().map(|b| b.words.len()).sum();
