@@ -246,7 +246,9 @@ impl IndexCheck {
                 || *n == format!("{ROOT_FILE}.tmp")
                 || run::parse_run_file_name(n).is_some()
                 || run::is_keys_spill_name(n)
-                || slots::parse_slots_file_name(n).is_some();
+                || slots::parse_slots_file_name(n).is_some()
+                || n == super::remote::catalog::CATALOG_FILE
+                || *n == format!("{}.tmp", super::remote::catalog::CATALOG_FILE);
             if !known && pack::parse_pack_file_name(n).is_none() {
                 let f =
                     Finding::new("unknown-file", None, &dir.join(n), "not a file casblk writes; left alone");
@@ -270,6 +272,7 @@ impl IndexCheck {
             });
         }
         let (store_id, map, bits) = load_index(storage, dir, report)?;
+        check_catalog(storage, dir, store_id, &pack_files, report);
         let mut entries: Vec<Entry> = map
             .into_iter()
             .map(|(hash, at)| Entry {
@@ -430,5 +433,32 @@ impl IndexCheck {
     /// The pack file and byte offset an entry's bytes live at.
     pub fn location(&self, e: &Entry) -> (PathBuf, u64) {
         (self.dir.join(pack::pack_file_name(e.pack)), pack::slot_offset(e.slot))
+    }
+}
+
+/// The remote catalog, if any: it decodes, belongs to this store, and
+/// every pack it holds as sealed (not yet uploaded) is still here.
+fn check_catalog(
+    storage: &dyn Storage,
+    dir: &Path,
+    store_id: u64,
+    pack_files: &[u32],
+    report: &mut FsckReport,
+) {
+    let path = dir.join(super::remote::catalog::CATALOG_FILE);
+    let catalog = match super::remote::Catalog::read(storage, dir) {
+        Ok(Some(c)) => c,
+        Ok(None) => return,
+        Err(e) => return report.problem(Finding::from_error("remote-catalog", None, &path, &e)),
+    };
+    if catalog.store_id != store_id {
+        let detail = format!("belongs to store {:#018x}, not {store_id:#018x}", catalog.store_id);
+        return report.problem(Finding::new("remote-catalog", None, &path, detail));
+    }
+    for (&id, p) in &catalog.packs {
+        if p.phase == super::remote::PackPhase::Sealed && pack_files.binary_search(&id).is_err() {
+            let detail = format!("pack {id:#010x} is sealed for upload but its file is missing");
+            report.problem(Finding::new("remote-catalog", None, &path, detail));
+        }
     }
 }

@@ -45,6 +45,9 @@ pub struct PackUsage {
     pub capacity: u32,
     /// The pack new chunks are appended to (never repacked).
     pub active: bool,
+    /// Sealed for upload, or uploaded (chunk/remote/): its bytes are
+    /// frozen, so it is never repacked or deleted.
+    pub sealed: bool,
 }
 
 impl PackUsage {
@@ -60,6 +63,17 @@ impl PackUsage {
     pub fn file_bytes(&self) -> u64 {
         pack::slot_offset(self.slots)
     }
+}
+
+/// Refuses to move or delete the active pack or a sealed one.
+fn refuse_frozen(w: &super::Writer, id: u32) -> Result<()> {
+    if w.active.as_ref().is_some_and(|a| a.id == id) {
+        return Err(Error::InvalidArgument(format!("pack {id} is the active pack")));
+    }
+    if w.is_sealed(id) {
+        return Err(Error::InvalidArgument(format!("pack {id:#010x} is sealed for upload")));
+    }
+    Ok(())
 }
 
 /// What a sweep did.
@@ -163,6 +177,7 @@ impl ChunkStore {
                 live: p.live,
                 capacity: p.capacity,
                 active: Some(id) == active,
+                sealed: w.is_sealed(id),
             })
             .collect()
     }
@@ -181,9 +196,7 @@ impl ChunkStore {
         self.check_poison()?;
         let live: Vec<u32> = {
             let w = lock(&self.writer);
-            if w.active.as_ref().is_some_and(|a| a.id == id) {
-                return Err(Error::InvalidArgument(format!("pack {id} is the active pack")));
-            }
+            refuse_frozen(&w, id)?;
             let Some(p) = w.packs.get(&id) else { return Err(Error::NotFound(format!("pack {id}"))) };
             p.live_bits.iter().collect()
         };
@@ -284,9 +297,7 @@ impl ChunkStore {
     pub(crate) fn gc_delete_pack(&self, id: u32, moves: Vec<Move>) -> Result<u64> {
         self.sync()?;
         let deletable = |w: &super::Writer| -> Result<()> {
-            if w.active.as_ref().is_some_and(|a| a.id == id) {
-                return Err(Error::InvalidArgument(format!("pack {id} is the active pack")));
-            }
+            refuse_frozen(w, id)?;
             let Some(p) = w.packs.get(&id) else {
                 return Err(Error::NotFound(format!("pack {id}")));
             };

@@ -87,6 +87,7 @@ mod maintenance;
 mod open;
 mod pack;
 mod pin;
+pub mod remote;
 mod writer;
 
 pub(crate) use cache::ClockCache;
@@ -147,6 +148,9 @@ pub struct ChunkStoreOptions {
     /// false runs them inside the flush that makes them due (tests that
     /// cut the storage at every operation want that order fixed).
     pub index_merge_in_background: bool,
+    /// Upload sealed packs to an object store (remote/); None keeps every
+    /// pack local only.
+    pub remote: Option<remote::RemoteOptions>,
 }
 
 impl Default for ChunkStoreOptions {
@@ -157,6 +161,7 @@ impl Default for ChunkStoreOptions {
             index_memory_budget_bytes: 1 << 30,
             index_checkpoint_min_bytes: 4 << 20,
             index_merge_in_background: true,
+            remote: None,
         }
     }
 }
@@ -263,6 +268,11 @@ pub(crate) struct Writer {
     pub dirty: BTreeMap<u32, Arc<dyn StorageFile>>,
     /// A pack file was created since the last sync.
     pub dir_dirty: bool,
+    /// With a remote: this store's host slot (its packs' top 8 bits).
+    pub host_slot: Option<u8>,
+    /// Packs closed for good, with the change sequence a sync must reach
+    /// before they are sealed (remote/): every write to them is before it.
+    pub to_seal: Vec<(u32, u64)>,
 }
 
 /// Sync-side state, behind the sync lock (one sync at a time). Lock order:
@@ -282,6 +292,14 @@ impl Writer {
     /// True when slot `at.slot` of `at.pack` holds a live chunk.
     pub fn is_live(&self, at: ChunkLoc) -> bool {
         self.packs.get(&at.pack).is_some_and(|p| p.live_bits.get(at.slot))
+    }
+
+    /// True for a pack of this store's host slot that is not the active
+    /// one: sealed, or about to be (chunk/remote/), so its bytes must not
+    /// move.
+    pub fn is_sealed(&self, id: u32) -> bool {
+        self.host_slot.is_some_and(|h| remote::catalog::owns(h, id))
+            && self.active.as_ref().is_none_or(|a| a.id != id)
     }
 
     /// Marks slot `at` to be kept by the current GC pass.
@@ -365,6 +383,8 @@ pub struct ChunkStore {
     poison_reason: Mutex<String>,
     /// Where the time of [`ChunkStore::open`] went.
     pub(crate) opened: OpenReport,
+    /// The uploads of sealed packs, with a remote.
+    pub(crate) remote: Option<Arc<remote::Remote>>,
 }
 
 pub(crate) use crate::sync::lock;
@@ -374,9 +394,13 @@ fn corrupt(path: &Path, offset: u64, detail: impl Into<String>) -> Error {
 }
 
 impl Drop for ChunkStore {
-    /// Waits for a running merge of index runs: its run, not yet named by
-    /// a root, is deleted by the next open, which must not race its writes.
+    /// Stops the uploader threads, and waits for a running merge of index
+    /// runs: its run, not yet named by a root, is deleted by the next open,
+    /// which must not race its writes.
     fn drop(&mut self) {
+        if let Some(r) = &self.remote {
+            r.stop();
+        }
         let job = self.sync_state.get_mut().unwrap_or_else(|p| p.into_inner()).merge.take();
         if let Some(job) = job {
             let _ = job.wait();

@@ -186,10 +186,20 @@ impl ChunkStore {
             packs.insert(id, PackState::new(slots, header.capacity_slots, live));
             files.insert(id, file);
         }
+        let catalog = super::remote::attach(storage.as_ref(), dir, store_id, opts.remote.as_ref(), &packs)?;
+        let host_slot = catalog.as_ref().map(|c| c.host_slot);
         // Never an id given out before, even if its file is gone (journal.rs).
-        let next_pack_id = pack_ids.iter().max().map_or(1, |m| m + 1).max(next_pack_floor);
-        // Keep appending to the newest pack if it has room.
-        let active = packs.iter().next_back().and_then(|(&id, p)| {
+        let mut next_pack_id = pack_ids.iter().max().map_or(1, |m| m + 1).max(next_pack_floor);
+        if let Some(h) = host_slot {
+            next_pack_id = next_pack_id.max(super::remote::catalog::first_pack_id(h));
+        }
+        // Keep appending to the newest pack if it has room (with a remote:
+        // the newest of this store's host slot, if it is not sealed).
+        let resumable = |id: &u32| match &catalog {
+            Some(c) => super::remote::catalog::owns(c.host_slot, *id) && !c.packs.contains_key(id),
+            None => true,
+        };
+        let active = packs.iter().rfind(|(id, _)| resumable(id)).and_then(|(&id, p)| {
             (p.slots < p.capacity).then(|| ActivePack {
                 id,
                 file: files[&id].clone(),
@@ -197,12 +207,19 @@ impl ChunkStore {
                 capacity: p.capacity,
             })
         });
+        // Packs of the host slot closed before a crash let them be sealed:
+        // every live slot is durable already.
+        let to_seal: Vec<(u32, u64)> = packs
+            .keys()
+            .filter(|id| resumable(id) && active.as_ref().is_none_or(|a| a.id != **id))
+            .map(|&id| (id, 0))
+            .collect();
         report.packs_ms = ms(packs_started);
         report.entries = packs.values().map(|p| u64::from(p.live)).sum();
         report.total_ms = ms(started);
         let cache_entries = (opts.cache_bytes / CHUNK_BYTES as u64) as usize;
         let migrate = report.migrated || root.generation == 0;
-        let store = ChunkStore {
+        let mut store = ChunkStore {
             storage,
             dir: dir.to_path_buf(),
             store_id,
@@ -223,6 +240,8 @@ impl ChunkStore {
                 seq: 0,
                 dirty: BTreeMap::new(),
                 dir_dirty: false,
+                host_slot,
+                to_seal: if opts.remote.is_some() { to_seal } else { Vec::new() },
             }),
             sync_state: Mutex::new(SyncState { journal, durable_seq: 0, root, merge: None }),
             pins: pin::Pins::new(),
@@ -238,6 +257,7 @@ impl ChunkStore {
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(String::new()),
             opened: report,
+            remote: None,
         };
         {
             let mut w = super::lock(&store.writer);
@@ -249,6 +269,9 @@ impl ChunkStore {
             // The whole old journal becomes the first run (with the next
             // pack id in the root) before any pack is created.
             store.flush(&mut super::lock(&store.sync_state))?;
+        }
+        if let (Some(ropts), Some(catalog)) = (&opts.remote, catalog) {
+            store.start_remote(ropts, catalog)?;
         }
         Ok(store)
     }

@@ -225,7 +225,24 @@ impl ChunkStore {
             }
         }
         self.note_slots(w);
+        if w.host_slot.is_some() {
+            // Full, so it is sealed for upload once a sync covers its last
+            // write (this call's runs into it are published after it).
+            if let Some(a) = w.active.take() {
+                w.seq += 1;
+                let seq = w.seq;
+                w.to_seal.push((a.id, seq));
+            }
+        }
         let id = w.next_pack_id;
+        if let Some(h) = w.host_slot {
+            if !super::remote::catalog::owns(h, id) {
+                return Err(Error::Unavailable(
+                    format!("host slot {h}"),
+                    format!("its {} pack ids are used up", 1u32 << super::remote::catalog::SEQ_BITS),
+                ));
+            }
+        }
         w.next_pack_id = id.checked_add(1).expect("pack id space exhausted");
         // Durable with the first chunks placed in the pack (journal.rs).
         w.pending.push(JournalOp::NextPack { id: w.next_pack_id });
@@ -256,7 +273,7 @@ impl ChunkStore {
         let target = lock(&self.writer).seq;
         let mut s = lock(&self.sync_state);
         if s.durable_seq >= target {
-            return Ok(());
+            return self.seal_durable(s.durable_seq);
         }
         self.check_poison()?;
         let (ops, upto, dirty, dir_dirty) = {
@@ -279,7 +296,7 @@ impl ChunkStore {
         } else if s.merge.as_ref().is_some_and(|j| j.is_finished()) {
             self.merge_runs(&mut s, None)?;
         }
-        Ok(())
+        self.seal_durable(s.durable_seq)
     }
 
     /// Journal bytes past which the index is flushed (`flush_records`).

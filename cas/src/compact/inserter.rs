@@ -86,6 +86,9 @@ impl<'s> Inserter<'s> {
         let state: &'s ImageCompaction = self.state;
         let manifest = &*state.manifest;
         if self.pin.is_none() {
+            // With a remote, bytes not yet uploaded are bounded: wait here,
+            // before the pin (a pin held while waiting would stall GC).
+            self.chunks.wait_upload_room()?;
             self.pin = Some(self.chunks.pin());
         }
         self.merged.clear();

@@ -154,7 +154,7 @@ pub fn run(chunks: &ChunkStore, manifests: &[&Manifest], opts: &GcOptions) -> Re
 
     // Repack.
     for usage in chunks.pack_usage() {
-        if usage.active || usage.slots == 0 {
+        if usage.active || usage.sealed || usage.slots == 0 {
             continue;
         }
         if usage.live == 0 {

@@ -8,7 +8,10 @@
 //!   have to keep up with;
 //! - `upload_mib_s`: PUT of the sealed pack files that wrote (64 MiB
 //!   objects, whole) through `S3Objects`, with 1, 4 and 8 PUTs in flight;
-//!   the best is the figure, each is in `upload_by_in_flight`.
+//!   the best is the figure, each is in `upload_by_in_flight`;
+//! - `pipeline`: the chunk store's own uploader (4 threads) beside the
+//!   appends, with the upload bound: the append rate under uploads, and
+//!   the rate packs reach the bucket, first append to last upload.
 //!
 //! `BENCH_NODES=1` runs one node instead (replication factor 1),
 //! `BENCH_UNSIGNED=1` sends unsigned payloads.
@@ -18,6 +21,7 @@
 //! (docs/plans/remote.md) and are null here. Writes
 //! `target/bench/remote.json` and prints it.
 
+use cas::chunk::remote::RemoteOptions;
 use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES};
 use cas::objects::Objects;
 use cas::storage::FsStorage;
@@ -47,11 +51,13 @@ fn garage(args: &[&str]) -> String {
 }
 
 /// Appends `mib` MiB of unique chunks to a chunk store under `dir`,
-/// syncing every 64 MiB; MiB/s, and the pack files it wrote.
-fn local_append(dir: &Path, mib: u64) -> (f64, Vec<PathBuf>) {
+/// syncing every 64 MiB (with a remote, waiting for upload room before
+/// each batch, as compaction does); the store, MiB/s, and when the first
+/// append began (after the open, which claims a host slot with a remote).
+fn append(dir: &Path, mib: u64, remote: Option<RemoteOptions>) -> (ChunkStore, f64, Instant) {
     let _ = std::fs::remove_dir_all(dir);
-    let chunks_dir = dir.join("chunks");
-    let store = ChunkStore::open(Arc::new(FsStorage::new()), &chunks_dir, ChunkStoreOptions::default())
+    let opts = ChunkStoreOptions { remote, ..ChunkStoreOptions::default() };
+    let store = ChunkStore::open(Arc::new(FsStorage::new()), &dir.join("chunks"), opts)
         .expect("open the chunk store");
     let total = mib * 256;
     let mut blocks = vec![0u8; (BATCH_CHUNKS as usize) * CHUNK_BYTES];
@@ -64,6 +70,7 @@ fn local_append(dir: &Path, mib: u64) -> (f64, Vec<PathBuf>) {
         }
         let items: Vec<(ChunkHash, &[u8])> =
             blocks.chunks_exact(CHUNK_BYTES).take(n as usize).map(|b| (ChunkHash::of(b), b)).collect();
+        store.wait_upload_room().expect("wait for upload room");
         store.insert_missing(&store.pin(), &items).expect("insert");
         id += n;
         if id.is_multiple_of(SYNC_EVERY_MIB * 256) || id == total {
@@ -71,14 +78,46 @@ fn local_append(dir: &Path, mib: u64) -> (f64, Vec<PathBuf>) {
         }
     }
     let rate = mib_s(total * CHUNK_BYTES as u64, started.elapsed().as_secs_f64());
+    (store, rate, started)
+}
+
+/// Appends `mib` MiB locally; MiB/s and the pack files written.
+fn local_append(dir: &Path, mib: u64) -> (f64, Vec<PathBuf>) {
+    let (store, rate, _) = append(dir, mib, None);
     drop(store);
-    let mut packs: Vec<PathBuf> = std::fs::read_dir(&chunks_dir)
+    let mut packs: Vec<PathBuf> = std::fs::read_dir(dir.join("chunks"))
         .expect("list the chunk store")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "pack"))
         .collect();
     packs.sort();
     (rate, packs)
+}
+
+/// The chunk store's own uploader (`threads` PUTs in flight) running
+/// beside the appends: the append rate under uploads and the upload
+/// bound, and the rate at which packs reach the bucket (from the first
+/// append until the last pack is confirmed).
+fn pipeline(dir: &Path, mib: u64, objects: Arc<S3Objects>, threads: usize) -> serde_json::Value {
+    let remote = RemoteOptions { upload_threads: threads, ..RemoteOptions::new(objects) };
+    let (store, append_rate, started) = append(dir, mib, Some(remote));
+    store.seal_active().expect("seal the last pack");
+    while store.remote_stats().expect("remote").sealed_packs > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let total_s = started.elapsed().as_secs_f64();
+    let st = store.remote_stats().expect("remote");
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+    serde_json::json!({
+        "append_mib_s": append_rate,
+        "upload_mib_s": mib_s(st.uploaded_bytes, total_s),
+        "upload_threads": threads,
+        "packs_uploaded": st.uploaded_packs,
+        "upload_errors": st.upload_errors,
+        "upload_waits": st.upload_waits,
+        "upload_wait_ms": st.upload_wait_ms,
+    })
 }
 
 /// PUTs every pack with `in_flight` at a time; MiB/s.
@@ -129,6 +168,7 @@ fn main() {
             best = (rate, in_flight);
         }
     }
+    let pipeline = pipeline(&root.join("remote-store"), mib, objects.clone(), 4);
     garage(&["stop", "--dir", &garage_dir.to_string_lossy()]);
     let _ = std::fs::remove_dir_all(root.join("remote-store"));
     let ratio = best.0 / append;
@@ -138,6 +178,7 @@ fn main() {
         "upload_in_flight": best.1,
         "upload_by_in_flight": by_in_flight,
         "upload_over_append": ratio,
+        "pipeline": pipeline,
         "input_mib": mib,
         "pack_objects": packs.len(),
         "local_read_p99_us": null,

@@ -1,0 +1,212 @@
+//! The remote catalog: which of this store's packs are sealed and which
+//! are uploaded, and the host slot its pack ids are drawn from.
+//!
+//! ```text
+//! chunks/remote-packs (replaced whole with write_atomic):
+//!  0 magic "CASRPACK" | 8 version u32 | 12 host_slot u32 | 16 store_id u64
+//!  24 entries u32 | 28 entries x (pack u32, state u32, slots u32) sorted by pack
+//!  crc32c of everything before it
+//! ```
+//!
+//! A pack enters the catalog as `Sealed` after the sync that made its last
+//! slot durable, before any byte of it is uploaded; it becomes `Uploaded`
+//! only after the object's PUT returned and a HEAD saw its whole length,
+//! and its slot index object was written. A sealed pack is never appended
+//! to again (open does not resume it) and GC neither repacks nor deletes it:
+//! its bytes are what was, or will be, uploaded.
+
+use crate::error::{Error, Result};
+use crate::format::{self, Decoder, Encoder};
+use crate::storage::{write_atomic, OpenMode, Storage};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The catalog's file name in `chunks/`.
+pub const CATALOG_FILE: &str = "remote-packs";
+const MAGIC: [u8; 8] = *b"CASRPACK";
+const VERSION: u32 = 1;
+/// Largest catalog read (about 1.4 M packs, 88 TiB of 64 MiB packs).
+const MAX_CATALOG_BYTES: u64 = 16 << 20;
+
+/// Where a pack is in its upload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackPhase {
+    /// Frozen and durable locally; its upload may not have begun.
+    Sealed,
+    /// The object store holds it whole, with its slot index.
+    Uploaded,
+}
+
+impl PackPhase {
+    fn code(self) -> u32 {
+        match self {
+            PackPhase::Sealed => 1,
+            PackPhase::Uploaded => 2,
+        }
+    }
+
+    fn from_code(code: u32) -> Option<PackPhase> {
+        match code {
+            1 => Some(PackPhase::Sealed),
+            2 => Some(PackPhase::Uploaded),
+            _ => None,
+        }
+    }
+}
+
+/// One catalogued pack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CatalogEntry {
+    pub phase: PackPhase,
+    /// Slots the pack spans: its object is bytes `[0, slot_offset(slots))`.
+    pub slots: u32,
+}
+
+/// See the module docs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Catalog {
+    pub store_id: u64,
+    /// This store's slot in the bucket: its pack ids are `host_slot << 24 | seq`.
+    pub host_slot: u8,
+    pub packs: BTreeMap<u32, CatalogEntry>,
+}
+
+impl Catalog {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::with_capacity(32 + 12 * self.packs.len());
+        e.bytes(&MAGIC).u32(VERSION).u32(u32::from(self.host_slot)).u64(self.store_id);
+        e.u32(u32::try_from(self.packs.len()).expect("catalog entries fit in u32"));
+        for (&id, p) in &self.packs {
+            e.u32(id).u32(p.phase.code()).u32(p.slots);
+        }
+        e.seal();
+        e.buf
+    }
+
+    /// Decodes and checks a catalog; never panics on hostile input.
+    pub fn decode(buf: &[u8], path: &Path) -> Result<Catalog> {
+        let corrupt = |detail: String| Error::Corruption { path: path.to_path_buf(), offset: 0, detail };
+        if buf.len() < 8 || buf[..8] != MAGIC {
+            return Err(corrupt("not a remote pack catalog (bad magic)".into()));
+        }
+        let body = format::unseal(buf, path, 0)?;
+        let mut d = Decoder::new(&body[8..]);
+        let short = || corrupt("remote pack catalog is cut short".into());
+        format::check_version("remote pack catalog", d.u32().ok_or_else(short)?, VERSION)?;
+        let host_slot = d.u32().ok_or_else(short)?;
+        let host_slot = u8::try_from(host_slot)
+            .ok()
+            .filter(|&h| h != 0)
+            .ok_or_else(|| corrupt(format!("host slot {host_slot} is outside 1..=255")))?;
+        let store_id = d.u64().ok_or_else(short)?;
+        let n = d.u32().ok_or_else(short)?;
+        if d.remaining() != n as usize * 12 {
+            return Err(corrupt(format!("{n} entries do not fill {} bytes", d.remaining())));
+        }
+        let mut packs = BTreeMap::new();
+        let mut last = None;
+        for _ in 0..n {
+            let (id, code, slots) =
+                (d.u32().ok_or_else(short)?, d.u32().ok_or_else(short)?, d.u32().ok_or_else(short)?);
+            let phase =
+                PackPhase::from_code(code).ok_or_else(|| corrupt(format!("pack {id}: phase {code}")))?;
+            if last.is_some_and(|l| l >= id) || !owns(host_slot, id) {
+                return Err(corrupt(format!(
+                    "pack {id:#010x} out of order or outside host slot {host_slot}"
+                )));
+            }
+            last = Some(id);
+            packs.insert(id, CatalogEntry { phase, slots });
+        }
+        Ok(Catalog { store_id, host_slot, packs })
+    }
+
+    /// The catalog in `dir`, if there is one.
+    pub fn read(storage: &dyn Storage, dir: &Path) -> Result<Option<Catalog>> {
+        let path = dir.join(CATALOG_FILE);
+        if !storage.exists(&path) {
+            return Ok(None);
+        }
+        let f = storage.open(&path, OpenMode::Existing)?;
+        let len = f.len()?;
+        if len > MAX_CATALOG_BYTES {
+            return Err(Error::Corruption {
+                path,
+                offset: 0,
+                detail: format!("remote catalog of {len} bytes"),
+            });
+        }
+        let mut buf = vec![0u8; len as usize];
+        f.read_exact_at(&mut buf, 0)?;
+        Catalog::decode(&buf, &path).map(Some)
+    }
+
+    /// Replaces the catalog in `dir` durably.
+    pub fn write(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
+        write_atomic(storage, dir, CATALOG_FILE, &self.encode())
+    }
+
+    /// Bytes of sealed packs not yet uploaded.
+    pub fn pending_bytes(&self) -> u64 {
+        self.packs
+            .values()
+            .filter(|p| p.phase == PackPhase::Sealed)
+            .map(|p| super::super::pack::slot_offset(p.slots))
+            .sum()
+    }
+}
+
+/// Bits of a pack id below the host slot.
+pub const SEQ_BITS: u32 = 24;
+
+/// The first pack id of `host_slot`'s range.
+pub fn first_pack_id(host_slot: u8) -> u32 {
+    u32::from(host_slot) << SEQ_BITS | 1
+}
+
+/// True when pack `id` is in `host_slot`'s range.
+pub fn owns(host_slot: u8, id: u32) -> bool {
+    id >> SEQ_BITS == u32::from(host_slot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Catalog {
+        let mut packs = BTreeMap::new();
+        packs.insert(first_pack_id(3), CatalogEntry { phase: PackPhase::Uploaded, slots: 16383 });
+        packs.insert(first_pack_id(3) + 1, CatalogEntry { phase: PackPhase::Sealed, slots: 7 });
+        Catalog { store_id: 0xfeed, host_slot: 3, packs }
+    }
+
+    #[test]
+    fn round_trips_and_refuses_damage_and_newer_versions() {
+        let c = sample();
+        let buf = c.encode();
+        let p = Path::new("/c");
+        assert_eq!(Catalog::decode(&buf, p).unwrap(), c);
+        assert_eq!(c.pending_bytes(), 4096 + 7 * 4096);
+        for i in 0..buf.len() {
+            let mut bad = buf.clone();
+            bad[i] ^= 0x10;
+            assert!(Catalog::decode(&bad, p).is_err(), "flip at {i} accepted");
+        }
+        for cut in 0..buf.len() {
+            assert!(Catalog::decode(&buf[..cut], p).is_err(), "cut at {cut} accepted");
+        }
+        let mut newer = buf.clone();
+        newer[8..12].copy_from_slice(&(VERSION + 1).to_le_bytes());
+        let n = newer.len();
+        let crc = format::crc32c(&newer[..n - 4]);
+        newer[n - 4..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(Catalog::decode(&newer, p), Err(Error::UnsupportedVersion { .. })));
+    }
+
+    #[test]
+    fn refuses_a_pack_outside_its_host_slot() {
+        let mut c = sample();
+        c.packs.insert(5, CatalogEntry { phase: PackPhase::Sealed, slots: 1 });
+        assert!(Catalog::decode(&c.encode(), Path::new("/c")).is_err());
+    }
+}

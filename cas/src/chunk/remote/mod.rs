@@ -1,0 +1,346 @@
+//! Sealed packs uploaded to an object store (issue 18, stage 2): the
+//! catalog of sealed and uploaded packs, the host slot that keeps pack ids
+//! unique across the stores sharing a bucket, the uploader threads, and
+//! the bound on bytes not yet uploaded.
+//!
+//! Lifecycle of a pack of a store with a remote (packs are numbered
+//! `host_slot << 24 | seq`):
+//! 1. **Active**: appended to, as without a remote.
+//! 2. **Sealed**: when it fills, or when [`ChunkStore::seal_active`] or
+//!    the upload bound closes it, it stops taking chunks; after the next
+//!    sync covers its last write it enters the catalog as sealed
+//!    (catalog.rs) and is queued for upload. Open never resumes a sealed
+//!    pack; GC neither repacks nor deletes it.
+//! 3. **Uploaded**: `PUT packs/<id:08x>` with the pack's bytes (header and
+//!    every slot it spans), a HEAD that sees the whole length, `PUT
+//!    packidx/<id:08x>` (packidx.rs), then the catalog records it. A crash
+//!    before that leaves it sealed, and the next open queues it again; the
+//!    PUTs are repeated whole (same key, same bytes).
+//!
+//! The local file stays after the upload (reads from remote packs and the
+//! eviction of local copies are stage 3). Packs from before the store had
+//! a remote (host slot 0) are never uploaded.
+//!
+//! **Bound.** Bytes sealed but not uploaded, plus the active pack's, may
+//! reach `pending_max_bytes`; [`ChunkStore::wait_upload_room`] (called by
+//! compaction before it stores chunks) waits until they are under it,
+//! sealing the active pack when that is what fills it (each caller's next
+//! insert may then pass the bound by its own size). Guests' writes then
+//! wait on log capacity, as they do behind a slow compactor: they wait,
+//! never fail. Uploads retry with backoff for as long as they fail; the
+//! last error is in [`RemoteStats`].
+//!
+//! Memory: each uploader thread holds one pack's bytes while it uploads
+//! it (64 MiB by default).
+
+mod attach;
+pub mod catalog;
+pub mod host_slot;
+pub mod packidx;
+mod seal;
+mod upload;
+
+pub use upload::{pack_key, packidx_key};
+
+pub(crate) use attach::attach;
+pub use catalog::{Catalog, CatalogEntry, PackPhase};
+
+use crate::error::{Error, Result};
+use crate::objects::Objects;
+use crate::storage::{Storage, StorageFile};
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How a chunk store uses an object store.
+#[derive(Clone)]
+pub struct RemoteOptions {
+    pub objects: Arc<dyn Objects>,
+    /// Bytes sealed and not yet uploaded (plus the active pack) past which
+    /// compaction waits (default 512 MiB).
+    pub pending_max_bytes: u64,
+    /// Threads uploading packs, each with one pack in flight (default 2).
+    /// 0 uploads only in [`ChunkStore::upload_sealed`] (for tests that
+    /// need every step in a fixed order).
+    pub upload_threads: usize,
+    /// The bound on a host slot claim's LIST-then-PUT (default 2 s).
+    pub claim_bound: Duration,
+}
+
+impl RemoteOptions {
+    pub fn new(objects: Arc<dyn Objects>) -> RemoteOptions {
+        RemoteOptions {
+            objects,
+            pending_max_bytes: 512 << 20,
+            upload_threads: 2,
+            claim_bound: Duration::from_secs(2),
+        }
+    }
+}
+
+impl std::fmt::Debug for RemoteOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteOptions")
+            .field("objects", &self.objects.describe())
+            .field("pending_max_bytes", &self.pending_max_bytes)
+            .field("upload_threads", &self.upload_threads)
+            .field("claim_bound", &self.claim_bound)
+            .finish()
+    }
+}
+
+/// What the remote side of a chunk store has done (`ChunkStore::remote_stats`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RemoteStats {
+    pub host_slot: u8,
+    /// Packs sealed and not yet uploaded, and their bytes.
+    pub sealed_packs: u64,
+    pub pending_upload_bytes: u64,
+    /// Packs uploaded in the catalog, and bytes uploaded since open.
+    pub uploaded_packs: u64,
+    pub uploaded_bytes: u64,
+    /// Failed upload attempts since open (each is retried), and the last
+    /// one's message.
+    pub upload_errors: u64,
+    pub last_error: Option<String>,
+    /// Times compaction waited on `pending_max_bytes`, and for how long.
+    pub upload_waits: u64,
+    pub upload_wait_ms: u64,
+}
+
+/// One pack to upload: what the uploader needs without the store's locks.
+pub(crate) struct UploadJob {
+    pub id: u32,
+    pub slots: u32,
+    pub file: Arc<dyn StorageFile>,
+    /// Live slots when it was sealed (the slot index lists only these).
+    pub live: crate::chunk::dedup::slots::Bits,
+}
+
+struct State {
+    catalog: Catalog,
+    queue: VecDeque<UploadJob>,
+    stop: bool,
+    stats: RemoteStats,
+}
+
+/// The remote side of an open chunk store, shared with its uploader threads.
+pub(crate) struct Remote {
+    pub objects: Arc<dyn Objects>,
+    pub pending_max_bytes: u64,
+    store_id: u64,
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    state: Mutex<State>,
+    /// Signalled when a job is queued, a pack uploaded, or on stop.
+    changed: Condvar,
+    /// Serialises catalog writes, so an older catalog never replaces a newer.
+    catalog_write: Mutex<()>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Remote {
+    pub(crate) fn new(
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        opts: &RemoteOptions,
+        catalog: Catalog,
+    ) -> Remote {
+        Remote {
+            objects: opts.objects.clone(),
+            pending_max_bytes: opts.pending_max_bytes,
+            store_id: catalog.store_id,
+            storage,
+            dir,
+            state: Mutex::new(State {
+                stats: RemoteStats { host_slot: catalog.host_slot, ..RemoteStats::default() },
+                catalog,
+                queue: VecDeque::new(),
+                stop: false,
+            }),
+            changed: Condvar::new(),
+            catalog_write: Mutex::new(()),
+            threads: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        crate::sync::lock(&self.state)
+    }
+
+    /// Starts `n` uploader threads.
+    pub(crate) fn start(self: &Arc<Remote>, n: usize) -> Result<()> {
+        let mut threads = crate::sync::lock(&self.threads);
+        for i in 0..n {
+            let r = self.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("casblk-upload-{i}"))
+                .spawn(move || r.run())
+                .map_err(|e| Error::io("uploader thread", e))?;
+            threads.push(t);
+        }
+        Ok(())
+    }
+
+    /// Stops the uploader threads (an upload under way finishes or fails
+    /// first) and waits for them.
+    pub(crate) fn stop(&self) {
+        self.state().stop = true;
+        self.changed.notify_all();
+        let threads = std::mem::take(&mut *crate::sync::lock(&self.threads));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+
+    /// True when uploader threads run.
+    pub(crate) fn has_threads(&self) -> bool {
+        !crate::sync::lock(&self.threads).is_empty()
+    }
+
+    /// Records `jobs` as sealed, durably, then queues them. The caller has
+    /// made every slot they span durable.
+    pub(crate) fn seal(&self, jobs: Vec<UploadJob>) -> Result<()> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let _w = crate::sync::lock(&self.catalog_write);
+        let bytes = {
+            let mut s = self.state();
+            for j in &jobs {
+                s.catalog.packs.insert(j.id, CatalogEntry { phase: PackPhase::Sealed, slots: j.slots });
+            }
+            s.catalog.encode()
+        };
+        self.write_catalog(&bytes)?;
+        self.state().queue.extend(jobs);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Queues a pack the catalog already holds as sealed (at open).
+    pub(crate) fn requeue(&self, job: UploadJob) {
+        self.state().queue.push_back(job);
+        self.changed.notify_all();
+    }
+
+    /// Bytes of sealed packs not yet uploaded.
+    pub(crate) fn sealed_bytes(&self) -> u64 {
+        self.state().catalog.pending_bytes()
+    }
+
+    /// Waits until something changes or `timeout` passes.
+    pub(crate) fn wait_changed(&self, timeout: Duration) {
+        let s = self.state();
+        let _ = self.changed.wait_timeout(s, timeout);
+    }
+
+    pub(crate) fn note_wait(&self, waited: Duration) {
+        let mut s = self.state();
+        s.stats.upload_waits += 1;
+        s.stats.upload_wait_ms += waited.as_millis() as u64;
+    }
+
+    pub(crate) fn stats(&self) -> RemoteStats {
+        let s = self.state();
+        let mut st = s.stats.clone();
+        st.sealed_packs = s.catalog.packs.values().filter(|p| p.phase == PackPhase::Sealed).count() as u64;
+        st.uploaded_packs = s.catalog.packs.len() as u64 - st.sealed_packs;
+        st.pending_upload_bytes = s.catalog.pending_bytes();
+        st
+    }
+
+    /// Uploads every queued pack on the calling thread; stops at the first
+    /// failure (the pack stays queued). Returns the packs uploaded.
+    pub(crate) fn upload_queued(&self) -> Result<u64> {
+        let mut n = 0;
+        loop {
+            let Some(job) = self.state().queue.pop_front() else { return Ok(n) };
+            if let Err(e) = self.upload_one(&job) {
+                self.state().queue.push_front(job);
+                return Err(e);
+            }
+            n += 1;
+        }
+    }
+
+    /// An uploader thread: takes queued packs until stopped; a failed
+    /// upload goes to the back of the queue and the thread backs off.
+    fn run(&self) {
+        let mut failures: u32 = 0;
+        loop {
+            let job = {
+                let mut s = self.state();
+                loop {
+                    if s.stop {
+                        return;
+                    }
+                    if let Some(j) = s.queue.pop_front() {
+                        break j;
+                    }
+                    s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            match self.upload_one(&job) {
+                Ok(()) => failures = 0,
+                Err(_) => {
+                    self.state().queue.push_back(job);
+                    failures = failures.saturating_add(1);
+                    let backoff =
+                        Duration::from_millis(100u64 << failures.min(6)).min(Duration::from_secs(5));
+                    let s = self.state();
+                    if !s.stop {
+                        let _ = self.changed.wait_timeout(s, backoff);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Uploads one pack and records it (see the module docs); a failure is
+    /// counted, logged and returned.
+    fn upload_one(&self, job: &UploadJob) -> Result<()> {
+        let result = upload::put_pack(self.objects.as_ref(), self.store_id, job)
+            .and_then(|bytes| self.mark_uploaded(job.id).map(|()| bytes));
+        match result {
+            Ok(bytes) => {
+                self.state().stats.uploaded_bytes += bytes;
+                self.changed.notify_all();
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(pack = job.id, error = %e, "pack upload failed; retrying");
+                let mut s = self.state();
+                s.stats.upload_errors += 1;
+                s.stats.last_error = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    /// Replaces the catalog file; the caller holds `catalog_write`.
+    fn write_catalog(&self, bytes: &[u8]) -> Result<()> {
+        crate::storage::write_atomic(self.storage.as_ref(), &self.dir, catalog::CATALOG_FILE, bytes)
+    }
+
+    fn mark_uploaded(&self, id: u32) -> Result<()> {
+        let _w = crate::sync::lock(&self.catalog_write);
+        let bytes = {
+            let mut s = self.state();
+            if let Some(p) = s.catalog.packs.get_mut(&id) {
+                p.phase = PackPhase::Uploaded;
+            }
+            s.catalog.encode()
+        };
+        let written = self.write_catalog(&bytes);
+        if written.is_err() {
+            // Not durable: it stays sealed and is uploaded again.
+            if let Some(p) = self.state().catalog.packs.get_mut(&id) {
+                p.phase = PackPhase::Sealed;
+            }
+        }
+        written
+    }
+}
