@@ -19,23 +19,35 @@ use std::time::{Duration, Instant};
 const DIR: &str = "/s/chunks";
 const SLOTS: u64 = 8;
 
+/// Uploaded packs keep no local copy past the newest `KEEP_PACKS` (so
+/// reads from the bucket and local deletions are in every test), and the
+/// extent cache holds 2 extents (32 slots).
+const KEEP_PACKS: u64 = 1;
+
 fn remote(objects: &MemObjects, threads: usize) -> RemoteOptions {
     RemoteOptions {
         upload_threads: threads,
         claim_bound: Duration::from_millis(5),
+        local_keep_bytes: KEEP_PACKS * (PACK_HEADER_BYTES + SLOTS * CHUNK_BYTES as u64),
+        cache_bytes: 128 << 10,
+        read_retry: Duration::from_millis(300),
         ..RemoteOptions::new(Arc::new(objects.clone()))
     }
 }
 
-fn open(storage: Arc<dyn Storage>, objects: &MemObjects, threads: usize) -> cas::Result<ChunkStore> {
-    let opts = ChunkStoreOptions {
+fn options(remote: Option<RemoteOptions>) -> ChunkStoreOptions {
+    ChunkStoreOptions {
         pack_bytes: PACK_HEADER_BYTES + SLOTS * CHUNK_BYTES as u64,
         index_checkpoint_min_bytes: 2048,
         index_merge_in_background: false,
-        remote: Some(remote(objects, threads)),
+        cache_bytes: 0,
+        remote,
         ..Default::default()
-    };
-    ChunkStore::open(storage, Path::new(DIR), opts)
+    }
+}
+
+fn open(storage: Arc<dyn Storage>, objects: &MemObjects, threads: usize) -> cas::Result<ChunkStore> {
+    ChunkStore::open(storage, Path::new(DIR), options(Some(remote(objects, threads))))
 }
 
 fn insert(c: &ChunkStore, ids: std::ops::Range<u64>) -> cas::Result<()> {
@@ -64,17 +76,19 @@ fn check_uploads(storage: &dyn Storage, objects: &MemObjects, what: &str) -> u64
         }
         uploaded += 1;
         let object = objects.get(&pack_key(id)).unwrap_or_else(|e| panic!("{what}: pack {id:#x}: {e}"));
-        let f =
-            storage.open(&Path::new(DIR).join(format!("pack-{id:08x}.pack")), OpenMode::Existing).unwrap();
-        let mut local = vec![0u8; object.len()];
-        let have = (f.len().unwrap() as usize).min(local.len());
-        f.read_exact_at(&mut local[..have], 0).unwrap();
         assert_eq!(
             object.len() as u64,
             PACK_HEADER_BYTES + u64::from(p.slots) * CHUNK_BYTES as u64,
             "{what}"
         );
-        assert!(object == local, "{what}: pack {id:#x} differs from its upload");
+        // Deleted locally once uploaded (past KEEP_PACKS), or still here and the same.
+        let path = Path::new(DIR).join(format!("pack-{id:08x}.pack"));
+        if let Ok(f) = storage.open(&path, OpenMode::Existing) {
+            let mut local = vec![0u8; object.len()];
+            let have = (f.len().unwrap() as usize).min(local.len());
+            f.read_exact_at(&mut local[..have], 0).unwrap();
+            assert!(object == local, "{what}: pack {id:#x} differs from its upload");
+        }
         let idx = PackIndex::decode(&objects.get(&packidx_key(id)).unwrap(), Path::new("packidx")).unwrap();
         assert_eq!((idx.pack, idx.slots.len()), (id, p.slots as usize), "{what}");
         for (slot, e) in idx.slots.iter().enumerate() {
@@ -160,6 +174,20 @@ fn check_after_cut(mem: &MemStorage, objects: &MemObjects, acked: &[u64], what: 
         if u.sealed {
             assert!(cat.packs.contains_key(&u.id), "{what}: closed pack {:#x} never sealed", u.id);
         }
+        if u.active {
+            assert!(!cat.packs.contains_key(&u.id), "{what}: appending to sealed pack {:#x}", u.id);
+        }
+    }
+    // Nothing was written to a catalogued pack past what was uploaded.
+    for (&id, p) in &cat.packs {
+        let path = Path::new(DIR).join(format!("pack-{id:08x}.pack"));
+        if let Ok(f) = mem.open(&path, OpenMode::Existing) {
+            let len = f.len().unwrap();
+            assert!(
+                len <= PACK_HEADER_BYTES + u64::from(p.slots) * CHUNK_BYTES as u64,
+                "{what}: pack {id:#x} grew"
+            );
+        }
     }
     check_uploads(mem, objects, what);
     assert_eq!(c.verify(true).unwrap_or_else(|e| panic!("{what}: {e}")), c.len(), "{what}");
@@ -200,10 +228,9 @@ fn an_object_store_failure_at_every_request_loses_nothing() {
         let mem = MemStorage::new();
         let objects = MemObjects::new();
         let mut acked = Vec::new();
-        let c = open(Arc::new(mem.clone()), &objects, 0).unwrap();
+        // From the open on: the host slot claim's requests fail too.
         objects.fault_after(after, ObjectFault::Unreachable);
-        let result = workload(&c, &mut acked);
-        drop(c);
+        let result = open(Arc::new(mem.clone()), &objects, 0).and_then(|c| workload(&c, &mut acked));
         objects.clear_fault();
         match result {
             Ok(()) => break,
@@ -222,11 +249,7 @@ fn writers_wait_on_the_upload_bound_while_the_store_is_down_then_go_on() {
     let mem = MemStorage::new();
     let objects = MemObjects::new();
     let pack = PACK_HEADER_BYTES + SLOTS * CHUNK_BYTES as u64;
-    let opts = ChunkStoreOptions {
-        pack_bytes: pack,
-        remote: Some(RemoteOptions { pending_max_bytes: 2 * pack, ..remote(&objects, 1) }),
-        ..Default::default()
-    };
+    let opts = options(Some(RemoteOptions { pending_max_bytes: 2 * pack, ..remote(&objects, 1) }));
     let c = ChunkStore::open(Arc::new(mem.clone()), Path::new(DIR), opts).unwrap();
     objects.set_fault(ObjectFault::Unreachable);
     let written = std::sync::atomic::AtomicU64::new(0);
@@ -247,6 +270,7 @@ fn writers_wait_on_the_upload_bound_while_the_store_is_down_then_go_on() {
         // The bound is checked before each insert: one insert (here a
         // pack) may go past it.
         assert!(stalled <= 3, "wrote {stalled} packs past a bound of 2 with the store down");
+        assert!(stalled >= 2, "stopped after {stalled} packs: before the bound of 2");
         assert!(st.pending_upload_bytes <= 3 * pack, "{st:?}");
         assert!(st.upload_errors >= 1, "{st:?}");
         assert!(st.last_error.as_deref().is_some_and(|e| e.contains("cannot connect")), "{st:?}");
@@ -260,4 +284,100 @@ fn writers_wait_on_the_upload_bound_while_the_store_is_down_then_go_on() {
     assert!(st.upload_waits >= 1 && st.uploaded_packs >= 7, "{st:?}");
     drop(c);
     assert!(check_uploads(&mem, &objects, "after the outage") >= 7);
+}
+
+fn local_pack_files(storage: &dyn Storage) -> usize {
+    storage.list_dir(Path::new(DIR)).unwrap().iter().filter(|n| n.ends_with(".pack")).count()
+}
+
+fn read_all(c: &ChunkStore, ids: std::ops::Range<u64>) {
+    let mut out = vec![0u8; CHUNK_BYTES];
+    for id in ids {
+        c.read(&block_hash(id), &mut out).unwrap_or_else(|e| panic!("chunk {id}: {e}"));
+        assert_eq!(out, block(id), "chunk {id}");
+    }
+}
+
+#[test]
+fn uploaded_packs_leave_the_disk_and_are_read_from_the_bucket_through_the_cache() {
+    let mem = MemStorage::new();
+    let objects = MemObjects::new();
+    let c = open(Arc::new(mem.clone()), &objects, 0).unwrap();
+    insert(&c, 0..30).unwrap();
+    c.sync().unwrap();
+    c.upload_sealed().unwrap();
+    c.seal_active().unwrap();
+    c.upload_sealed().unwrap();
+    let st = c.remote_stats().unwrap();
+    assert_eq!((st.uploaded_packs, st.local_uploaded_packs, st.evicted_packs), (4, 1, 3), "{st:?}");
+    assert_eq!(local_pack_files(&mem), 1);
+
+    // Cold: every read of an evicted pack misses; a read on a queue thread
+    // (no blocking) is handed back.
+    {
+        let _nowait = cas::storage::nowait_reads();
+        let err = c.read(&block_hash(0), &mut vec![0u8; CHUNK_BYTES]).unwrap_err();
+        assert!(matches!(err, cas::Error::WouldBlock), "{err}");
+    }
+    read_all(&c, 0..30);
+    let cold = c.remote_stats().unwrap();
+    assert!(cold.gets >= 3, "{cold:?}");
+    // The extents just read are cached: the same reads make no GET.
+    read_all(&c, 16..24);
+    let warm = c.remote_stats().unwrap();
+    assert_eq!(warm.gets, cold.gets, "{warm:?}");
+    assert!(warm.cache_hits >= 8, "{warm:?}");
+    assert_eq!(c.verify(true).unwrap(), 30);
+    drop(c);
+
+    // Reopened: the packs only in the bucket are read from there.
+    let c = open(Arc::new(mem.clone()), &objects, 0).unwrap();
+    read_all(&c, 0..30);
+    insert(&c, 30..40).unwrap();
+    c.sync().unwrap();
+    read_all(&c, 0..40);
+    drop(c);
+    // Without its remote the store cannot serve them, and says so.
+    let err = ChunkStore::open(Arc::new(mem.clone()), Path::new(DIR), options(None)).err().expect("opened");
+    assert!(err.to_string().contains("only in the bucket"), "{err}");
+}
+
+#[test]
+fn reads_ride_out_a_short_outage_and_fail_within_their_bound_on_a_long_one() {
+    let mem = MemStorage::new();
+    let objects = MemObjects::new();
+    let c = open(Arc::new(mem.clone()), &objects, 0).unwrap();
+    insert(&c, 0..24).unwrap();
+    c.sync().unwrap();
+    c.upload_sealed().unwrap();
+    assert_eq!(local_pack_files(&mem), 2, "the newest uploaded pack and the active one");
+
+    // Longer than the read bound (300 ms): an error, in about that time.
+    objects.set_fault(ObjectFault::Unreachable);
+    let started = Instant::now();
+    let err = c.read(&block_hash(0), &mut vec![0u8; CHUNK_BYTES]).unwrap_err();
+    let took = started.elapsed();
+    assert!(err.to_string().contains("cannot connect"), "{err}");
+    assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(3), "failed after {took:?}");
+    assert!(c.remote_stats().unwrap().get_retries >= 1);
+
+    // Shorter than the bound: the read waits it out.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(120));
+            objects.clear_fault();
+        });
+        read_all(&c, 0..8);
+    });
+    // A setup error (refused credentials) fails at once (reopened: the
+    // cache is empty).
+    drop(c);
+    let c = open(Arc::new(mem.clone()), &objects, 0).unwrap();
+    objects.set_fault(ObjectFault::Denied);
+    let started = Instant::now();
+    let err = c.read(&block_hash(0), &mut vec![0u8; CHUNK_BYTES]).unwrap_err();
+    assert!(err.to_string().contains("access denied"), "{err}");
+    assert!(started.elapsed() < Duration::from_millis(200));
+    objects.clear_fault();
+    read_all(&c, 0..24);
 }

@@ -360,7 +360,7 @@ pub struct ChunkStore {
     pub(crate) checkpoint_min_bytes: u64,
     pub(crate) merge_in_background: bool,
     pub(crate) index: RwLock<DedupIndex>,
-    pub(crate) files: RwLock<PackFiles>,
+    pub(crate) files: Arc<RwLock<PackFiles>>,
     /// Forward tables of packs GC repacked and deleted (forward.rs).
     pub(crate) forwards: RwLock<forward::Forwards>,
     pub(crate) writer: Mutex<Writer>,

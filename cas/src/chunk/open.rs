@@ -17,6 +17,7 @@ use super::dedup::{DedupIndex, MemTable};
 use super::index::Key;
 use super::journal::{self, Journal, JournalOp};
 use super::pack::{self, PACK_HEADER_BYTES};
+use super::remote::PackPhase;
 use super::{
     corrupt, pin, ActivePack, ChunkLoc, ChunkStore, ChunkStoreOptions, ClockCache, OpenReport, PackFiles,
     PackState, SyncState, Writer, CACHE_SHARDS, CHUNK_BYTES,
@@ -163,7 +164,21 @@ impl ChunkStore {
         let packs_started = Instant::now();
 
         bits.retain(|_, b| b.count() > 0);
-        if let Some(missing) = bits.keys().find(|id| !pack_ids.contains(id)) {
+        let catalog = super::remote::attach(storage.as_ref(), dir, store_id, opts.remote.as_ref(), |id| {
+            pack_ids.contains(&id) && bits.contains_key(&id)
+        })?;
+        // Uploaded packs whose local copy was deleted: read from the bucket.
+        let remote_only: Vec<(u32, u32)> = catalog.as_ref().map_or(Vec::new(), |c| {
+            c.packs
+                .iter()
+                .filter(|(id, p)| {
+                    p.phase == PackPhase::Uploaded && !pack_ids.contains(id) && bits.contains_key(id)
+                })
+                .map(|(&id, p)| (id, p.slots))
+                .collect()
+        });
+        let in_bucket = |id: &u32| remote_only.iter().any(|r| r.0 == *id);
+        if let Some(missing) = bits.keys().find(|id| !pack_ids.contains(id) && !in_bucket(id)) {
             return Err(corrupt(
                 dir,
                 0,
@@ -186,12 +201,32 @@ impl ChunkStore {
             packs.insert(id, PackState::new(slots, header.capacity_slots, live));
             files.insert(id, file);
         }
-        let catalog = super::remote::attach(storage.as_ref(), dir, store_id, opts.remote.as_ref(), &packs)?;
+        let reads = match &opts.remote {
+            Some(r) => Some(super::remote::attach::remote_reads(storage.as_ref(), dir, r)?),
+            None => None,
+        };
+        for &(id, slots) in &remote_only {
+            let Some(reads) = &reads else {
+                return Err(Error::Unavailable(
+                    format!("pack {id:#010x}"),
+                    "it is only in the bucket: open the store with its remote".into(),
+                ));
+            };
+            let live = bits.remove(&id).expect("remote-only packs have live slots");
+            packs.insert(id, PackState::new(slots, slots, live));
+            files.insert(
+                id,
+                Arc::new(super::remote::RemotePackFile::new(id, pack::slot_offset(slots), reads.clone())),
+            );
+        }
         let host_slot = catalog.as_ref().map(|c| c.host_slot);
         // Never an id given out before, even if its file is gone (journal.rs).
         let mut next_pack_id = pack_ids.iter().max().map_or(1, |m| m + 1).max(next_pack_floor);
-        if let Some(h) = host_slot {
-            next_pack_id = next_pack_id.max(super::remote::catalog::first_pack_id(h));
+        if let Some(c) = &catalog {
+            // Catalogued ids too: their objects in the bucket are never written again.
+            let after_catalog = c.packs.keys().next_back().map_or(0, |&id| id + 1);
+            next_pack_id =
+                next_pack_id.max(super::remote::catalog::first_pack_id(c.host_slot)).max(after_catalog);
         }
         // Keep appending to the newest pack if it has room (with a remote:
         // the newest of this store's host slot, if it is not sealed).
@@ -229,7 +264,7 @@ impl ChunkStore {
             checkpoint_min_bytes: opts.index_checkpoint_min_bytes,
             merge_in_background: opts.index_merge_in_background,
             index: RwLock::new(index),
-            files: RwLock::new(files),
+            files: Arc::new(RwLock::new(files)),
             forwards: RwLock::new(forwards),
             writer: Mutex::new(Writer {
                 active,
@@ -270,8 +305,10 @@ impl ChunkStore {
             // pack id in the root) before any pack is created.
             store.flush(&mut super::lock(&store.sync_state))?;
         }
-        if let (Some(ropts), Some(catalog)) = (&opts.remote, catalog) {
-            store.start_remote(ropts, catalog)?;
+        if let (Some(ropts), Some(catalog), Some(reads)) = (&opts.remote, catalog, reads) {
+            let mut local = pack_ids.clone();
+            local.sort_unstable();
+            store.start_remote(ropts, catalog, reads, &local)?;
         }
         Ok(store)
     }

@@ -273,6 +273,8 @@ impl ChunkStore {
         let target = lock(&self.writer).seq;
         let mut s = lock(&self.sync_state);
         if s.durable_seq >= target {
+            // A sync that covered these changes may have failed to seal.
+            self.check_poison()?;
             return self.seal_durable(s.durable_seq);
         }
         self.check_poison()?;

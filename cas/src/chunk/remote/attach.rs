@@ -3,26 +3,47 @@
 //! written), then the uploads of sealed packs started again.
 
 use super::catalog::{Catalog, PackPhase, CATALOG_FILE};
-use super::{host_slot, Remote, RemoteOptions, UploadJob};
-use crate::chunk::{lock, ChunkStore, PackState};
+use super::extent_cache::ExtentCache;
+use super::{host_slot, Remote, RemoteOptions, RemoteReads, UploadJob};
+use crate::chunk::{lock, ChunkStore};
 use crate::error::{Error, Result};
-use crate::storage::Storage;
+use crate::storage::{OpenMode, Storage};
 use std::collections::BTreeMap;
+
+/// The extent cache's file name in `chunks/`.
+pub const CACHE_FILE: &str = "remote-cache";
 use std::path::Path;
 use std::sync::Arc;
+
+/// The shared state of remote pack reads: the extent cache in
+/// `chunks/remote-cache`, emptied.
+pub(crate) fn remote_reads(
+    storage: &dyn Storage,
+    dir: &Path,
+    opts: &RemoteOptions,
+) -> Result<Arc<RemoteReads>> {
+    let file = storage.open(&dir.join(CACHE_FILE), OpenMode::Create)?;
+    Ok(Arc::new(RemoteReads {
+        objects: opts.objects.clone(),
+        cache: ExtentCache::new(file, opts.cache_bytes)?,
+        counters: Default::default(),
+        read_retry: opts.read_retry,
+    }))
+}
 
 /// Host slot claims tried before the open fails.
 const CLAIM_ROUNDS: u32 = 8;
 
 /// The store's catalog at open, if it has one or `opts` asks for a remote:
-/// checked against the store, and without the sealed packs the open
-/// deleted (no live slot left: nothing to upload).
+/// checked against the store, and without the sealed packs the open is
+/// about to delete or lacks (`kept(id)` false: no live slot, or no file):
+/// nothing of them is left to upload.
 pub(crate) fn attach(
     storage: &dyn Storage,
     dir: &Path,
     store_id: u64,
     opts: Option<&RemoteOptions>,
-    packs: &BTreeMap<u32, PackState>,
+    kept: impl Fn(u32) -> bool,
 ) -> Result<Option<Catalog>> {
     match Catalog::read(storage, dir)? {
         Some(mut c) => {
@@ -34,7 +55,7 @@ pub(crate) fn attach(
                 });
             }
             let before = c.packs.len();
-            c.packs.retain(|id, p| p.phase == PackPhase::Uploaded || packs.contains_key(id));
+            c.packs.retain(|&id, p| p.phase == PackPhase::Uploaded || kept(id));
             if c.packs.len() != before {
                 c.write(storage, dir)?;
             }
@@ -60,25 +81,43 @@ pub(crate) fn attach(
 impl ChunkStore {
     /// Queues the sealed packs of `catalog` and those the open found
     /// closed but not sealed, then starts the uploader threads.
-    pub(crate) fn start_remote(&mut self, opts: &RemoteOptions, catalog: Catalog) -> Result<()> {
-        let sealed: Vec<(u32, u32)> = catalog
-            .packs
-            .iter()
-            .filter(|(_, p)| p.phase == PackPhase::Sealed)
-            .map(|(&id, p)| (id, p.slots))
-            .collect();
-        let r = Arc::new(Remote::new(self.storage.clone(), self.dir.clone(), opts, catalog));
+    /// `local` lists the packs with a local file.
+    pub(crate) fn start_remote(
+        &mut self,
+        opts: &RemoteOptions,
+        catalog: Catalog,
+        reads: Arc<RemoteReads>,
+        local: &[u32],
+    ) -> Result<()> {
+        let listed: Vec<(u32, PackPhase, u32)> =
+            catalog.packs.iter().map(|(&id, p)| (id, p.phase, p.slots)).collect();
+        let r = Arc::new(Remote::new(
+            self.storage.clone(),
+            self.dir.clone(),
+            opts,
+            catalog,
+            self.files.clone(),
+            reads,
+        ));
         {
             let w = lock(&self.writer);
             let files = self.read_files();
-            for (id, slots) in sealed {
-                if let (Some(p), Some(file)) = (w.packs.get(&id), files.get(&id)) {
-                    r.requeue(UploadJob { id, slots, file: file.clone(), live: p.live_bits.clone() });
+            for (id, phase, slots) in listed {
+                let (Some(p), Some(file)) = (w.packs.get(&id), files.get(&id)) else { continue };
+                match phase {
+                    PackPhase::Sealed => {
+                        r.requeue(UploadJob { id, slots, file: file.clone(), live: p.live_bits.clone() })
+                    }
+                    PackPhase::Uploaded if local.binary_search(&id).is_ok() => {
+                        r.note_local_uploaded(id, crate::chunk::pack::slot_offset(slots))
+                    }
+                    PackPhase::Uploaded => {}
                 }
             }
         }
         self.remote = Some(r.clone());
         self.seal_durable(0)?;
+        r.evict()?;
         r.start(opts.upload_threads)
     }
 }

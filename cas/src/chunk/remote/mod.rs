@@ -24,8 +24,9 @@
 //! **Bound.** Bytes sealed but not uploaded, plus the active pack's, may
 //! reach `pending_max_bytes`; [`ChunkStore::wait_upload_room`] (called by
 //! compaction before it stores chunks) waits until they are under it,
-//! sealing the active pack when that is what fills it (each caller's next
-//! insert may then pass the bound by its own size). Guests' writes then
+//! sealing the active pack when that is what fills it. Each caller checks
+//! before a batch of inserts (compaction: before each batch, outside its
+//! pin), so it may pass the bound by one batch. Guests' writes then
 //! wait on log capacity, as they do behind a slow compactor: they wait,
 //! never fail. Uploads retry with backoff for as long as they fail; the
 //! last error is in [`RemoteStats`].
@@ -33,9 +34,11 @@
 //! Memory: each uploader thread holds one pack's bytes while it uploads
 //! it (64 MiB by default).
 
-mod attach;
+pub(crate) mod attach;
 pub mod catalog;
+mod extent_cache;
 pub mod host_slot;
+mod pack_file;
 pub mod packidx;
 mod seal;
 mod upload;
@@ -44,13 +47,17 @@ pub use upload::{pack_key, packidx_key};
 
 pub(crate) use attach::attach;
 pub use catalog::{Catalog, CatalogEntry, PackPhase};
+pub(crate) use pack_file::{RemotePackFile, RemoteReads};
 
+use crate::chunk::pack::slot_offset;
+use crate::chunk::PackFiles;
 use crate::error::{Error, Result};
 use crate::objects::Objects;
 use crate::storage::{Storage, StorageFile};
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -67,6 +74,16 @@ pub struct RemoteOptions {
     pub upload_threads: usize,
     /// The bound on a host slot claim's LIST-then-PUT (default 2 s).
     pub claim_bound: Duration,
+    /// Bytes of uploaded packs kept as local files (default 1 GiB); past
+    /// it the oldest uploaded packs are deleted locally and read from the
+    /// bucket.
+    pub local_keep_bytes: u64,
+    /// Bytes of the cache of remote pack extents (`chunks/remote-cache`,
+    /// default 256 MiB).
+    pub cache_bytes: u64,
+    /// How long a read retries a bucket that does not answer before it
+    /// fails (default 30 s).
+    pub read_retry: Duration,
 }
 
 impl RemoteOptions {
@@ -76,6 +93,9 @@ impl RemoteOptions {
             pending_max_bytes: 512 << 20,
             upload_threads: 2,
             claim_bound: Duration::from_secs(2),
+            local_keep_bytes: 1 << 30,
+            cache_bytes: 256 << 20,
+            read_retry: Duration::from_secs(30),
         }
     }
 }
@@ -87,6 +107,9 @@ impl std::fmt::Debug for RemoteOptions {
             .field("pending_max_bytes", &self.pending_max_bytes)
             .field("upload_threads", &self.upload_threads)
             .field("claim_bound", &self.claim_bound)
+            .field("local_keep_bytes", &self.local_keep_bytes)
+            .field("cache_bytes", &self.cache_bytes)
+            .field("read_retry", &self.read_retry)
             .finish()
     }
 }
@@ -108,6 +131,17 @@ pub struct RemoteStats {
     /// Times compaction waited on `pending_max_bytes`, and for how long.
     pub upload_waits: u64,
     pub upload_wait_ms: u64,
+    /// Uploaded packs still local, and their bytes; packs deleted locally
+    /// (read from the bucket since) since open.
+    pub local_uploaded_packs: u64,
+    pub local_uploaded_bytes: u64,
+    pub evicted_packs: u64,
+    /// Reads of remote packs served by the extent cache; ranged GETs, their
+    /// bytes, and GETs retried.
+    pub cache_hits: u64,
+    pub gets: u64,
+    pub get_bytes: u64,
+    pub get_retries: u64,
 }
 
 /// One pack to upload: what the uploader needs without the store's locks.
@@ -122,6 +156,8 @@ pub(crate) struct UploadJob {
 struct State {
     catalog: Catalog,
     queue: VecDeque<UploadJob>,
+    /// Uploaded packs with a local file, oldest upload first, and bytes.
+    local_uploaded: VecDeque<(u32, u64)>,
     stop: bool,
     stats: RemoteStats,
 }
@@ -133,6 +169,11 @@ pub(crate) struct Remote {
     store_id: u64,
     storage: Arc<dyn Storage>,
     dir: PathBuf,
+    /// The store's open pack files: eviction swaps a pack's local handle
+    /// for a remote one there.
+    files: Arc<RwLock<PackFiles>>,
+    pub reads: Arc<RemoteReads>,
+    local_keep_bytes: u64,
     state: Mutex<State>,
     /// Signalled when a job is queued, a pack uploaded, or on stop.
     changed: Condvar,
@@ -147,6 +188,8 @@ impl Remote {
         dir: PathBuf,
         opts: &RemoteOptions,
         catalog: Catalog,
+        files: Arc<RwLock<PackFiles>>,
+        reads: Arc<RemoteReads>,
     ) -> Remote {
         Remote {
             objects: opts.objects.clone(),
@@ -154,10 +197,14 @@ impl Remote {
             store_id: catalog.store_id,
             storage,
             dir,
+            files,
+            reads,
+            local_keep_bytes: opts.local_keep_bytes,
             state: Mutex::new(State {
                 stats: RemoteStats { host_slot: catalog.host_slot, ..RemoteStats::default() },
                 catalog,
                 queue: VecDeque::new(),
+                local_uploaded: VecDeque::new(),
                 stop: false,
             }),
             changed: Condvar::new(),
@@ -249,6 +296,13 @@ impl Remote {
         st.sealed_packs = s.catalog.packs.values().filter(|p| p.phase == PackPhase::Sealed).count() as u64;
         st.uploaded_packs = s.catalog.packs.len() as u64 - st.sealed_packs;
         st.pending_upload_bytes = s.catalog.pending_bytes();
+        st.local_uploaded_packs = s.local_uploaded.len() as u64;
+        st.local_uploaded_bytes = s.local_uploaded.iter().map(|p| p.1).sum();
+        let c = &self.reads.counters;
+        st.cache_hits = c.cache_hits.load(Ordering::Relaxed);
+        st.gets = c.gets.load(Ordering::Relaxed);
+        st.get_bytes = c.get_bytes.load(Ordering::Relaxed);
+        st.get_retries = c.get_retries.load(Ordering::Relaxed);
         st
     }
 
@@ -306,8 +360,16 @@ impl Remote {
             .and_then(|bytes| self.mark_uploaded(job.id).map(|()| bytes));
         match result {
             Ok(bytes) => {
-                self.state().stats.uploaded_bytes += bytes;
+                {
+                    let mut s = self.state();
+                    s.stats.uploaded_bytes += bytes;
+                    s.local_uploaded.push_back((job.id, slot_offset(job.slots)));
+                }
                 self.changed.notify_all();
+                if let Err(e) = self.evict() {
+                    // The pack stays local (and is tried again after the next upload).
+                    tracing::warn!(error = %e, "deleting the local copy of an uploaded pack failed");
+                }
                 Ok(())
             }
             Err(e) => {
@@ -317,6 +379,39 @@ impl Remote {
                 s.stats.last_error = Some(e.to_string());
                 Err(e)
             }
+        }
+    }
+
+    /// Notes an uploaded pack whose local file is kept (at open).
+    pub(crate) fn note_local_uploaded(&self, id: u32, bytes: u64) {
+        self.state().local_uploaded.push_back((id, bytes));
+    }
+
+    /// Deletes the local files of the oldest uploaded packs while they
+    /// take more than `local_keep_bytes`: each pack's handle becomes a
+    /// remote one first, so readers go to the bucket (a reader holding the
+    /// old handle still reads the unlinked file).
+    pub(crate) fn evict(&self) -> Result<()> {
+        loop {
+            let (id, bytes) = {
+                let mut s = self.state();
+                let local: u64 = s.local_uploaded.iter().map(|p| p.1).sum();
+                if local <= self.local_keep_bytes {
+                    return Ok(());
+                }
+                s.local_uploaded.pop_front().expect("over the bound, so not empty")
+            };
+            let remote = Arc::new(RemotePackFile::new(id, bytes, self.reads.clone()));
+            let replaced = {
+                let mut files = self.files.write().unwrap_or_else(|p| p.into_inner());
+                files.get_mut(&id).map(|f| *f = remote).is_some()
+            };
+            if !replaced {
+                continue; // not open any more (no live slot left)
+            }
+            self.storage.remove_file(&self.dir.join(crate::chunk::pack::pack_file_name(id)))?;
+            self.storage.sync_dir(&self.dir)?;
+            self.state().stats.evicted_packs += 1;
         }
     }
 

@@ -17,7 +17,7 @@ impl ChunkStore {
     /// upload. A failure to write the catalog poisons the store.
     pub(crate) fn seal_durable(&self, durable_seq: u64) -> Result<()> {
         let Some(r) = &self.remote else { return Ok(()) };
-        let jobs = {
+        let (jobs, taken) = {
             let mut guard = lock(&self.writer);
             if guard.to_seal.is_empty() {
                 return Ok(());
@@ -25,23 +25,25 @@ impl ChunkStore {
             let w = &mut *guard;
             let files = self.read_files();
             let mut jobs = Vec::new();
+            let mut taken = Vec::new();
             w.to_seal.retain(|&(id, seq)| {
                 if seq > durable_seq {
                     return true;
                 }
+                taken.push((id, seq));
                 if let (Some(p), Some(file)) = (w.packs.get(&id), files.get(&id)) {
-                    jobs.push(UploadJob {
-                        id,
-                        slots: p.slots,
-                        file: file.clone(),
-                        live: p.live_bits.clone(),
-                    });
+                    let live = p.live_bits.clone();
+                    jobs.push(UploadJob { id, slots: p.slots, file: file.clone(), live });
                 }
                 false
             });
-            jobs
+            (jobs, taken)
         };
-        r.seal(jobs).inspect_err(|e| self.poison(e))
+        r.seal(jobs).inspect_err(|e| {
+            // Still to seal (by a reopen: the store is poisoned).
+            lock(&self.writer).to_seal.extend(taken);
+            self.poison(e);
+        })
     }
 
     /// Closes the active pack (if it holds a chunk) and seals it for
@@ -80,7 +82,13 @@ impl ChunkStore {
         let mut waited = false;
         loop {
             self.check_poison()?;
-            let active = lock(&self.writer).active.as_ref().map_or(0, |a| slot_offset(a.next_slot));
+            let active = lock(&self.writer).active.as_ref().map_or(0, |a| {
+                if a.next_slot == 0 {
+                    0
+                } else {
+                    slot_offset(a.next_slot)
+                }
+            });
             let sealed = r.sealed_bytes();
             if sealed + active <= r.pending_max_bytes {
                 if waited {
@@ -89,8 +97,7 @@ impl ChunkStore {
                 return Ok(());
             }
             waited = true;
-            if sealed <= r.pending_max_bytes && active > 0 {
-                self.seal_active()?;
+            if sealed <= r.pending_max_bytes && active > 0 && self.seal_active()?.is_some() {
                 continue;
             }
             if r.has_threads() {
@@ -114,5 +121,43 @@ impl ChunkStore {
     /// What the uploads have done, with a remote.
     pub fn remote_stats(&self) -> Option<RemoteStats> {
         self.remote.as_ref().map(|r| r.stats())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::chunk::remote::RemoteOptions;
+    use crate::chunk::{lock, ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
+    use crate::objects::MemObjects;
+    use crate::storage::MemStorage;
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A closed pack is sealed only once the sync covering its last write
+    /// is durable, whatever else a sync made durable.
+    #[test]
+    fn a_closed_pack_waits_for_the_sync_that_covers_it() {
+        let remote = RemoteOptions {
+            upload_threads: 0,
+            claim_bound: Duration::from_millis(1),
+            ..RemoteOptions::new(Arc::new(MemObjects::new()))
+        };
+        let opts = ChunkStoreOptions {
+            pack_bytes: PACK_HEADER_BYTES + 8 * CHUNK_BYTES as u64,
+            remote: Some(remote),
+            ..Default::default()
+        };
+        let c = ChunkStore::open(Arc::new(MemStorage::new()), Path::new("/c"), opts).unwrap();
+        let blocks: Vec<Vec<u8>> = (1..=9u8).map(|i| vec![i; CHUNK_BYTES]).collect();
+        let items: Vec<(ChunkHash, &[u8])> = blocks.iter().map(|b| (ChunkHash::of(b), &b[..])).collect();
+        c.insert_missing(&c.pin(), &items).unwrap();
+        let (id, seq) = lock(&c.writer).to_seal[0];
+        c.seal_durable(seq - 1).unwrap();
+        assert_eq!(c.remote_stats().unwrap().sealed_packs, 0, "sealed before its writes were durable");
+        assert_eq!(lock(&c.writer).to_seal, vec![(id, seq)]);
+        c.sync().unwrap();
+        assert_eq!(c.remote_stats().unwrap().sealed_packs, 1);
+        assert!(lock(&c.writer).to_seal.is_empty());
     }
 }
