@@ -11,18 +11,26 @@
 //!   the best is the figure, each is in `upload_by_in_flight`;
 //! - `pipeline`: the chunk store's own uploader (4 threads) beside the
 //!   appends, with the upload bound: the append rate under uploads, and
-//!   the rate packs reach the bucket, first append to last upload.
+//!   the rate packs reach the bucket, first append to last upload;
+//! - reads of every 32nd chunk written, shuffled, with no clean chunk
+//!   cache: after the uploads, the store is reopened with no local copy
+//!   kept and reads them by ranged GETs of 64 KiB extents
+//!   (`cold_remote_read_p99_us`); then 5 rounds alternate reading them
+//!   from the extent cache (1 GiB here) and reading the same data from
+//!   the local-only store's packs: `cached_read_p99_us` and
+//!   `local_read_p99_us` are the medians of the rounds' p99s. Target:
+//!   cached <= 1.5 x local.
 //!
 //! `BENCH_NODES=1` runs one node instead (replication factor 1),
 //! `BENCH_UNSIGNED=1` sends unsigned payloads.
 //!
-//! Target: `upload_mib_s >= 0.5 * local_pack_append_mib_s`. The read and
-//! cross-host figures of the issue wait for remote reads and the uploader
-//! (docs/plans/remote.md) and are null here. Writes
+//! Target: `upload_mib_s >= 0.5 * local_pack_append_mib_s`. The
+//! cross-host figure waits for stage 6 (docs/plans/remote.md) and is null
+//! here. Writes
 //! `target/bench/remote.json` and prints it.
 
 use cas::chunk::remote::RemoteOptions;
-use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES};
+use cas::chunk::{ChunkHash, ChunkRef, ChunkStore, ChunkStoreOptions, CHUNK_BYTES};
 use cas::objects::Objects;
 use cas::storage::FsStorage;
 use casblk_ci::compaction_data::block_content;
@@ -52,17 +60,19 @@ fn garage(args: &[&str]) -> String {
 
 /// Appends `mib` MiB of unique chunks to a chunk store under `dir`,
 /// syncing every 64 MiB (with a remote, waiting for upload room before
-/// each batch, as compaction does); the store, MiB/s, and when the first
-/// append began (after the open, which claims a host slot with a remote).
-fn append(dir: &Path, mib: u64, remote: Option<RemoteOptions>) -> (ChunkStore, f64, Instant) {
+/// each batch, as compaction does); the store, MiB/s, when the first
+/// append began (after the open, which claims a host slot with a remote),
+/// and where every `SAMPLE_EVERY`th chunk went.
+fn append(dir: &Path, mib: u64, remote: Option<RemoteOptions>) -> (ChunkStore, f64, Instant, Vec<ChunkRef>) {
     let _ = std::fs::remove_dir_all(dir);
-    let opts = ChunkStoreOptions { remote, ..ChunkStoreOptions::default() };
+    let opts = ChunkStoreOptions { remote, ..read_opts() };
     let store = ChunkStore::open(Arc::new(FsStorage::new()), &dir.join("chunks"), opts)
         .expect("open the chunk store");
     let total = mib * 256;
     let mut blocks = vec![0u8; (BATCH_CHUNKS as usize) * CHUNK_BYTES];
     let started = Instant::now();
     let mut id = 0u64;
+    let (mut refs, mut samples) = (Vec::new(), Vec::new());
     while id < total {
         let n = BATCH_CHUNKS.min(total - id);
         for (k, b) in blocks.chunks_exact_mut(CHUNK_BYTES).take(n as usize).enumerate() {
@@ -71,45 +81,127 @@ fn append(dir: &Path, mib: u64, remote: Option<RemoteOptions>) -> (ChunkStore, f
         let items: Vec<(ChunkHash, &[u8])> =
             blocks.chunks_exact(CHUNK_BYTES).take(n as usize).map(|b| (ChunkHash::of(b), b)).collect();
         store.wait_upload_room().expect("wait for upload room");
-        store.insert_missing(&store.pin(), &items).expect("insert");
+        store.insert_located(&store.pin(), &items, &mut refs).expect("insert");
+        samples.extend(refs.iter().step_by(SAMPLE_EVERY).copied());
         id += n;
         if id.is_multiple_of(SYNC_EVERY_MIB * 256) || id == total {
             store.sync().expect("sync");
         }
     }
     let rate = mib_s(total * CHUNK_BYTES as u64, started.elapsed().as_secs_f64());
-    (store, rate, started)
+    (store, rate, started, samples)
 }
 
-/// Appends `mib` MiB locally; MiB/s and the pack files written.
-fn local_append(dir: &Path, mib: u64) -> (f64, Vec<PathBuf>) {
-    let (store, rate, _) = append(dir, mib, None);
-    drop(store);
+/// Every `SAMPLE_EVERY`th chunk appended is read back in the read arms.
+const SAMPLE_EVERY: usize = 32;
+
+/// The chunk store's options for the read arms: no clean chunk cache, so
+/// every read goes to a pack (local file, extent cache or GET).
+fn read_opts() -> ChunkStoreOptions {
+    ChunkStoreOptions { cache_bytes: 0, ..ChunkStoreOptions::default() }
+}
+
+/// Reads `refs` in a shuffled order; p50 and p99 in microseconds.
+fn read_us(store: &ChunkStore, refs: &[ChunkRef]) -> (f64, f64) {
+    let mut order: Vec<usize> = (0..refs.len()).collect();
+    let mut rng = casblk_ci::XorShift(0x9e37_79b9_7f4a_7c15);
+    for i in (1..order.len()).rev() {
+        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let mut out = vec![0u8; CHUNK_BYTES];
+    let mut ns: Vec<u64> = order
+        .iter()
+        .map(|&i| {
+            let t = Instant::now();
+            store.read_ref(&refs[i], &mut out).expect("read a chunk");
+            t.elapsed().as_nanos() as u64
+        })
+        .collect();
+    ns.sort_unstable();
+    let at = |q: usize| ns[(ns.len() * q / 100).min(ns.len() - 1)] as f64 / 1000.0;
+    (at(50), at(99))
+}
+
+/// Appends `mib` MiB locally; MiB/s, the pack files written, and the
+/// store (kept open: the local arm of the read figures) with its samples.
+fn local_append(dir: &Path, mib: u64) -> (f64, Vec<PathBuf>, ChunkStore, Vec<ChunkRef>) {
+    let (store, rate, _, samples) = append(dir, mib, None);
     let mut packs: Vec<PathBuf> = std::fs::read_dir(dir.join("chunks"))
         .expect("list the chunk store")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "pack"))
         .collect();
     packs.sort();
-    (rate, packs)
+    (rate, packs, store, samples)
 }
 
 /// The chunk store's own uploader (`threads` PUTs in flight) running
 /// beside the appends: the append rate under uploads and the upload
 /// bound, and the rate at which packs reach the bucket (from the first
 /// append until the last pack is confirmed).
-fn pipeline(dir: &Path, mib: u64, objects: Arc<S3Objects>, threads: usize) -> serde_json::Value {
-    let remote = RemoteOptions { upload_threads: threads, ..RemoteOptions::new(objects) };
-    let (store, append_rate, started) = append(dir, mib, Some(remote));
+/// Read rounds, alternating local and cached reads (medians reported).
+const READ_ROUNDS: usize = 5;
+
+/// The median of `v`.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn pipeline(
+    dir: &Path,
+    mib: u64,
+    objects: Arc<S3Objects>,
+    threads: usize,
+    local: &(ChunkStore, Vec<ChunkRef>),
+) -> serde_json::Value {
+    let remote = RemoteOptions {
+        upload_threads: threads,
+        local_keep_bytes: u64::MAX,
+        cache_bytes: 1 << 30,
+        ..RemoteOptions::new(objects)
+    };
+    let (store, append_rate, started, samples) = append(dir, mib, Some(remote.clone()));
     store.seal_active().expect("seal the last pack");
     while store.remote_stats().expect("remote").sealed_packs > 0 {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let total_s = started.elapsed().as_secs_f64();
     let st = store.remote_stats().expect("remote");
+    // Reads: reopened with no local copy kept, from the bucket (cold);
+    // then rounds of the same reads from the extent cache, alternating
+    // with reads of the local store's packs.
+    drop(store);
+    let opts = ChunkStoreOptions { remote: Some(RemoteOptions { local_keep_bytes: 0, ..remote }), ..read_opts() };
+    let store = ChunkStore::open(Arc::new(FsStorage::new()), &dir.join("chunks"), opts).expect("reopen");
+    let evicted = store.remote_stats().expect("remote").evicted_packs;
+    let cold_read = read_us(&store, &samples);
+    let (mut local_rounds, mut cached_rounds) = (Vec::new(), Vec::new());
+    for _ in 0..READ_ROUNDS {
+        local_rounds.push(read_us(&local.0, &local.1));
+        cached_rounds.push(read_us(&store, &samples));
+    }
+    let p50 = |r: &[(f64, f64)]| median(r.iter().map(|x| x.0).collect());
+    let p99 = |r: &[(f64, f64)]| median(r.iter().map(|x| x.1).collect());
+    let local_read = (p50(&local_rounds), p99(&local_rounds));
+    let cached_read = (p50(&cached_rounds), p99(&cached_rounds));
+    let reads = store.remote_stats().expect("remote");
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
     serde_json::json!({
+        "local_read_p99_us": local_read.1,
+        "cached_read_p99_us": cached_read.1,
+        "cold_remote_read_p99_us": cold_read.1,
+        "local_read_p50_us": local_read.0,
+        "cached_read_p50_us": cached_read.0,
+        "cold_remote_read_p50_us": cold_read.0,
+        "reads": samples.len(),
+        "read_rounds": READ_ROUNDS,
+        "local_read_p99_us_by_round": local_rounds.iter().map(|x| x.1).collect::<Vec<_>>(),
+        "cached_read_p99_us_by_round": cached_rounds.iter().map(|x| x.1).collect::<Vec<_>>(),
+        "packs_evicted": evicted,
+        "gets": reads.gets,
+        "cache_hits": reads.cache_hits,
         "append_mib_s": append_rate,
         "upload_mib_s": mib_s(st.uploaded_bytes, total_s),
         "upload_threads": threads,
@@ -158,7 +250,7 @@ fn main() {
     cfg.unsigned_payload = unsigned;
     let objects = Arc::new(S3Objects::open(cfg).unwrap_or_else(|e| panic!("{e}")));
 
-    let (append, packs) = local_append(&root.join("remote-store"), mib);
+    let (append, packs, local_store, local_samples) = local_append(&root.join("remote-local"), mib);
     let mut by_in_flight = serde_json::Map::new();
     let mut best = (0.0f64, 0usize);
     for in_flight in [1usize, 4, 8] {
@@ -168,10 +260,16 @@ fn main() {
             best = (rate, in_flight);
         }
     }
-    let pipeline = pipeline(&root.join("remote-store"), mib, objects.clone(), 4);
+    let local = (local_store, local_samples);
+    let pipeline = pipeline(&root.join("remote-store"), mib, objects.clone(), 4, &local);
+    drop(local);
+    let _ = std::fs::remove_dir_all(root.join("remote-local"));
     garage(&["stop", "--dir", &garage_dir.to_string_lossy()]);
     let _ = std::fs::remove_dir_all(root.join("remote-store"));
     let ratio = best.0 / append;
+    let fig = |k: &str| pipeline[k].as_f64().unwrap_or(f64::NAN);
+    let (local_read, cached_read) = (fig("local_read_p99_us"), fig("cached_read_p99_us"));
+    let cached_ratio = cached_read / local_read;
     let v = serde_json::json!({
         "local_pack_append_mib_s": append,
         "upload_mib_s": best.0,
@@ -181,14 +279,20 @@ fn main() {
         "pipeline": pipeline,
         "input_mib": mib,
         "pack_objects": packs.len(),
-        "local_read_p99_us": null,
-        "cached_read_p99_us": null,
-        "cold_remote_read_p99_us": null,
+        "local_read_p99_us": local_read,
+        "cached_read_p99_us": cached_read,
+        "cold_remote_read_p99_us": fig("cold_remote_read_p99_us"),
+        "cached_over_local_read_p99": cached_ratio,
         "cross_host_stored_over_unique": null,
-        "not_measured_yet": "remote reads, the read cache and cross-host dedup: docs/plans/remote.md stages 3-6",
+        "not_measured_yet": "cross-host dedup: docs/plans/remote.md stage 6",
         "garage": { "version": "2.5.0", "nodes": nodes.parse::<u32>().unwrap_or(0), "replication_factor": nodes.parse::<u32>().unwrap_or(0), "features": "bundled-libs,lmdb" },
         "unsigned_payload": unsigned,
-        "targets": { "upload_over_append_min": 0.5, "met": ratio >= 0.5 },
+        "targets": {
+            "upload_over_append_min": 0.5,
+            "upload_met": ratio >= 0.5,
+            "cached_over_local_read_p99_max": 1.5,
+            "cached_read_met": cached_ratio <= 1.5,
+        },
     });
     write_results("remote", &v);
     println!("{}", serde_json::to_string_pretty(&v).expect("json"));
