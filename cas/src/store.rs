@@ -42,7 +42,7 @@ mod open;
 mod snapshot;
 
 pub use export::ExportReport;
-pub use files::{ImageHeader, ImageKind, IMAGE_VERSION, STORE_VERSION};
+pub use files::{ImageHeader, ImageKind, IMAGE_VERSION, STORE_VERSION, STORE_VERSION_LOCAL};
 pub use fuzz::{fuzz_decode_store_files, fuzz_reseal, fuzz_samples};
 pub use import::ImportReport;
 pub use info::ImageDetail;
@@ -125,7 +125,24 @@ pub struct StoreOptions {
     /// writeback): threads, or a test's stepper (`cas::tasks`).
     #[serde(skip)]
     pub tasks: Tasks,
+    /// Upload sealed packs to an object store and read them back from it
+    /// (cas::chunk::remote); none by default.
+    #[serde(skip)]
+    pub remote: StoreRemote,
 }
+
+/// [`StoreOptions::remote`]: compared by the bucket it names and its
+/// settings.
+#[derive(Clone, Debug, Default)]
+pub struct StoreRemote(pub Option<crate::chunk::remote::RemoteOptions>);
+
+impl PartialEq for StoreRemote {
+    fn eq(&self, other: &StoreRemote) -> bool {
+        format!("{:?}", self.0) == format!("{:?}", other.0)
+    }
+}
+
+impl Eq for StoreRemote {}
 
 impl Default for StoreOptions {
     fn default() -> Self {
@@ -144,6 +161,7 @@ impl Default for StoreOptions {
             index_flush_bytes: 4 << 20,
             background_cpu: BackgroundCpu::default(),
             tasks: Tasks::default(),
+            remote: StoreRemote::default(),
         }
     }
 }
@@ -153,6 +171,15 @@ impl Default for StoreOptions {
 const COMPACTION_SLACK_BYTES: u64 = 2 << 20;
 
 impl StoreOptions {
+    /// The store version these options write (see files.rs).
+    fn store_version(&self) -> u32 {
+        if self.remote.0.is_some() {
+            files::STORE_VERSION
+        } else {
+            files::STORE_VERSION_LOCAL
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         let seg = self.log_segment_bytes;
         if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&seg) || !seg.is_multiple_of(BLOCK_BYTES) {
@@ -278,7 +305,7 @@ impl Store {
         storage.create_dir_all(&dir.join("images"))?;
         storage.create_dir_all(&dir.join("chunks"))?;
         storage.sync_dir(dir)?;
-        files::write_atomic(&*storage, dir, STORE_FILE, &files::encode_store(files::STORE_VERSION))?;
+        files::write_atomic(&*storage, dir, STORE_FILE, &files::encode_store(opts.store_version()))?;
         Store::start(storage, dir, opts, held)
     }
 
@@ -289,9 +316,9 @@ impl Store {
             return Err(Error::NotFound(format!("casblk store at {} (no {STORE_FILE} file)", dir.display())));
         }
         let held = storage.lock_exclusive(&dir.join(LOCK_FILE))?;
-        if files::read_store(&*storage, &dir.join(STORE_FILE))? < files::STORE_VERSION {
+        if files::read_store(&*storage, &dir.join(STORE_FILE))? < opts.store_version() {
             // Before anything of the newer format is written (see files.rs).
-            let bytes = files::encode_store(files::STORE_VERSION);
+            let bytes = files::encode_store(opts.store_version());
             files::write_atomic(&*storage, dir, STORE_FILE, &bytes)?;
         }
         Store::start(storage, dir, opts, held)
@@ -309,6 +336,7 @@ impl Store {
             cache_bytes: opts.chunk_cache_bytes,
             index_memory_budget_bytes: opts.memory_budget_bytes - opts.compaction_memory_bytes,
             index_checkpoint_min_bytes: opts.index_flush_bytes,
+            remote: opts.remote.0.clone(),
             ..ChunkStoreOptions::default()
         };
         let chunks = Arc::new(ChunkStore::open(storage.clone(), &dir.join("chunks"), chunk_opts)?);

@@ -11,7 +11,7 @@ use cas::fsck::{self, FsckOptions};
 use cas::gc::GcOptions;
 use cas::manifest::{Manifest, ManifestOptions};
 use cas::storage::{MemStorage, OpenMode, Storage};
-use cas::store::STORE_VERSION;
+use cas::store::STORE_VERSION_LOCAL;
 use cas::{Image, Store, StoreOptions};
 use common::*;
 use std::sync::Arc;
@@ -198,7 +198,7 @@ fn opening_an_older_store_moves_it_to_the_current_version_first() {
     drop(f);
     assert_eq!(version(&mem), 1);
     let _store = reopen(&mem, opts()).unwrap();
-    assert_eq!(version(&mem), STORE_VERSION);
+    assert_eq!(version(&mem), STORE_VERSION_LOCAL);
 }
 
 fn version(mem: &MemStorage) -> u32 {

@@ -338,7 +338,9 @@ fn uploaded_packs_leave_the_disk_and_are_read_from_the_bucket_through_the_cache(
     read_all(&c, 0..40);
     drop(c);
     // Without its remote the store cannot serve them, and says so.
-    let err = ChunkStore::open(Arc::new(mem.clone()), Path::new(DIR), options(None)).err().expect("opened");
+    let Err(err) = ChunkStore::open(Arc::new(mem.clone()), Path::new(DIR), options(None)) else {
+        panic!("opened without its remote")
+    };
     assert!(err.to_string().contains("only in the bucket"), "{err}");
 }
 

@@ -5,7 +5,7 @@
 mod common;
 
 use cas::storage::{CrashMode, MemStorage, Storage};
-use cas::store::{ImageKind, STORE_VERSION};
+use cas::store::{ImageKind, STORE_VERSION_LOCAL};
 use cas::{Error, Image, Store};
 use common::*;
 use std::sync::Arc;
@@ -42,7 +42,7 @@ fn a_snapshot_holds_the_completed_writes_compacted_or_not_and_none_after() {
     write(&image, 2, 32, 64);
     assert_eq!(
         store_version(&mem),
-        STORE_VERSION,
+        STORE_VERSION_LOCAL,
         "older casblk refuse the store before it holds anything new"
     );
     let name = store.snapshot_image("vm", "s1").unwrap();

@@ -39,7 +39,11 @@ pub const STORE_MAGIC: [u8; 8] = *b"CASSTORE";
 /// journal's pack id floor; 4: the dedup index on disk (runs, root, slots
 /// file, index journal 3). Older stores are read as they are, then moved
 /// to this version when opened for writing.
-pub const STORE_VERSION: u32 = 4;
+pub const STORE_VERSION: u32 = 5;
+/// What a store without a remote is moved to: 5 (pack uploads: a remote
+/// pack catalog whose sealed packs an older casblk would append to and
+/// repack) is written only when a store is opened with a remote.
+pub const STORE_VERSION_LOCAL: u32 = 4;
 pub const IMAGE_MAGIC: [u8; 8] = *b"CASIMAGE";
 pub const IMAGE_VERSION: u32 = 2;
 /// Largest metadata file read (they are tens of bytes).
@@ -186,7 +190,7 @@ mod tests {
         let dir = Path::new("/d");
         s.create_dir_all(dir).unwrap();
         write_atomic(&s, dir, "STORE", &encode_store(STORE_VERSION)).unwrap();
-        assert_eq!(read_store(&s, &dir.join("STORE")).unwrap(), 4);
+        assert_eq!(read_store(&s, &dir.join("STORE")).unwrap(), 5);
         // What such a casblk runs: the same check with 1 as the newest it reads.
         let body = read_sealed(&s, &dir.join("STORE")).unwrap();
         let e = check_magic_version(&mut Decoder::new(&body), STORE_MAGIC, 1, "store", dir).unwrap_err();

@@ -172,7 +172,8 @@ fn pipeline(
     // then rounds of the same reads from the extent cache, alternating
     // with reads of the local store's packs.
     drop(store);
-    let opts = ChunkStoreOptions { remote: Some(RemoteOptions { local_keep_bytes: 0, ..remote }), ..read_opts() };
+    let opts =
+        ChunkStoreOptions { remote: Some(RemoteOptions { local_keep_bytes: 0, ..remote }), ..read_opts() };
     let store = ChunkStore::open(Arc::new(FsStorage::new()), &dir.join("chunks"), opts).expect("reopen");
     let evicted = store.remote_stats().expect("remote").evicted_packs;
     let cold_read = read_us(&store, &samples);
