@@ -17,11 +17,12 @@ use cas::wal::{RecordHeader, RecordKind, SegmentHeader};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-const TARGETS: [&str; 8] = [
+const TARGETS: [&str; 9] = [
     "wal_record",
     "manifest_page",
     "pack_header",
     "pack_forward",
+    "remote_files",
     "chunk_index",
     "dedup_index",
     "store_files",
@@ -84,6 +85,7 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
         "manifest_page" => manifest_seeds(),
         "pack_header" => vec![PackHeader { store_id: 0x5eed, pack_id: 7, capacity_slots: 16383 }.encode()],
         "pack_forward" => vec![cas::chunk::fuzz_sample_forward()],
+        "remote_files" => cas::chunk::remote::fuzz_sample_remote(),
         "chunk_index" => vec![cas::chunk::fuzz_sample_index(1), cas::chunk::fuzz_sample_index(3)],
         "dedup_index" => cas::chunk::fuzz_sample_dedup(),
         "store_files" => cas::store::fuzz_samples(),
@@ -123,6 +125,13 @@ fn run(target: &str, data: &[u8]) -> bool {
                 assert_eq!(t.encode(), data, "decode/encode round trip");
             }
             table.is_ok()
+        }
+        "remote_files" => {
+            let decoded = cas::chunk::remote::fuzz_decode_remote(data);
+            if let Ok(encoded) = &decoded {
+                assert_eq!(encoded, data, "decode/encode round trip");
+            }
+            decoded.is_ok()
         }
         "chunk_index" => cas::chunk::fuzz_replay_index(data).is_ok(),
         "dedup_index" => cas::chunk::fuzz_decode_dedup(data).is_ok(),

@@ -439,3 +439,27 @@ impl Remote {
         written
     }
 }
+
+/// Fuzzing: decodes a remote pack catalog or a pack slot index (chosen by
+/// the magic) and returns its encoding, which must equal the input.
+pub fn fuzz_decode_remote(bytes: &[u8]) -> Result<Vec<u8>> {
+    let path = std::path::Path::new("<fuzz>");
+    if bytes.starts_with(b"CASRPACK") {
+        Catalog::decode(bytes, path).map(|c| c.encode())
+    } else {
+        packidx::PackIndex::decode(bytes, path).map(|i| i.encode())
+    }
+}
+
+/// Fuzzing seeds: a catalog and a slot index.
+pub fn fuzz_sample_remote() -> Vec<Vec<u8>> {
+    let mut packs = std::collections::BTreeMap::new();
+    let first = catalog::first_pack_id(2);
+    packs.insert(first, CatalogEntry { phase: PackPhase::Uploaded, slots: 16383 });
+    packs.insert(first + 1, CatalogEntry { phase: PackPhase::Sealed, slots: 9 });
+    let catalog = Catalog { store_id: 0x5eed, host_slot: 2, packs };
+    let mut pack = vec![0u8; crate::chunk::PACK_HEADER_BYTES as usize + 3 * crate::chunk::CHUNK_BYTES];
+    pack.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 253) as u8);
+    let index = packidx::PackIndex::of_pack(first, 0x5eed, &pack, |slot| slot != 1);
+    vec![catalog.encode(), index.encode()]
+}
