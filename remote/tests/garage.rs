@@ -219,3 +219,69 @@ fn the_lease_works_between_two_stores_on_three_nodes() {
     assert_eq!(a.epoch(), 3);
     assert!(matches!(b.renew(), Err(LeaseError::Lost { by_store: 0xa, epoch: 3 })));
 }
+
+/// The chunk store's uploads and remote reads (cas::chunk::remote) on a
+/// 3-node Garage with one node killed midway through the writes, then
+/// another one during the reads after a reopen: no request fails, and
+/// every chunk reads back from the bucket (no local copy is kept).
+#[test]
+fn a_chunk_store_uploads_and_reads_through_killed_nodes() {
+    use cas::chunk::remote::RemoteOptions;
+    use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions};
+    use std::sync::Arc;
+    let Some(cluster) = Cluster::start("chunk-store", 3) else { return };
+    let objects = Arc::new(S3Objects::open(cluster.config()).unwrap());
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("garage-chunk-store-data");
+    let _ = std::fs::remove_dir_all(&dir);
+    let opts = || ChunkStoreOptions {
+        pack_bytes: 1 << 20,
+        cache_bytes: 0,
+        remote: Some(RemoteOptions {
+            upload_threads: 2,
+            local_keep_bytes: 0,
+            cache_bytes: 1 << 20,
+            claim_bound: Duration::from_millis(500),
+            ..RemoteOptions::new(objects.clone())
+        }),
+        ..ChunkStoreOptions::default()
+    };
+    let storage = Arc::new(cas::storage::FsStorage::new());
+    let c = ChunkStore::open(storage.clone(), &dir, opts()).unwrap();
+    let blocks = 4096u64; // 16 MiB
+    for batch in 0..blocks / 256 {
+        if batch == blocks / 512 {
+            cluster.node("kill", 1);
+        }
+        let data: Vec<Vec<u8>> = (batch * 256..(batch + 1) * 256).map(|i| data(i + 1, 4096)).collect();
+        let items: Vec<(ChunkHash, &[u8])> = data.iter().map(|d| (ChunkHash::of(d), &d[..])).collect();
+        c.wait_upload_room().unwrap();
+        c.insert_missing(&c.pin(), &items).unwrap();
+        c.sync().unwrap();
+    }
+    c.seal_active().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while c.remote_stats().unwrap().sealed_packs > 0 {
+        assert!(Instant::now() < deadline, "uploads did not finish: {:?}", c.remote_stats());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let st = c.remote_stats().unwrap();
+    eprintln!("uploads with node 1 killed midway: {st:?}");
+    assert!(st.uploaded_packs >= 16 && st.evicted_packs == st.uploaded_packs, "{st:?}");
+    drop(c);
+    cluster.node("restart", 1);
+
+    let c = ChunkStore::open(storage, &dir, opts()).unwrap();
+    let mut out = vec![0u8; 4096];
+    for i in 0..blocks {
+        if i == blocks / 2 {
+            cluster.node("kill", 2);
+        }
+        let want = data(i + 1, 4096);
+        c.read(&ChunkHash::of(&want), &mut out).unwrap_or_else(|e| panic!("chunk {i}: {e}"));
+        assert!(out == want, "chunk {i}");
+    }
+    assert!(c.remote_stats().unwrap().gets > 0);
+    drop(c);
+    cluster.node("restart", 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
