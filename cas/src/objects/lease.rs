@@ -178,15 +178,7 @@ fn parse_key(prefix: &str, key: &str) -> Option<(u64, u64)> {
 
 /// The (epoch, store) of every claim under `prefix`, by key only.
 fn claim_keys(objects: &dyn Objects, prefix: &str) -> Result<Vec<(u64, u64)>, ObjectError> {
-    let mut out = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let page = objects.list(prefix, after.as_deref(), 1000)?;
-        let Some(last) = page.last() else { break };
-        after = Some(last.key.clone());
-        out.extend(page.iter().filter_map(|i| parse_key(prefix, &i.key)));
-    }
-    Ok(out)
+    Ok(super::list_all(objects, prefix)?.iter().filter_map(|k| parse_key(prefix, k)).collect())
 }
 
 /// One claim read back; None if it is gone.

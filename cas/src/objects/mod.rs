@@ -84,6 +84,19 @@ impl From<ObjectError> for crate::Error {
 
 pub type ObjectResult<T> = std::result::Result<T, ObjectError>;
 
+/// Every key under `prefix`, in order, LISTed a page of 1000 at a time.
+pub fn list_all(objects: &dyn Objects, prefix: &str) -> ObjectResult<Vec<String>> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = objects.list(prefix, after.as_deref(), 1000)?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.key.clone());
+        out.extend(page.into_iter().map(|i| i.key));
+    }
+    Ok(out)
+}
+
 /// One object a listing found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectInfo {

@@ -34,15 +34,7 @@ fn parse(key: &str) -> Option<(u8, u64)> {
 }
 
 fn claims(objects: &dyn Objects) -> Result<Vec<(u8, u64)>, ObjectError> {
-    let mut out = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let page = objects.list(PREFIX, after.as_deref(), 1000)?;
-        let Some(last) = page.last() else { break };
-        after = Some(last.key.clone());
-        out.extend(page.iter().filter_map(|i| parse(&i.key)));
-    }
-    Ok(out)
+    Ok(crate::objects::list_all(objects, PREFIX)?.iter().filter_map(|k| parse(k)).collect())
 }
 
 /// Claims a free host slot for `store` (see the module docs), trying at
