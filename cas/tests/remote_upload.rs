@@ -7,7 +7,7 @@
 mod chunk_support;
 
 use cas::chunk::remote::packidx::PackIndex;
-use cas::chunk::remote::{pack_key, packidx_key, Catalog, PackPhase, RemoteOptions};
+use cas::chunk::remote::{pack_key, packidx_key, Catalog, PackPhase, RemoteOptions, PART_BYTES};
 use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
 use cas::objects::{MemObjects, ObjectFault, Objects};
 use cas::storage::{CrashMode, MemStorage, OpenMode, Storage};
@@ -75,7 +75,13 @@ fn check_uploads(storage: &dyn Storage, objects: &MemObjects, what: &str) -> u64
             continue;
         }
         uploaded += 1;
-        let object = objects.get(&pack_key(id)).unwrap_or_else(|e| panic!("{what}: pack {id:#x}: {e}"));
+        let len = PACK_HEADER_BYTES + u64::from(p.slots) * CHUNK_BYTES as u64;
+        let mut object = Vec::new();
+        for part in 0..len.div_ceil(PART_BYTES) {
+            let bytes =
+                objects.get(&pack_key(id, part)).unwrap_or_else(|e| panic!("{what}: pack {id:#x}: {e}"));
+            object.extend_from_slice(&bytes);
+        }
         assert_eq!(
             object.len() as u64,
             PACK_HEADER_BYTES + u64::from(p.slots) * CHUNK_BYTES as u64,
@@ -382,4 +388,31 @@ fn reads_ride_out_a_short_outage_and_fail_within_their_bound_on_a_long_one() {
     assert!(started.elapsed() < Duration::from_millis(200));
     objects.clear_fault();
     read_all(&c, 0..24);
+}
+
+#[test]
+fn a_pack_larger_than_one_part_uploads_in_parts_and_reads_back_across_them() {
+    let mem = MemStorage::new();
+    let objects = MemObjects::new();
+    let slots = PART_BYTES / CHUNK_BYTES as u64 + 200; // two parts
+    let opts = ChunkStoreOptions {
+        pack_bytes: PACK_HEADER_BYTES + slots * CHUNK_BYTES as u64,
+        remote: Some(RemoteOptions { local_keep_bytes: 0, ..remote(&objects, 0) }),
+        ..options(None)
+    };
+    let c = ChunkStore::open(Arc::new(mem.clone()), Path::new(DIR), opts).unwrap();
+    for first in (0..slots).step_by(1024) {
+        insert(&c, first..(first + 1024).min(slots)).unwrap();
+    }
+    c.sync().unwrap();
+    c.seal_active().unwrap();
+    c.upload_sealed().unwrap();
+    assert_eq!(local_pack_files(&mem), 0);
+    let parts = objects.keys().iter().filter(|k| k.starts_with("packs/")).count();
+    assert_eq!(parts, 2);
+    assert_eq!(check_uploads(&mem, &objects, "two parts"), 1);
+    // Around the part boundary, and everything.
+    let boundary = (PART_BYTES - PACK_HEADER_BYTES) / CHUNK_BYTES as u64;
+    read_all(&c, boundary - 20..boundary + 20);
+    read_all(&c, 0..slots);
 }

@@ -11,8 +11,9 @@
 //!    sync covers its last write it enters the catalog as sealed
 //!    (catalog.rs) and is queued for upload. Open never resumes a sealed
 //!    pack; GC neither repacks nor deletes it.
-//! 3. **Uploaded**: `PUT packs/<id:08x>` with the pack's bytes (header and
-//!    every slot it spans), a HEAD that sees the whole length, `PUT
+//! 3. **Uploaded**: `PUT packs/<id:08x>/<part:04x>` with the pack's bytes
+//!    (header and every slot it spans) in 16 MiB parts (upload.rs says
+//!    why), a HEAD of each that sees its whole length, `PUT
 //!    packidx/<id:08x>` (packidx.rs), then the catalog records it. A crash
 //!    before that leaves it sealed, and the next open queues it again; the
 //!    PUTs are repeated whole (same key, same bytes).
@@ -43,7 +44,7 @@ pub mod packidx;
 mod seal;
 mod upload;
 
-pub use upload::{pack_key, packidx_key};
+pub use upload::{pack_key, packidx_key, PART_BYTES};
 
 pub(crate) use attach::attach;
 pub use catalog::{Catalog, CatalogEntry, PackPhase};

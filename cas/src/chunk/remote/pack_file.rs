@@ -11,7 +11,7 @@
 //! The pack is immutable: writes, syncs and truncation are refused.
 
 use super::extent_cache::{ExtentCache, EXTENT_BYTES};
-use super::upload::pack_key;
+use super::upload::{pack_key, PART_BYTES};
 use crate::error::{Error, Result};
 use crate::objects::Objects;
 use crate::storage::StorageFile;
@@ -48,13 +48,17 @@ pub(crate) struct RemotePackFile {
 impl RemotePackFile {
     /// Pack `id`, whose object is `len` bytes.
     pub fn new(id: u32, len: u64, reads: Arc<RemoteReads>) -> RemotePackFile {
-        let path = PathBuf::from(format!("{}/{}", reads.objects.describe(), pack_key(id)));
+        let path = PathBuf::from(format!("{}/packs/{id:08x}", reads.objects.describe()));
         RemotePackFile { id, len, path, reads }
     }
 
-    /// Bytes `start..end` of the object, retrying transient failures.
+    /// Bytes `start..end` of the pack (within one part), retrying
+    /// transient failures.
     fn get(&self, start: u64, end: u64) -> Result<Vec<u8>> {
-        let key = pack_key(self.id);
+        let part = start / PART_BYTES;
+        debug_assert_eq!((end - 1) / PART_BYTES, part, "a read spans two parts");
+        let key = pack_key(self.id, part);
+        let (start, end) = (start - part * PART_BYTES, end - part * PART_BYTES);
         let started = Instant::now();
         let mut pause = Duration::from_millis(50);
         loop {
