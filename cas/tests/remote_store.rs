@@ -43,6 +43,11 @@ fn compacted_chunks_go_to_the_bucket_and_are_read_back_from_it() {
     let mem = MemStorage::new();
     let objects = MemObjects::new();
     let store = Store::create(Arc::new(mem.clone()), &store_dir(), opts(Some(&objects))).unwrap();
+    let version = |mem: &MemStorage| {
+        let bytes = mem.durable_bytes(&store_dir().join("STORE")).unwrap();
+        u32::from_le_bytes(bytes[8..12].try_into().unwrap())
+    };
+    assert_eq!(version(&mem), STORE_VERSION, "created with a remote: version 5 from the start");
     store.create_image("vm", 8 << 20).unwrap();
     let image = store.open_image("vm").unwrap();
     // 4 MiB of distinct blocks (about four 1 MiB packs), in 128 KiB writes.
@@ -65,8 +70,7 @@ fn compacted_chunks_go_to_the_bucket_and_are_read_back_from_it() {
     let store = reopen(&mem, opts(Some(&objects))).unwrap();
     let image = store.open_image("vm").unwrap();
     same_tokens(&read_tokens(&image).unwrap(), &want, "reopened");
-    let version = mem.durable_bytes(&store_dir().join("STORE")).unwrap();
-    assert_eq!(u32::from_le_bytes(version[8..12].try_into().unwrap()), STORE_VERSION);
+    assert_eq!(version(&mem), STORE_VERSION);
     drop((image, store));
 
     let Err(err) = reopen(&mem, opts(None)) else { panic!("opened without its remote") };

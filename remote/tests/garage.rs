@@ -260,7 +260,8 @@ fn a_chunk_store_uploads_and_reads_through_killed_nodes() {
     }
     c.seal_active().unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
-    while c.remote_stats().unwrap().sealed_packs > 0 {
+    // Uploaded, and their local copies deleted (after the catalog records them).
+    while c.remote_stats().is_some_and(|s| s.sealed_packs > 0 || s.local_uploaded_packs > 0) {
         assert!(Instant::now() < deadline, "uploads did not finish: {:?}", c.remote_stats());
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -213,6 +213,16 @@ impl ChunkStore {
                 ));
             };
             let live = bits.remove(&id).expect("remote-only packs have live slots");
+            if live.max().is_some_and(|m| m >= slots) {
+                return Err(corrupt(
+                    dir,
+                    0,
+                    format!(
+                        "the index has live slot {:?} in pack {id:#010x}, which was uploaded with {slots}",
+                        live.max()
+                    ),
+                ));
+            }
             packs.insert(id, PackState::new(slots, slots, live));
             files.insert(
                 id,

@@ -117,7 +117,9 @@ impl ChunkStore {
         }
         self.remote = Some(r.clone());
         self.seal_durable(0)?;
-        r.evict()?;
+        if let Err(e) = r.evict() {
+            tracing::warn!(error = %e, "deleting local copies of uploaded packs failed; retried after the next upload");
+        }
         r.start(opts.upload_threads)
     }
 }

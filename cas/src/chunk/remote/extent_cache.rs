@@ -110,7 +110,9 @@ impl ExtentCache {
             }
             let Some(at) = victim else { return Ok(()) };
             if let Slot::Full { key: old, .. } = m.slots[at] {
-                m.by_key.remove(&old);
+                if m.by_key.get(&old) == Some(&at) {
+                    m.by_key.remove(&old);
+                }
             }
             m.slots[at] = Slot::Filling;
             at
@@ -118,6 +120,12 @@ impl ExtentCache {
         let written = self.file.write_all_at(data, slot as u64 * EXTENT_BYTES);
         let mut m = self.map();
         match written {
+            // Another miss on the same extent filled a slot first: keep
+            // that one, so the map never loses track of a filled slot.
+            Ok(()) if m.by_key.contains_key(&key) => {
+                m.slots[slot] = Slot::Empty;
+                Ok(())
+            }
             Ok(()) => {
                 m.generation += 1;
                 let generation = m.generation;

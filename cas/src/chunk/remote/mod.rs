@@ -368,7 +368,7 @@ impl Remote {
                 }
                 self.changed.notify_all();
                 if let Err(e) = self.evict() {
-                    // The pack stays local (and is tried again after the next upload).
+                    // Retried by the next eviction (see `evict`).
                     tracing::warn!(error = %e, "deleting the local copy of an uploaded pack failed");
                 }
                 Ok(())
@@ -395,24 +395,27 @@ impl Remote {
     pub(crate) fn evict(&self) -> Result<()> {
         loop {
             let (id, bytes) = {
-                let mut s = self.state();
+                let s = self.state();
                 let local: u64 = s.local_uploaded.iter().map(|p| p.1).sum();
                 if local <= self.local_keep_bytes {
                     return Ok(());
                 }
-                s.local_uploaded.pop_front().expect("over the bound, so not empty")
+                *s.local_uploaded.front().expect("over the bound, so not empty")
             };
             let remote = Arc::new(RemotePackFile::new(id, bytes, self.reads.clone()));
             let replaced = {
                 let mut files = self.files.write().unwrap_or_else(|p| p.into_inner());
                 files.get_mut(&id).map(|f| *f = remote).is_some()
             };
-            if !replaced {
-                continue; // not open any more (no live slot left)
+            if replaced {
+                // On a failure the pack stays first in line, and the next
+                // eviction (after the next upload, or the next open) retries.
+                self.storage.remove_file(&self.dir.join(crate::chunk::pack::pack_file_name(id)))?;
+                self.storage.sync_dir(&self.dir)?;
             }
-            self.storage.remove_file(&self.dir.join(crate::chunk::pack::pack_file_name(id)))?;
-            self.storage.sync_dir(&self.dir)?;
-            self.state().stats.evicted_packs += 1;
+            let mut s = self.state();
+            s.local_uploaded.pop_front();
+            s.stats.evicted_packs += u64::from(replaced);
         }
     }
 

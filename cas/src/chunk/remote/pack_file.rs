@@ -98,7 +98,16 @@ impl StorageFile for RemotePackFile {
             let (ext, within) = (pos / EXTENT_BYTES, pos % EXTENT_BYTES);
             let want = ((buf.len() - done) as u64).min(EXTENT_BYTES - within).min(self.len - pos) as usize;
             let out = &mut buf[done..done + want];
-            if let Some(n) = self.reads.cache.read(self.id, ext, within, out)? {
+            // A cache file that fails to read is a miss (the GET serves it).
+            let cached = match self.reads.cache.read(self.id, ext, within, out) {
+                Err(Error::WouldBlock) => return Err(Error::WouldBlock),
+                Err(e) => {
+                    tracing::warn!(pack = self.id, error = %e, "reading the remote extent cache failed");
+                    None
+                }
+                Ok(n) => n,
+            };
+            if let Some(n) = cached {
                 if n == want {
                     self.reads.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
                     done += n;
