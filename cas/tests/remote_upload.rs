@@ -416,3 +416,20 @@ fn a_pack_larger_than_one_part_uploads_in_parts_and_reads_back_across_them() {
     read_all(&c, boundary - 20..boundary + 20);
     read_all(&c, 0..slots);
 }
+
+#[test]
+fn a_store_reopened_on_another_bucket_is_refused_and_one_that_is_down_is_not() {
+    let mem = MemStorage::new();
+    let objects = MemObjects::new();
+    let c = open(Arc::new(mem.clone()), &objects, 0).unwrap();
+    insert(&c, 0..4).unwrap();
+    c.sync().unwrap();
+    drop(c);
+    let Err(err) = open(Arc::new(mem.clone()), &MemObjects::new(), 0) else {
+        panic!("opened on another bucket")
+    };
+    assert!(err.to_string().contains("not the bucket the store uploads to"), "{err}");
+    objects.set_fault(ObjectFault::Unreachable);
+    let c = open(Arc::new(mem.clone()), &objects, 0).unwrap();
+    read_all(&c, 0..4);
+}

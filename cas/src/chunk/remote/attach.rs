@@ -31,6 +31,28 @@ pub(crate) fn remote_reads(
     }))
 }
 
+/// Refuses a bucket that does not hold this store's host slot claim (see
+/// host_slot.rs); a bucket that cannot be reached now is let through (the
+/// store works locally and uploads once it answers).
+fn check_claim(o: &RemoteOptions, c: &Catalog) -> Result<()> {
+    let key = host_slot::key(c.host_slot, c.store_id);
+    match o.objects.head(&key) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(Error::Unavailable(
+            o.objects.describe(),
+            format!(
+                "it does not hold this store's claim of host slot {} ({key}): not the bucket the store uploads to",
+                c.host_slot
+            ),
+        )),
+        Err(e) if e.is_transient() => {
+            tracing::warn!(error = %e, "the bucket did not answer at open; uploads wait for it");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Host slot claims tried before the open fails.
 const CLAIM_ROUNDS: u32 = 8;
 
@@ -58,6 +80,9 @@ pub(crate) fn attach(
             c.packs.retain(|&id, p| p.phase == PackPhase::Uploaded || kept(id));
             if c.packs.len() != before {
                 c.write(storage, dir)?;
+            }
+            if let Some(o) = opts {
+                check_claim(o, &c)?;
             }
             if opts.is_none() && c.pending_bytes() > 0 {
                 tracing::warn!(

@@ -17,13 +17,18 @@
 //! good once any key names it (a crashed loser's key only wastes the slot),
 //! and a store never reuses a key of its own found in the bucket: only its
 //! local catalog says which slot it holds.
+//!
+//! The claim also names the bucket to the store: a store reopened on a
+//! bucket without its claim (another bucket, or one emptied) is refused,
+//! since its host slot may be another store's there (attach.rs).
 
 use crate::objects::{ObjectError, ObjectErrorKind, Objects};
 use std::time::{Duration, Instant};
 
 const PREFIX: &str = "hosts/";
 
-fn key(slot: u8, store: u64) -> String {
+/// The claim object of `store` on `slot`.
+pub fn key(slot: u8, store: u64) -> String {
     format!("{PREFIX}{slot:02x}-{store:016x}")
 }
 
