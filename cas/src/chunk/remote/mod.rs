@@ -6,7 +6,7 @@
 //! Lifecycle of a pack of a store with a remote (packs are numbered
 //! `host_slot << 24 | seq`):
 //! 1. **Active**: appended to, as without a remote.
-//! 2. **Sealed**: when it fills, or when [`ChunkStore::seal_active`] or
+//! 2. **Sealed**: when it fills, or when [`ChunkStore::seal_active`](crate::chunk::ChunkStore::seal_active) or
 //!    the upload bound closes it, it stops taking chunks; after the next
 //!    sync covers its last write it enters the catalog as sealed
 //!    (catalog.rs) and is queued for upload. Open never resumes a sealed
@@ -23,7 +23,7 @@
 //! a remote (host slot 0) are never uploaded.
 //!
 //! **Bound.** Bytes sealed but not uploaded, plus the active pack's, may
-//! reach `pending_max_bytes`; [`ChunkStore::wait_upload_room`] (called by
+//! reach `pending_max_bytes`; [`ChunkStore::wait_upload_room`](crate::chunk::ChunkStore::wait_upload_room) (called by
 //! compaction before it stores chunks) waits until they are under it,
 //! sealing the active pack when that is what fills it. Each caller checks
 //! before a batch of inserts (compaction: before each batch, outside its
@@ -70,7 +70,7 @@ pub struct RemoteOptions {
     /// compaction waits (default 512 MiB).
     pub pending_max_bytes: u64,
     /// Threads uploading packs, each with one pack in flight (default 2).
-    /// 0 uploads only in [`ChunkStore::upload_sealed`] (for tests that
+    /// 0 uploads only in [`ChunkStore::upload_sealed`](crate::chunk::ChunkStore::upload_sealed) (for tests that
     /// need every step in a fixed order).
     pub upload_threads: usize,
     /// The bound on a host slot claim's LIST-then-PUT (default 2 s).
