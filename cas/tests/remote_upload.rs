@@ -56,6 +56,15 @@ fn insert(c: &ChunkStore, ids: std::ops::Range<u64>) -> cas::Result<()> {
     c.insert_missing(&c.pin(), &items).map(|_| ())
 }
 
+/// Reads chunks `ids` and checks their bytes; `what` says when.
+fn read_ids(c: &ChunkStore, ids: impl IntoIterator<Item = u64>, what: &str) {
+    let mut out = vec![0u8; CHUNK_BYTES];
+    for id in ids {
+        c.read(&block_hash(id), &mut out).unwrap_or_else(|e| panic!("{what}: chunk {id}: {e}"));
+        assert_eq!(out, block(id), "{what}: chunk {id}");
+    }
+}
+
 fn catalog(storage: &dyn Storage) -> Catalog {
     Catalog::read(storage, Path::new(DIR)).unwrap().expect("a remote catalog")
 }
@@ -139,11 +148,7 @@ fn packs_are_sealed_after_a_sync_uploaded_whole_and_never_appended_again() {
     assert_eq!(active.len(), 1);
     assert!(active[0] > sealed, "appending to sealed pack {sealed:#x} again");
     assert_eq!(check_uploads(&mem, &objects, "reopened"), 4);
-    let mut out = vec![0u8; CHUNK_BYTES];
-    for id in 0..33 {
-        c.read(&block_hash(id), &mut out).unwrap();
-        assert_eq!(out, block(id));
-    }
+    read_all(&c, 0..33);
 }
 
 /// The workload: inserts and syncs across several packs, uploads, and an
@@ -167,11 +172,7 @@ fn workload(c: &ChunkStore, acked: &mut Vec<u64>) -> cas::Result<()> {
 /// finish, and every upload matches its pack.
 fn check_after_cut(mem: &MemStorage, objects: &MemObjects, acked: &[u64], what: &str) {
     let c = open(Arc::new(mem.clone()), objects, 0).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
-    let mut out = vec![0u8; CHUNK_BYTES];
-    for &id in acked {
-        c.read(&block_hash(id), &mut out).unwrap_or_else(|e| panic!("{what}: acked chunk {id}: {e}"));
-        assert_eq!(out, block(id), "{what}");
-    }
+    read_ids(&c, acked.iter().copied(), what);
     c.upload_sealed().unwrap_or_else(|e| panic!("{what}: upload after reopen: {e}"));
     let st = c.remote_stats().unwrap();
     assert_eq!(st.sealed_packs, 0, "{what}: {st:?}");
@@ -297,11 +298,7 @@ fn local_pack_files(storage: &dyn Storage) -> usize {
 }
 
 fn read_all(c: &ChunkStore, ids: std::ops::Range<u64>) {
-    let mut out = vec![0u8; CHUNK_BYTES];
-    for id in ids {
-        c.read(&block_hash(id), &mut out).unwrap_or_else(|e| panic!("chunk {id}: {e}"));
-        assert_eq!(out, block(id), "chunk {id}");
-    }
+    read_ids(c, ids, "");
 }
 
 #[test]

@@ -302,6 +302,18 @@ impl Writer {
             && self.active.as_ref().is_none_or(|a| a.id != id)
     }
 
+    /// Closes the active pack for good (with a remote): it is sealed once a
+    /// sync reaches a change sequence past its last write. Returns its id.
+    pub fn close_active(&mut self) -> Option<u32> {
+        let a = self.active.take()?;
+        if let Some(p) = self.packs.get_mut(&a.id) {
+            p.slots = p.slots.max(a.next_slot);
+        }
+        self.seq += 1;
+        self.to_seal.push((a.id, self.seq));
+        Some(a.id)
+    }
+
     /// Marks slot `at` to be kept by the current GC pass.
     pub fn keep(&mut self, at: ChunkLoc) {
         if let Some(p) = self.packs.get_mut(&at.pack) {

@@ -228,11 +228,7 @@ impl ChunkStore {
         if w.host_slot.is_some() {
             // Full, so it is sealed for upload once a sync covers its last
             // write (this call's runs into it are published after it).
-            if let Some(a) = w.active.take() {
-                w.seq += 1;
-                let seq = w.seq;
-                w.to_seal.push((a.id, seq));
-            }
+            w.close_active();
         }
         let id = w.next_pack_id;
         if let Some(h) = w.host_slot {

@@ -33,7 +33,7 @@ mod sync_guard;
 #[allow(unsafe_code)] // mmap: see the module docs
 mod whole_file;
 
-pub use atomic::{tmp_path, write_atomic};
+pub use atomic::{read_small, tmp_path, write_atomic};
 pub use dry_run::{Change, DryRun};
 pub use fs::{is_memory_fs, FsStorage};
 pub use mem::{CrashMode, Fault, FaultOp, MemStorage};

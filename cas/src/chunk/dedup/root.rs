@@ -18,7 +18,7 @@
 use super::summary::PARTITIONS;
 use crate::error::{Error, Result};
 use crate::format::{self, Decoder, Encoder};
-use crate::storage::{write_atomic, OpenMode, Storage};
+use crate::storage::{read_small, write_atomic, Storage};
 use std::path::Path;
 
 pub(crate) const ROOT_FILE: &str = "index-root";
@@ -98,16 +98,7 @@ impl Root {
     /// Reads the root in `dir`, if there is one.
     pub fn read(storage: &dyn Storage, dir: &Path) -> Result<Option<Root>> {
         let path = dir.join(ROOT_FILE);
-        if !storage.exists(&path) {
-            return Ok(None);
-        }
-        let f = storage.open(&path, OpenMode::Existing)?;
-        let len = f.len()?;
-        if len > 4096 {
-            return Err(Error::Corruption { path, offset: 0, detail: format!("index root of {len} bytes") });
-        }
-        let mut buf = vec![0u8; len as usize];
-        f.read_exact_at(&mut buf, 0)?;
+        let Some(buf) = read_small(storage, &path, 4096, "index root")? else { return Ok(None) };
         Root::decode(&buf, &path).map(Some)
     }
 

@@ -17,7 +17,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::{self, Decoder, Encoder};
-use crate::storage::{write_atomic, OpenMode, Storage};
+use crate::storage::{read_small, write_atomic, Storage};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -124,20 +124,9 @@ impl Catalog {
     /// The catalog in `dir`, if there is one.
     pub fn read(storage: &dyn Storage, dir: &Path) -> Result<Option<Catalog>> {
         let path = dir.join(CATALOG_FILE);
-        if !storage.exists(&path) {
+        let Some(buf) = read_small(storage, &path, MAX_CATALOG_BYTES, "remote catalog")? else {
             return Ok(None);
-        }
-        let f = storage.open(&path, OpenMode::Existing)?;
-        let len = f.len()?;
-        if len > MAX_CATALOG_BYTES {
-            return Err(Error::Corruption {
-                path,
-                offset: 0,
-                detail: format!("remote catalog of {len} bytes"),
-            });
-        }
-        let mut buf = vec![0u8; len as usize];
-        f.read_exact_at(&mut buf, 0)?;
+        };
         Catalog::decode(&buf, &path).map(Some)
     }
 

@@ -53,19 +53,11 @@ impl ChunkStore {
             return Ok(None);
         }
         let id = {
-            let mut guard = lock(&self.writer);
-            let w = &mut *guard;
+            let mut w = lock(&self.writer);
             if w.active.as_ref().is_none_or(|a| a.next_slot == 0) {
                 return Ok(None);
             }
-            let a = w.active.take().expect("checked above");
-            if let Some(p) = w.packs.get_mut(&a.id) {
-                p.slots = p.slots.max(a.next_slot);
-            }
-            w.seq += 1;
-            let seq = w.seq;
-            w.to_seal.push((a.id, seq));
-            a.id
+            w.close_active().expect("checked above")
         };
         self.sync()?;
         Ok(Some(id))
