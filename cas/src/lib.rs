@@ -16,6 +16,7 @@ pub mod image;
 pub mod manifest;
 pub mod objects;
 pub mod observe;
+pub mod publish;
 pub mod storage;
 pub mod store;
 mod sync;

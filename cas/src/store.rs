@@ -39,6 +39,7 @@ mod info;
 mod memory;
 mod names;
 mod open;
+mod remote_images;
 mod snapshot;
 
 pub use export::ExportReport;
@@ -48,6 +49,7 @@ pub use import::ImportReport;
 pub use info::ImageDetail;
 pub use memory::MemoryLoan;
 pub use names::{check_image_dir_name, validate_image_name, IMAGE_NAME_BYTES_MAX, IMAGE_NAME_CHARS};
+pub use remote_images::FetchReport;
 pub use snapshot::{snapshot_name, SNAPSHOT_SEPARATOR};
 
 use crate::background::BackgroundCpu;
@@ -58,6 +60,7 @@ use crate::error::{Error, Result};
 use crate::gc::{GcOptions, GcReport};
 use crate::image::{Image, ImageConfig, ImageStats, ManifestView, MAX_WRITE_BYTES};
 use crate::manifest::{CompactedView, Manifest, ManifestOptions};
+use crate::publish::Publisher;
 use crate::storage::{Storage, StorageLock};
 use crate::tasks::Tasks;
 use crate::units::BLOCK_BYTES;
@@ -266,6 +269,8 @@ pub struct ImageInfo {
 pub struct Store {
     /// Dropped first: stops the compactor thread before anything else goes.
     service: Option<Service>,
+    /// With a remote: publishes open images' manifests (stopped on drop).
+    publisher: Option<remote_images::PublisherThread>,
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     opts: StoreOptions,
@@ -356,8 +361,19 @@ impl Store {
                 opts.background_cpu,
             )
         });
+        let publisher = match opts.remote.0.as_ref().and_then(|r| Publisher::new(&chunks, r.publish_interval))
+        {
+            Some(p) => {
+                if !p.interval().is_zero() {
+                    p.start()?;
+                }
+                Some(remote_images::PublisherThread(p))
+            }
+            None => None,
+        };
         Ok(Arc::new(Store {
             service,
+            publisher,
             storage,
             dir: dir.to_path_buf(),
             opts,
@@ -525,6 +541,12 @@ impl Store {
         let cfg = self.image_config(name, manifest.covered())?;
         let view = Arc::new(CompactedView { manifest: manifest.clone(), chunks: self.chunks.clone() });
         let image = Arc::new(Image::open(self.storage.clone(), &dir, cfg, view)?);
+        if let Some(p) = &self.publisher {
+            if !image.is_read_only() {
+                // Before the compactor sees it: its log is held from here on.
+                p.0.register(name, &image, &manifest);
+            }
+        }
         let compaction = Arc::new(ImageCompaction::new(manifest, image.start_cursor()));
         if let Some(service) = &self.service {
             let threshold = u128::from(self.opts.log_quota_bytes)
@@ -585,7 +607,7 @@ impl Store {
             replay_after_seq,
             background_cpu: self.opts.background_cpu,
             tasks: self.opts.tasks.clone(),
-            read_only: header.kind == ImageKind::Snapshot,
+            read_only: header.kind != ImageKind::Image,
         })
     }
 

@@ -286,3 +286,73 @@ fn a_chunk_store_uploads_and_reads_through_killed_nodes() {
     cluster.node("restart", 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_store_on_another_host_reads_an_image_published_through_killed_nodes() {
+    use cas::chunk::remote::RemoteOptions;
+    use cas::store::StoreRemote;
+    use cas::{Store, StoreOptions};
+    use std::sync::Arc;
+    let Some(cluster) = Cluster::start("two-hosts", 3) else { return };
+    let objects = Arc::new(S3Objects::open(cluster.config()).unwrap());
+    let base = Path::new(env!("CARGO_TARGET_TMPDIR")).join("garage-two-hosts-data");
+    let _ = std::fs::remove_dir_all(&base);
+    let opts = || StoreOptions {
+        pack_bytes: 1 << 20,
+        remote: StoreRemote(Some(RemoteOptions {
+            local_keep_bytes: 0,
+            cache_bytes: 1 << 20,
+            claim_bound: Duration::from_millis(500),
+            publish_interval: Duration::from_millis(200),
+            ..RemoteOptions::new(objects.clone())
+        })),
+        ..StoreOptions::default()
+    };
+    let storage = Arc::new(cas::storage::FsStorage::new());
+    // Host A: 8 MiB in 64 KiB writes, flushed, compacted and published by
+    // its publisher thread, with node 1 killed halfway.
+    let a = Store::create(storage.clone(), &base.join("a"), opts()).unwrap();
+    a.create_image("vm", 32 << 20).unwrap();
+    let image = a.open_image("vm").unwrap();
+    let writes = 128u64;
+    for i in 0..writes {
+        if i == writes / 2 {
+            cluster.node("kill", 1);
+        }
+        image.write(i * (256 << 10), &data(i + 1, 64 << 10), false).unwrap();
+        if i % 16 == 15 {
+            image.flush().unwrap();
+            a.compact_once(&image).unwrap();
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while a.publish_stats("vm").is_none_or(|s| s.published_generation < s.manifest_generation) {
+        assert!(Instant::now() < deadline, "not published: {:?}", a.publish_stats("vm"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let st = a.publish_stats("vm").unwrap();
+    eprintln!("host A published: {st:?}");
+    assert!(st.publications >= 1 && st.refused.is_none(), "{st:?}");
+    drop((image, a));
+    cluster.node("restart", 1);
+
+    // Host B, its own store on the same bucket, with node 2 killed midway
+    // through the reads.
+    let b = Store::create(storage, &base.join("b"), opts()).unwrap();
+    let r = b.fetch_image("vm").unwrap();
+    assert!(r.foreign_packs >= 8, "{r:?}");
+    let image = b.open_image("vm").unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    for i in 0..writes {
+        if i == writes / 2 {
+            cluster.node("kill", 2);
+        }
+        image.read(i * (256 << 10), &mut buf).unwrap_or_else(|e| panic!("write {i}: {e}"));
+        assert!(buf == data(i + 1, 64 << 10), "write {i} differs on host B");
+    }
+    let gets = b.chunks().remote_stats().unwrap().gets;
+    assert!(gets > 0);
+    drop((image, b));
+    cluster.node("restart", 2);
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -217,6 +217,9 @@ pub struct IndexCheck {
     /// Pack ids the remote catalog holds as uploaded, sorted (their local
     /// file may be gone: they are read from the bucket).
     remote_packs: Vec<u32>,
+    /// Other stores' packs that fetched images name, sorted: their chunks
+    /// are in the bucket and not in this index.
+    pub foreign_packs: Vec<u32>,
     /// Pack ids some entry points into, sorted.
     pub referenced_packs: Vec<u32>,
 }
@@ -273,11 +276,12 @@ impl IndexCheck {
                 entries: vec![],
                 pack_files,
                 remote_packs: vec![],
+                foreign_packs: vec![],
                 referenced_packs,
             });
         }
         let (store_id, map, bits) = load_index(storage, dir, report)?;
-        let remote_packs = check_catalog(storage, dir, store_id, &pack_files, report);
+        let (remote_packs, foreign_packs) = check_catalog(storage, dir, store_id, &pack_files, report);
         let mut entries: Vec<Entry> = map
             .into_iter()
             .map(|(hash, at)| Entry {
@@ -332,6 +336,7 @@ impl IndexCheck {
             entries,
             pack_files,
             remote_packs,
+            foreign_packs,
             referenced_packs: referenced,
         })
     }
@@ -452,27 +457,27 @@ impl IndexCheck {
 
 /// The remote catalog, if any: it decodes, belongs to this store, and
 /// every pack it holds as sealed (not yet uploaded) is still here.
-/// Returns the packs it holds as uploaded, sorted.
+/// Returns the packs it holds as uploaded, and as foreign, sorted.
 fn check_catalog(
     storage: &dyn Storage,
     dir: &Path,
     store_id: u64,
     pack_files: &[u32],
     report: &mut FsckReport,
-) -> Vec<u32> {
+) -> (Vec<u32>, Vec<u32>) {
     let path = dir.join(super::remote::catalog::CATALOG_FILE);
     let catalog = match super::remote::Catalog::read(storage, dir) {
         Ok(Some(c)) => c,
-        Ok(None) => return Vec::new(),
+        Ok(None) => return Default::default(),
         Err(e) => {
             report.problem(Finding::from_error("remote-catalog", None, &path, &e));
-            return Vec::new();
+            return Default::default();
         }
     };
     if catalog.store_id != store_id {
         let detail = format!("belongs to store {:#018x}, not {store_id:#018x}", catalog.store_id);
         report.problem(Finding::new("remote-catalog", None, &path, detail));
-        return Vec::new();
+        return Default::default();
     }
     for (&id, p) in &catalog.packs {
         if p.phase == super::remote::PackPhase::Sealed && pack_files.binary_search(&id).is_err() {
@@ -485,10 +490,6 @@ fn check_catalog(
             report.note(Finding::new("remote-catalog", None, &path, detail));
         }
     }
-    catalog
-        .packs
-        .iter()
-        .filter(|(_, p)| p.phase == super::remote::PackPhase::Uploaded)
-        .map(|(&id, _)| id)
-        .collect()
+    let of = |phase| catalog.packs.iter().filter(|(_, p)| p.phase == phase).map(|(&id, _)| id).collect();
+    (of(super::remote::PackPhase::Uploaded), of(super::remote::PackPhase::Foreign))
 }

@@ -112,10 +112,15 @@ impl ChunkStore {
     /// forward tables send it; otherwise the index's entry for its tag).
     /// Returns how many lead to no live slot.
     pub(crate) fn gc_mark(&self, _epoch: u32, refs: &[ChunkRef]) -> Result<u64> {
+        // Other stores' chunks (fetched images): nothing here to keep.
+        let foreign = self.foreign_packs();
         let mut guard = lock(&self.writer);
         let w = &mut *guard;
         let mut missing = 0;
         for r in refs {
+            if r.at.is_some_and(|at| foreign.contains(&at.pack)) {
+                continue;
+            }
             let direct = r.at.and_then(|at| {
                 if w.packs.contains_key(&at.pack) {
                     Some(at)

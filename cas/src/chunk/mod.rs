@@ -421,6 +421,12 @@ impl Drop for ChunkStore {
 }
 
 impl ChunkStore {
+    /// The id every pack of this store carries (a random number chosen
+    /// when the store was made).
+    pub fn store_id(&self) -> u64 {
+        self.store_id
+    }
+
     pub(crate) fn read_files(&self) -> RwLockReadGuard<'_, PackFiles> {
         self.files.read().unwrap_or_else(|p| p.into_inner())
     }

@@ -229,12 +229,33 @@ impl ChunkStore {
                 Arc::new(super::remote::RemotePackFile::new(id, pack::slot_offset(slots), reads.clone())),
             );
         }
+        // Other stores' packs that fetched images name: no live slot here.
+        let foreign: Vec<(u32, u32)> = catalog.as_ref().map_or(Vec::new(), |c| {
+            c.packs
+                .iter()
+                .filter(|(_, p)| p.phase == PackPhase::Foreign)
+                .map(|(&id, p)| (id, p.slots))
+                .collect()
+        });
+        for &(id, slots) in &foreign {
+            let Some(reads) = &reads else {
+                return Err(Error::Unavailable(
+                    format!("pack {id:#010x}"),
+                    "a fetched image reads it from the bucket: open the store with its remote".into(),
+                ));
+            };
+            files.insert(
+                id,
+                Arc::new(super::remote::RemotePackFile::new(id, pack::slot_offset(slots), reads.clone())),
+            );
+        }
         let host_slot = catalog.as_ref().map(|c| c.host_slot);
         // Never an id given out before, even if its file is gone (journal.rs).
         let mut next_pack_id = pack_ids.iter().max().map_or(1, |m| m + 1).max(next_pack_floor);
         if let Some(c) = &catalog {
             // Catalogued ids too: their objects in the bucket are never written again.
-            let after_catalog = c.packs.keys().next_back().map_or(0, |&id| id + 1);
+            let own = |id: &&u32| super::remote::catalog::owns(c.host_slot, **id);
+            let after_catalog = c.packs.keys().rfind(own).map_or(0, |&id| id + 1);
             next_pack_id =
                 next_pack_id.max(super::remote::catalog::first_pack_id(c.host_slot)).max(after_catalog);
         }

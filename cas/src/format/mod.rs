@@ -134,6 +134,33 @@ pub fn unseal<'a>(buf: &'a [u8], path: &Path, offset: u64) -> Result<&'a [u8]> {
     Ok(body)
 }
 
+/// Checks a decoder of a sealed format (magic, u32 version at byte 8,
+/// trailing crc32c) on damaged copies of `buf`, a valid encoding: every
+/// flipped byte and every cut is refused, and a newer version (re-sealed)
+/// is refused as such.
+#[cfg(test)]
+pub(crate) fn assert_refuses_damage<T: std::fmt::Debug>(
+    buf: &[u8],
+    decode: impl Fn(&[u8]) -> crate::Result<T>,
+) {
+    for i in 0..buf.len() {
+        let mut bad = buf.to_vec();
+        bad[i] ^= 0x04;
+        assert!(decode(&bad).is_err(), "flip at {i} accepted");
+    }
+    for cut in 0..buf.len() {
+        assert!(decode(&buf[..cut]).is_err(), "cut at {cut} accepted");
+    }
+    let mut newer = buf.to_vec();
+    let version = u32::from_le_bytes(newer[8..12].try_into().expect("4 bytes"));
+    newer[8..12].copy_from_slice(&(version + 1).to_le_bytes());
+    let n = newer.len();
+    let crc = crc32c(&newer[..n - 4]);
+    newer[n - 4..].copy_from_slice(&crc.to_le_bytes());
+    let r = decode(&newer);
+    assert!(matches!(r, Err(crate::Error::UnsupportedVersion { .. })), "{r:?}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -280,8 +280,11 @@ fn count_references(
     let mut wrong_place = Vec::new();
     let mut damaged = Vec::new();
     let live_packs = index.referenced_packs.clone();
+    let foreign = index.foreign_packs.clone();
+    let mut foreign_refs = 0u64;
     let counts = m.check_tree(
         &mut |block, r| match index.find(&r.tag) {
+            None if r.at.is_some_and(|at| foreign.binary_search(&at.pack).is_ok()) => foreign_refs += 1,
             Some(e) => {
                 e.refs = e.refs.saturating_add(1);
                 if let Some(at) = r.at {
@@ -303,6 +306,7 @@ fn count_references(
     );
     report.counts.manifest_pages += counts.pages;
     report.counts.references += counts.mapped_blocks;
+    report.counts.foreign_references += foreign_refs;
     for (mut f, first, span) in damaged {
         f.detail += &format!(" (blocks {first}..{} are unreadable)", u128::from(first) + span);
         report.problem(f);

@@ -6,6 +6,7 @@
 use super::{bump, write_lock, CapacityListener, Image, RECLAIM_PIN_WAIT_MS};
 use crate::error::{Error, Result};
 use crate::wal::Log;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Overlay extents removed per hold of the overlay's write lock.
@@ -69,8 +70,21 @@ impl Image {
         self.reclaim_counted(covered_seq).map(|(freed, _)| freed)
     }
 
+    /// Limits reclamation to records through `seq` (see `reclaim_gate`);
+    /// `u64::MAX` lifts the limit.
+    pub(crate) fn gate_reclaim(&self, seq: u64) {
+        self.reclaim_gate.store(seq, Ordering::Release);
+    }
+
+    /// The limit on reclamation, if one is set.
+    pub fn reclaim_gate(&self) -> Option<u64> {
+        Some(self.reclaim_gate.load(Ordering::Acquire)).filter(|&g| g != u64::MAX)
+    }
+
     /// `reclaim_log`, returning the bytes freed and the segments deleted.
+    /// Reclaims no further than the gate.
     pub(crate) fn reclaim_counted(&self, covered_seq: u64) -> Result<(u64, u64)> {
+        let covered_seq = covered_seq.min(self.reclaim_gate.load(Ordering::Acquire));
         let durable = self.durability.durable_seq();
         if covered_seq > durable {
             return Err(Error::InvalidArgument(format!(

@@ -100,6 +100,11 @@ pub struct Image {
     /// Where the first record above the checkpoint was at open (segment
     /// index, file offset, seq): the compactor's first cursor.
     start_cursor: (u64, u64, u64),
+    /// The highest seq whose log may be reclaimed whatever the manifest
+    /// covers (u64::MAX: no limit): what a bucket holds of the image
+    /// (store/publish.rs), so the log quota bounds what is flushed and not
+    /// yet published.
+    reclaim_gate: std::sync::atomic::AtomicU64,
 }
 
 /// How long reclamation waits for pins on a covered segment before it
@@ -201,6 +206,7 @@ impl Image {
             counters: Counters::default(),
             recovery,
             start_cursor,
+            reclaim_gate: std::sync::atomic::AtomicU64::new(u64::MAX),
         })
     }
 

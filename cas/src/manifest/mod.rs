@@ -50,6 +50,7 @@ mod edit;
 mod file;
 mod iter;
 mod page;
+mod publish;
 mod rewrite;
 mod root;
 mod view;
@@ -62,8 +63,9 @@ pub use page::{
     fuzz_decode_page, fuzz_encode_page, Body, ChildRef, InteriorBody, LeafBody, Page, FANOUT, LEAF_ENTRIES,
     PAGE_BYTES,
 };
+pub use publish::{build_from_pages, Committed};
 pub use rewrite::RewriteStats;
-pub use root::{fuzz_decode_root, RootRecord};
+pub use root::{fuzz_decode_root, RootRecord, FIRST_TREE_PAGE};
 pub use view::CompactedView;
 
 use crate::chunk::ClockCache;

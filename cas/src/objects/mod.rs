@@ -72,12 +72,16 @@ impl fmt::Display for ObjectError {
 
 impl std::error::Error for ObjectError {}
 
+/// What an [`Error::Unavailable`](crate::Error::Unavailable) made of an
+/// [`ObjectError`] names.
+pub const OBJECT_STORE: &str = "the object store";
+
 impl From<ObjectError> for crate::Error {
     fn from(e: ObjectError) -> crate::Error {
         match e.kind {
             ObjectErrorKind::NotFound => crate::Error::NotFound(e.message),
             ObjectErrorKind::Exists => crate::Error::AlreadyExists(e.message),
-            _ => crate::Error::Unavailable("the object store".into(), e.message),
+            _ => crate::Error::Unavailable(OBJECT_STORE.into(), e.message),
         }
     }
 }

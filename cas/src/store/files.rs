@@ -45,7 +45,10 @@ pub const STORE_VERSION: u32 = 5;
 /// repack) is written only when a store is opened with a remote.
 pub const STORE_VERSION_LOCAL: u32 = 4;
 pub const IMAGE_MAGIC: [u8; 8] = *b"CASIMAGE";
-pub const IMAGE_VERSION: u32 = 2;
+pub const IMAGE_VERSION: u32 = 3;
+/// The version of headers of snapshots and clones (3 is written only for
+/// replicas, which an older casblk must refuse).
+const IMAGE_VERSION_SNAPSHOTS: u32 = 2;
 /// Largest metadata file read (they are tens of bytes).
 const SMALL_FILE_BYTES_MAX: u64 = 4096;
 
@@ -110,6 +113,9 @@ pub enum ImageKind {
     Image,
     /// A read-only snapshot of an image, named `IMAGE@SNAP`.
     Snapshot,
+    /// A read-only copy of an image another store published to the bucket
+    /// (`Store::fetch_image`); its origin names the root it was built from.
+    Replica,
 }
 
 /// The fields of an image header.
@@ -131,13 +137,18 @@ impl ImageHeader {
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Encoder::default();
         let plain = self.kind == ImageKind::Image && self.origin.is_none();
-        let version = if plain { 1 } else { IMAGE_VERSION };
+        let version = match self.kind {
+            _ if plain => 1,
+            ImageKind::Replica => IMAGE_VERSION,
+            _ => IMAGE_VERSION_SNAPSHOTS,
+        };
         e.bytes(&IMAGE_MAGIC).u32(version).u32(0).u64(self.size_bytes).u64(self.log_id);
         if !plain {
             let origin = self.origin.as_deref().unwrap_or("");
             let kind = match self.kind {
                 ImageKind::Image => 0,
                 ImageKind::Snapshot => 1,
+                ImageKind::Replica => 2,
             };
             e.u32(kind).u16(origin.len() as u16).bytes(origin.as_bytes());
         }
@@ -165,14 +176,15 @@ impl ImageHeader {
         let kind = match d.u32().ok_or_else(short)? {
             0 => ImageKind::Image,
             1 => ImageKind::Snapshot,
+            2 if version >= IMAGE_VERSION => ImageKind::Replica,
             k => return Err(bad(format!("image kind {k} is unknown"))),
         };
         let n = d.u16().ok_or_else(short)? as usize;
         let origin = d.bytes(n).ok_or_else(short)?;
         let origin = std::str::from_utf8(origin).map_err(|_| bad("origin is not UTF-8".into()))?;
         let origin = (!origin.is_empty()).then(|| origin.to_string());
-        if kind == ImageKind::Snapshot && origin.is_none() {
-            return Err(bad("a snapshot without its image".into()));
+        if kind != ImageKind::Image && origin.is_none() {
+            return Err(bad(format!("a {kind:?} without its origin")));
         }
         Ok(ImageHeader { size_bytes, log_id, kind, origin })
     }
@@ -218,15 +230,21 @@ mod tests {
         let clone = ImageHeader { origin: Some("vm@s".into()), ..h.clone() };
         write_atomic(&s, dir, "IMAGE", &clone.encode()).unwrap();
         assert_eq!(ImageHeader::read(&s, &dir.join("IMAGE")).unwrap(), clone);
+        assert_eq!(clone.encode()[8], 2, "a clone stays readable by the casblk that made clones");
+        let replica =
+            ImageHeader { kind: ImageKind::Replica, origin: Some("s3://b/images/vm".into()), ..h.clone() };
+        write_atomic(&s, dir, "IMAGE", &replica.encode()).unwrap();
+        assert_eq!(ImageHeader::read(&s, &dir.join("IMAGE")).unwrap(), replica);
+        assert_eq!(replica.encode()[8], 3);
 
         let mut bytes = h.encode();
-        bytes[8] = 3;
+        bytes[8] = 4;
         let n = bytes.len() - 4;
         let crc = crc32c(&bytes[..n]);
         bytes[n..].copy_from_slice(&crc.to_le_bytes());
         write_atomic(&s, dir, "IMAGE", &bytes).unwrap();
         let e = ImageHeader::read(&s, &dir.join("IMAGE")).unwrap_err();
-        assert!(matches!(e, Error::UnsupportedVersion { found: 3, .. }), "{e}");
+        assert!(matches!(e, Error::UnsupportedVersion { found: 4, .. }), "{e}");
 
         bytes[20] ^= 1;
         write_atomic(&s, dir, "IMAGE", &bytes).unwrap();

@@ -51,5 +51,11 @@ pub fn fuzz_samples() -> Vec<Vec<u8>> {
             ..ImageHeader::image(1 << 30, 0x1234_5678)
         }
         .encode(),
+        ImageHeader {
+            kind: files::ImageKind::Replica,
+            origin: Some("s3://b at http://h/images/vm/roots/0000000000000000-0000000000000007".into()),
+            ..ImageHeader::image(1 << 30, 0x1234_5678)
+        }
+        .encode(),
     ]
 }

@@ -187,6 +187,7 @@ pub(crate) fn dependents(images: &[super::ImageInfo], name: &str) -> (Vec<String
         match info.kind {
             ImageKind::Snapshot => snapshots.push(info.name.clone()),
             ImageKind::Image => clones.push(info.name.clone()),
+            ImageKind::Replica => {}
         }
     }
     (snapshots, clones)

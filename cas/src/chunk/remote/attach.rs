@@ -77,7 +77,7 @@ pub(crate) fn attach(
                 });
             }
             let before = c.packs.len();
-            c.packs.retain(|&id, p| p.phase == PackPhase::Uploaded || kept(id));
+            c.packs.retain(|&id, p| matches!(p.phase, PackPhase::Uploaded | PackPhase::Foreign) || kept(id));
             if c.packs.len() != before {
                 c.write(storage, dir)?;
             }
@@ -136,7 +136,7 @@ impl ChunkStore {
                     PackPhase::Uploaded if local.binary_search(&id).is_ok() => {
                         r.note_local_uploaded(id, crate::chunk::pack::slot_offset(slots))
                     }
-                    PackPhase::Uploaded => {}
+                    PackPhase::Uploaded | PackPhase::Foreign => {}
                 }
             }
         }

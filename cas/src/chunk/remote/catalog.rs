@@ -24,7 +24,10 @@ use std::path::Path;
 /// The catalog's file name in `chunks/`.
 pub const CATALOG_FILE: &str = "remote-packs";
 const MAGIC: [u8; 8] = *b"CASRPACK";
-const VERSION: u32 = 1;
+/// 2 once the catalog holds a foreign pack (an older casblk would not
+/// know them); 1 otherwise.
+const VERSION: u32 = 2;
+const VERSION_WITHOUT_FOREIGN: u32 = 1;
 /// Largest catalog read (about 1.4 M packs, 88 TiB of 64 MiB packs).
 const MAX_CATALOG_BYTES: u64 = 16 << 20;
 
@@ -35,6 +38,9 @@ pub enum PackPhase {
     Sealed,
     /// The object store holds it whole, with its slot index.
     Uploaded,
+    /// Another store's uploaded pack that a manifest here names (an image
+    /// fetched from the bucket): read from the bucket, never written.
+    Foreign,
 }
 
 impl PackPhase {
@@ -42,6 +48,7 @@ impl PackPhase {
         match self {
             PackPhase::Sealed => 1,
             PackPhase::Uploaded => 2,
+            PackPhase::Foreign => 3,
         }
     }
 
@@ -49,6 +56,7 @@ impl PackPhase {
         match code {
             1 => Some(PackPhase::Sealed),
             2 => Some(PackPhase::Uploaded),
+            3 => Some(PackPhase::Foreign),
             _ => None,
         }
     }
@@ -74,7 +82,9 @@ pub struct Catalog {
 impl Catalog {
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Encoder::with_capacity(32 + 12 * self.packs.len());
-        e.bytes(&MAGIC).u32(VERSION).u32(u32::from(self.host_slot)).u64(self.store_id);
+        let foreign = self.packs.values().any(|p| p.phase == PackPhase::Foreign);
+        let version = if foreign { VERSION } else { VERSION_WITHOUT_FOREIGN };
+        e.bytes(&MAGIC).u32(version).u32(u32::from(self.host_slot)).u64(self.store_id);
         e.u32(u32::try_from(self.packs.len()).expect("catalog entries fit in u32"));
         for (&id, p) in &self.packs {
             e.u32(id).u32(p.phase.code()).u32(p.slots);
@@ -92,7 +102,8 @@ impl Catalog {
         let body = format::unseal(buf, path, 0)?;
         let mut d = Decoder::new(&body[8..]);
         let short = || corrupt("remote pack catalog is cut short".into());
-        format::check_version("remote pack catalog", d.u32().ok_or_else(short)?, VERSION)?;
+        let version = d.u32().ok_or_else(short)?;
+        format::check_version("remote pack catalog", version, VERSION)?;
         let host_slot = d.u32().ok_or_else(short)?;
         let host_slot = u8::try_from(host_slot)
             .ok()
@@ -110,10 +121,15 @@ impl Catalog {
                 (d.u32().ok_or_else(short)?, d.u32().ok_or_else(short)?, d.u32().ok_or_else(short)?);
             let phase =
                 PackPhase::from_code(code).ok_or_else(|| corrupt(format!("pack {id}: phase {code}")))?;
-            if last.is_some_and(|l| l >= id) || !owns(host_slot, id) {
+            // Own packs are in the host slot's range; foreign ones outside it.
+            let foreign = phase == PackPhase::Foreign;
+            if last.is_some_and(|l| l >= id) || owns(host_slot, id) == foreign || id >> SEQ_BITS == 0 {
                 return Err(corrupt(format!(
-                    "pack {id:#010x} out of order or outside host slot {host_slot}"
+                    "pack {id:#010x} ({phase:?}) out of order or on the wrong side of host slot {host_slot}"
                 )));
+            }
+            if foreign && version < VERSION {
+                return Err(corrupt(format!("pack {id:#010x}: foreign in a version {version} catalog")));
             }
             last = Some(id);
             packs.insert(id, CatalogEntry { phase, slots });
@@ -171,25 +187,15 @@ mod tests {
 
     #[test]
     fn round_trips_and_refuses_damage_and_newer_versions() {
-        let c = sample();
-        let buf = c.encode();
+        let mut c = sample();
         let p = Path::new("/c");
-        assert_eq!(Catalog::decode(&buf, p).unwrap(), c);
+        assert_eq!(Catalog::decode(&c.encode(), p).unwrap(), c);
         assert_eq!(c.pending_bytes(), 4096 + 7 * 4096);
-        for i in 0..buf.len() {
-            let mut bad = buf.clone();
-            bad[i] ^= 0x10;
-            assert!(Catalog::decode(&bad, p).is_err(), "flip at {i} accepted");
-        }
-        for cut in 0..buf.len() {
-            assert!(Catalog::decode(&buf[..cut], p).is_err(), "cut at {cut} accepted");
-        }
-        let mut newer = buf.clone();
-        newer[8..12].copy_from_slice(&(VERSION + 1).to_le_bytes());
-        let n = newer.len();
-        let crc = format::crc32c(&newer[..n - 4]);
-        newer[n - 4..].copy_from_slice(&crc.to_le_bytes());
-        assert!(matches!(Catalog::decode(&newer, p), Err(Error::UnsupportedVersion { .. })));
+        // The newest version: with a foreign pack.
+        c.packs.insert(first_pack_id(9), CatalogEntry { phase: PackPhase::Foreign, slots: 3 });
+        let buf = c.encode();
+        assert_eq!(Catalog::decode(&buf, p).unwrap(), c);
+        format::assert_refuses_damage(&buf, |b| Catalog::decode(b, p));
     }
 
     #[test]
@@ -197,5 +203,22 @@ mod tests {
         let mut c = sample();
         c.packs.insert(5, CatalogEntry { phase: PackPhase::Sealed, slots: 1 });
         assert!(Catalog::decode(&c.encode(), Path::new("/c")).is_err());
+    }
+
+    #[test]
+    fn foreign_packs_are_outside_the_host_slot_and_need_version_2() {
+        let mut c = sample();
+        assert_eq!(c.encode()[8], 1, "a catalog without foreign packs stays at version 1");
+        c.packs.insert(first_pack_id(9), CatalogEntry { phase: PackPhase::Foreign, slots: 3 });
+        let buf = c.encode();
+        assert_eq!(buf[8], 2);
+        assert_eq!(Catalog::decode(&buf, Path::new("/c")).unwrap(), c);
+        assert_eq!(c.pending_bytes(), 4096 + 7 * 4096, "foreign packs are never uploaded here");
+        let mut own = sample();
+        own.packs.insert(first_pack_id(3) + 5, CatalogEntry { phase: PackPhase::Foreign, slots: 3 });
+        assert!(Catalog::decode(&own.encode(), Path::new("/c")).is_err(), "an own pack cannot be foreign");
+        let mut legacy = sample();
+        legacy.packs.insert(7, CatalogEntry { phase: PackPhase::Foreign, slots: 3 });
+        assert!(Catalog::decode(&legacy.encode(), Path::new("/c")).is_err(), "slot 0 is never in a bucket");
     }
 }

@@ -85,6 +85,9 @@ pub struct RemoteOptions {
     /// How long a read retries a bucket that does not answer before it
     /// fails (default 30 s).
     pub read_retry: Duration,
+    /// How often open images' manifests are published (default 2 s; see
+    /// `cas::publish`). Zero: only when `Store::publish_wait` asks (tests).
+    pub publish_interval: Duration,
 }
 
 impl RemoteOptions {
@@ -97,6 +100,7 @@ impl RemoteOptions {
             local_keep_bytes: 1 << 30,
             cache_bytes: 256 << 20,
             read_retry: Duration::from_secs(30),
+            publish_interval: Duration::from_secs(2),
         }
     }
 }
@@ -111,6 +115,7 @@ impl std::fmt::Debug for RemoteOptions {
             .field("local_keep_bytes", &self.local_keep_bytes)
             .field("cache_bytes", &self.cache_bytes)
             .field("read_retry", &self.read_retry)
+            .field("publish_interval", &self.publish_interval)
             .finish()
     }
 }
@@ -137,6 +142,8 @@ pub struct RemoteStats {
     pub local_uploaded_packs: u64,
     pub local_uploaded_bytes: u64,
     pub evicted_packs: u64,
+    /// Other stores' packs that images fetched from the bucket name.
+    pub foreign_packs: u64,
     /// Reads of remote packs served by the extent cache; ranged GETs, their
     /// bytes, and GETs retried.
     pub cache_hits: u64,
@@ -295,7 +302,8 @@ impl Remote {
         let s = self.state();
         let mut st = s.stats.clone();
         st.sealed_packs = s.catalog.packs.values().filter(|p| p.phase == PackPhase::Sealed).count() as u64;
-        st.uploaded_packs = s.catalog.packs.len() as u64 - st.sealed_packs;
+        st.foreign_packs = s.catalog.packs.values().filter(|p| p.phase == PackPhase::Foreign).count() as u64;
+        st.uploaded_packs = s.catalog.packs.len() as u64 - st.sealed_packs - st.foreign_packs;
         st.pending_upload_bytes = s.catalog.pending_bytes();
         st.local_uploaded_packs = s.local_uploaded.len() as u64;
         st.local_uploaded_bytes = s.local_uploaded.iter().map(|p| p.1).sum();
@@ -419,6 +427,76 @@ impl Remote {
         }
     }
 
+    /// Where pack `id` is in its upload, if the catalog holds it.
+    pub(crate) fn phase(&self, id: u32) -> Option<PackPhase> {
+        self.state().catalog.packs.get(&id).map(|p| p.phase)
+    }
+
+    /// The foreign packs of the catalog.
+    pub(crate) fn foreign(&self) -> std::collections::BTreeSet<u32> {
+        let s = self.state();
+        s.catalog.packs.iter().filter(|(_, p)| p.phase == PackPhase::Foreign).map(|(&id, _)| id).collect()
+    }
+
+    /// This store's host slot.
+    pub(crate) fn host_slot(&self) -> u8 {
+        self.state().catalog.host_slot
+    }
+
+    /// Records other stores' packs as foreign, durably, and gives each a
+    /// remote handle: their sizes come from their slot indexes in the
+    /// bucket (`packidx/`, written after the pack was confirmed).
+    pub(crate) fn adopt_foreign(&self, ids: &[u32]) -> Result<()> {
+        let mut found = Vec::with_capacity(ids.len());
+        for &id in ids {
+            if self.phase(id).is_some() {
+                continue;
+            }
+            let key = upload::packidx_key(id);
+            let what = PathBuf::from(format!("{}/{key}", self.objects.describe()));
+            let bytes = self.objects.get(&key).map_err(|e| match e.kind {
+                crate::objects::ObjectErrorKind::NotFound => Error::Unavailable(
+                    what.display().to_string(),
+                    "a published manifest names a pack the bucket does not hold".into(),
+                ),
+                _ => e.into(),
+            })?;
+            let idx = packidx::PackIndex::decode(&bytes, &what)?;
+            if idx.pack != id {
+                return Err(Error::Corruption {
+                    path: what,
+                    offset: 0,
+                    detail: format!("names pack {:#010x}", idx.pack),
+                });
+            }
+            found.push((id, u32::try_from(idx.slots.len()).unwrap_or(u32::MAX)));
+        }
+        if found.is_empty() {
+            return Ok(());
+        }
+        let _w = crate::sync::lock(&self.catalog_write);
+        let bytes = {
+            let mut s = self.state();
+            for &(id, slots) in &found {
+                s.catalog.packs.insert(id, CatalogEntry { phase: PackPhase::Foreign, slots });
+            }
+            s.catalog.encode()
+        };
+        if let Err(e) = self.write_catalog(&bytes) {
+            let mut s = self.state();
+            for (id, _) in &found {
+                s.catalog.packs.remove(id);
+            }
+            return Err(e);
+        }
+        let mut files = self.files.write().unwrap_or_else(|p| p.into_inner());
+        for (id, slots) in found {
+            let len = crate::chunk::pack::slot_offset(slots);
+            files.entry(id).or_insert_with(|| Arc::new(RemotePackFile::new(id, len, self.reads.clone())));
+        }
+        Ok(())
+    }
+
     /// Replaces the catalog file; the caller holds `catalog_write`.
     fn write_catalog(&self, bytes: &[u8]) -> Result<()> {
         crate::storage::write_atomic(self.storage.as_ref(), &self.dir, catalog::CATALOG_FILE, bytes)
@@ -450,20 +528,38 @@ pub fn fuzz_decode_remote(bytes: &[u8]) -> Result<Vec<u8>> {
     let path = std::path::Path::new("<fuzz>");
     if bytes.starts_with(b"CASRPACK") {
         Catalog::decode(bytes, path).map(|c| c.encode())
+    } else if bytes.starts_with(b"CASPROOT") {
+        crate::publish::root_object::RootObject::decode(bytes, path).map(|r| r.encode())
     } else {
         packidx::PackIndex::decode(bytes, path).map(|i| i.encode())
     }
 }
 
-/// Fuzzing seeds: a catalog and a slot index.
+/// Fuzzing seeds: a catalog (with a foreign pack), a slot index and a
+/// published manifest root.
 pub fn fuzz_sample_remote() -> Vec<Vec<u8>> {
     let mut packs = std::collections::BTreeMap::new();
     let first = catalog::first_pack_id(2);
     packs.insert(first, CatalogEntry { phase: PackPhase::Uploaded, slots: 16383 });
     packs.insert(first + 1, CatalogEntry { phase: PackPhase::Sealed, slots: 9 });
+    packs.insert(catalog::first_pack_id(7), CatalogEntry { phase: PackPhase::Foreign, slots: 40 });
     let catalog = Catalog { store_id: 0x5eed, host_slot: 2, packs };
     let mut pack = vec![0u8; crate::chunk::PACK_HEADER_BYTES as usize + 3 * crate::chunk::CHUNK_BYTES];
     pack.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 253) as u8);
     let index = packidx::PackIndex::of_pack(first, 0x5eed, &pack, |slot| slot != 1);
-    vec![catalog.encode(), index.encode()]
+    let mut root = crate::manifest::RootRecord::empty();
+    root.generation = 3;
+    root.height = 1;
+    root.root.page = 4;
+    root.file_pages = 5;
+    root.live_pages = 1;
+    let published = crate::publish::root_object::RootObject {
+        store_id: 0x5eed,
+        epoch: 0,
+        size_bytes: 1 << 30,
+        series: 9,
+        root,
+        ranges: vec![(2, 4), (4, 5)],
+    };
+    vec![catalog.encode(), index.encode(), published.encode()]
 }

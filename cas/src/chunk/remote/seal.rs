@@ -110,6 +110,83 @@ impl ChunkStore {
         }
     }
 
+    /// Whether every pack of `packs` is whole in the bucket (uploaded, or
+    /// another store's), as a manifest naming them must be before it is
+    /// published. `Ok(false)`: some are on their way; this seals the
+    /// active pack if it is one of them, and closed packs waiting for a
+    /// sync. An error: some can never be (no remote; a pack from before
+    /// the store had one, host slot 0).
+    pub fn packs_in_bucket(&self, packs: &std::collections::BTreeSet<u32>) -> Result<bool> {
+        let Some(r) = &self.remote else {
+            return Err(crate::Error::InvalidArgument("the store has no remote".into()));
+        };
+        let slot = r.host_slot();
+        let mut ready = true;
+        let mut seal_active = false;
+        let mut sync = false;
+        for &id in packs {
+            match r.phase(id) {
+                Some(super::PackPhase::Uploaded | super::PackPhase::Foreign) => {}
+                Some(super::PackPhase::Sealed) => ready = false,
+                None if super::catalog::owns(slot, id) => {
+                    ready = false;
+                    let w = lock(&self.writer);
+                    if w.active.as_ref().is_some_and(|a| a.id == id) {
+                        seal_active = true;
+                    } else {
+                        sync |= w.to_seal.iter().any(|&(s, _)| s == id);
+                    }
+                }
+                None => {
+                    return Err(crate::Error::InvalidArgument(format!(
+                        "pack {id:#010x} {}",
+                        if id >> super::catalog::SEQ_BITS == 0 {
+                            "is from before the store had a remote and is never uploaded"
+                        } else {
+                            "is another store's and not known here"
+                        }
+                    )))
+                }
+            }
+        }
+        if seal_active {
+            self.seal_active()?;
+        } else if sync {
+            self.sync()?;
+        }
+        Ok(ready)
+    }
+
+    /// Waits until an upload finishes or `timeout` passes; with no
+    /// uploader thread, uploads what is queued on this thread instead.
+    pub fn wait_uploads(&self, timeout: Duration) -> Result<()> {
+        let Some(r) = &self.remote else { return Ok(()) };
+        if r.has_threads() {
+            r.wait_changed(timeout);
+            Ok(())
+        } else {
+            r.upload_queued().map(|_| ())
+        }
+    }
+
+    /// Makes other stores' packs readable here (see `Remote::adopt_foreign`).
+    pub fn adopt_foreign(&self, packs: &[u32]) -> Result<()> {
+        match &self.remote {
+            Some(r) => r.adopt_foreign(packs),
+            None => Err(crate::Error::InvalidArgument("the store has no remote".into())),
+        }
+    }
+
+    /// Other stores' packs, read from the bucket.
+    pub(crate) fn foreign_packs(&self) -> std::collections::BTreeSet<u32> {
+        self.remote.as_ref().map_or_else(Default::default, |r| r.foreign())
+    }
+
+    /// The remote's objects, if the store has one.
+    pub fn objects(&self) -> Option<&std::sync::Arc<dyn crate::objects::Objects>> {
+        self.remote.as_ref().map(|r| &r.objects)
+    }
+
     /// What the uploads have done, with a remote.
     pub fn remote_stats(&self) -> Option<RemoteStats> {
         self.remote.as_ref().map(|r| r.stats())

@@ -1,0 +1,116 @@
+//! Images and the store's bucket: publication of open images (the
+//! publisher thread, see `cas::publish`), and fetching an image another
+//! store published as a read-only replica.
+//!
+//! A replica (`ImageKind::Replica`) is built from the newest root in the
+//! bucket: its manifest is the published pages, its log is empty, and the
+//! packs its leaves name are recorded as foreign in the chunk store's
+//! catalog, read from the bucket through the extent cache. It holds every
+//! write the publishing store had flushed and compacted when that root was
+//! published (see `cas::publish` on the window). It does not follow later
+//! publications: remove it and fetch again to see them.
+
+use super::files::{ImageHeader, ImageKind};
+use super::{Store, IMAGE_FILE, MANIFEST_FILE};
+use crate::error::{Error, Result};
+use crate::manifest::{Manifest, ManifestOptions, FIRST_TREE_PAGE};
+use crate::publish::{fetch, PublishStats, Publisher};
+use crate::sync::lock;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The store's publisher; stops its thread when dropped.
+pub(crate) struct PublisherThread(pub Arc<Publisher>);
+
+impl Drop for PublisherThread {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+/// What `fetch_image` built.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FetchReport {
+    /// The root object it was built from.
+    pub root_key: String,
+    pub generation: u64,
+    pub size_bytes: u64,
+    pub mapped_blocks: u64,
+    pub manifest_pages: u64,
+    /// Other stores' packs it names (read from the bucket).
+    pub foreign_packs: u64,
+}
+
+impl Store {
+    fn publisher(&self) -> Result<&Arc<Publisher>> {
+        self.publisher
+            .as_ref()
+            .map(|p| &p.0)
+            .ok_or_else(|| Error::InvalidArgument("the store has no remote".into()))
+    }
+
+    /// Publishes open image `name`'s newest commit now (and waits for the
+    /// uploads of the chunks it names), within `timeout`; returns the
+    /// generation published. See `cas::publish`.
+    pub fn publish_wait(&self, name: &str, timeout: Duration) -> Result<u64> {
+        self.publisher()?.publish_wait(name, timeout)
+    }
+
+    /// What publication has done for open image `name` (None: the store
+    /// has no remote, or the image is not open or not published).
+    pub fn publish_stats(&self, name: &str) -> Option<PublishStats> {
+        self.publisher.as_ref()?.0.stats(name)
+    }
+
+    /// Makes image `name` here from its newest root in the bucket: a
+    /// read-only replica (see the module docs). Fails if an image of that
+    /// name exists, or the bucket holds no root of it.
+    pub fn fetch_image(&self, name: &str) -> Result<FetchReport> {
+        let objects = self
+            .chunks
+            .objects()
+            .cloned()
+            .ok_or_else(|| Error::InvalidArgument("the store has no remote to fetch from".into()))?;
+        let (root_key, root) = fetch::newest_root(objects.as_ref(), name)?.ok_or_else(|| {
+            Error::NotFound(format!("a published root of image {name} in {}", objects.describe()))
+        })?;
+        let _maint = lock(&self.maint);
+        let _open = self.open.lock();
+        crate::store::names::validate_image_name(name)?;
+        let (dir, header) = self.prepare_dir(name, root.size_bytes)?;
+        let path = dir.join(MANIFEST_FILE);
+        fetch::build_manifest(objects.as_ref(), self.storage.as_ref(), &path, name, &root)?;
+        let m = Manifest::open(self.storage.clone(), &path, ManifestOptions::default())?;
+        let mut packs = BTreeSet::new();
+        let mut unlocated = 0u64;
+        m.committed().refs_since(FIRST_TREE_PAGE, &mut |r| match r.at {
+            Some(at) => {
+                packs.insert(at.pack);
+            }
+            None => unlocated += 1,
+        })?;
+        if unlocated > 0 {
+            return Err(Error::Corruption {
+                path: path.clone(),
+                offset: 0,
+                detail: format!("{unlocated} published blocks have no chunk location"),
+            });
+        }
+        let own: Vec<u32> = self.chunks.read_files().keys().copied().collect();
+        let foreign: Vec<u32> = packs.iter().copied().filter(|p| own.binary_search(p).is_err()).collect();
+        self.chunks.adopt_foreign(&foreign)?;
+        let origin = format!("{}/{root_key}", objects.describe());
+        let header = ImageHeader { kind: ImageKind::Replica, origin: Some(origin), ..header };
+        debug_assert!(!self.storage.exists(&dir.join(IMAGE_FILE)));
+        self.publish_image(&dir, header)?;
+        Ok(FetchReport {
+            root_key,
+            generation: root.root.generation,
+            size_bytes: root.size_bytes,
+            mapped_blocks: root.root.mapped_blocks,
+            manifest_pages: root.root.live_pages,
+            foreign_packs: foreign.len() as u64,
+        })
+    }
+}

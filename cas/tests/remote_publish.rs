@@ -1,0 +1,277 @@
+//! Publication of manifests to the bucket and images fetched from it
+//! (issue 18, stage 4): another store reads every flushed, compacted and
+//! published write; the log is kept until its records are published; a
+//! crash anywhere on the publishing store, or a bucket that stops
+//! answering at any request, loses nothing and leaves a bucket from which
+//! a consistent image is fetched.
+
+mod chunk_support;
+mod common;
+
+use cas::chunk::remote::RemoteOptions;
+use cas::objects::{MemObjects, ObjectFault};
+use cas::storage::{CrashMode, MemStorage, Storage};
+use cas::store::{ImageKind, StoreRemote};
+use cas::{Image, Store, StoreOptions};
+use chunk_support::crashing;
+use common::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+const IMAGE_BYTES: u64 = 4 << 20;
+const WAIT: Duration = Duration::from_secs(5);
+
+fn opts(objects: &MemObjects) -> StoreOptions {
+    StoreOptions {
+        log_segment_bytes: 1 << 20,
+        log_quota_bytes: 16 << 20,
+        background_compaction: false,
+        compaction_batch_bytes: 1 << 20,
+        pack_bytes: 1 << 20,
+        chunk_cache_bytes: 0,
+        remote: StoreRemote(Some(RemoteOptions {
+            upload_threads: 0,
+            claim_bound: Duration::from_millis(1),
+            local_keep_bytes: 0,
+            cache_bytes: 256 << 10,
+            read_retry: Duration::from_millis(20),
+            publish_interval: Duration::ZERO,
+            ..RemoteOptions::new(Arc::new(objects.clone()))
+        })),
+        ..StoreOptions::default()
+    }
+}
+
+/// A second store (host B) on its own disk, on the same bucket.
+fn host_b(objects: &MemObjects) -> Arc<Store> {
+    host_b_on(&MemStorage::new(), objects)
+}
+
+fn host_b_on(mem: &MemStorage, objects: &MemObjects) -> Arc<Store> {
+    Store::create(Arc::new(mem.clone()), &store_dir(), opts(objects)).unwrap()
+}
+
+/// Round `r` of writes: 24 writes of 64 KiB over the image, tokens
+/// `r * 1000 + i + 1`.
+fn write_round(image: &Image, r: u64) -> cas::Result<()> {
+    for i in 0..24u64 {
+        let offset = ((i * 7 + r * 3) % 64) * (64 << 10);
+        image.write(offset, &payload(r * 1000 + i + 1, offset / SECTOR as u64, 128), false)?;
+    }
+    Ok(())
+}
+
+fn fetched_tokens(b: &Store, name: &str) -> Vec<u64> {
+    let image = b.open_image(name).unwrap();
+    read_tokens(&image).unwrap()
+}
+
+#[test]
+fn another_store_reads_what_one_published_and_nothing_it_did_not() {
+    let objects = MemObjects::new();
+    let (mem, a) = mem_store(opts(&objects));
+    a.create_image("vm", IMAGE_BYTES).unwrap();
+    let image = a.open_image("vm").unwrap();
+    write_round(&image, 1).unwrap();
+    image.flush().unwrap();
+    a.compact_once(&image).unwrap();
+    let g1 = a.publish_wait("vm", WAIT).unwrap();
+    let want1 = read_tokens(&image).unwrap();
+    // Flushed and compacted, not published: host B must not see it yet.
+    write_round(&image, 2).unwrap();
+    image.flush().unwrap();
+    a.compact_once(&image).unwrap();
+
+    let mem_b = MemStorage::new();
+    let b = host_b_on(&mem_b, &objects);
+    let r = b.fetch_image("vm").unwrap();
+    assert_eq!(r.generation, g1);
+    assert!(r.foreign_packs > 0, "{r:?}");
+    let info = b.list_images().unwrap();
+    assert_eq!(info[0].kind, ImageKind::Replica);
+    same_tokens(&fetched_tokens(&b, "vm"), &want1, "host B, first publication");
+    let replica = b.open_image("vm").unwrap();
+    assert!(replica.write(0, &payload(9, 0, 8), false).is_err(), "a replica is read-only");
+    assert!(b.chunks().remote_stats().unwrap().gets > 0, "B read A's chunks from the bucket");
+    drop(replica);
+    let gc = b.gc().unwrap();
+    assert_eq!(gc.missing_references, 0, "{gc:?}");
+    drop(b);
+    let fsck = cas::fsck::check(Arc::new(mem_b.clone()), &store_dir(), &Default::default()).unwrap();
+    assert!(fsck.problems.is_empty(), "{:?}", fsck.problems);
+    assert!(fsck.counts.foreign_references > 0, "{:?}", fsck.counts);
+    let b = reopen(&mem_b, opts(&objects)).unwrap();
+    same_tokens(&fetched_tokens(&b, "vm"), &want1, "host B reopened");
+
+    // The second round, once published, reaches a fresh fetch.
+    let g2 = a.publish_wait("vm", WAIT).unwrap();
+    assert!(g2 > g1);
+    let want2 = read_tokens(&image).unwrap();
+    assert_ne!(want1, want2);
+    b.remove_image("vm").unwrap();
+    b.fetch_image("vm").unwrap();
+    same_tokens(&fetched_tokens(&b, "vm"), &want2, "host B, second publication");
+
+    // A reopened publishes a new series (its manifest file is new to it).
+    drop((image, a));
+    let a = reopen(&mem, opts(&objects)).unwrap();
+    let image = a.open_image("vm").unwrap();
+    write_round(&image, 3).unwrap();
+    image.flush().unwrap();
+    a.compact_once(&image).unwrap();
+    a.publish_wait("vm", WAIT).unwrap();
+    let want3 = read_tokens(&image).unwrap();
+    let b2 = host_b(&objects);
+    b2.fetch_image("vm").unwrap();
+    same_tokens(&fetched_tokens(&b2, "vm"), &want3, "after A reopened");
+    let st = a.publish_stats("vm").unwrap();
+    assert_eq!(st.published_generation, st.manifest_generation, "{st:?}");
+    assert!(st.refused.is_none() && st.ranges >= 1, "{st:?}");
+}
+
+#[test]
+fn the_log_is_kept_until_the_manifest_covering_it_is_published() {
+    let objects = MemObjects::new();
+    let (_mem, a) = mem_store(opts(&objects));
+    a.create_image("vm", IMAGE_BYTES).unwrap();
+    let image = a.open_image("vm").unwrap();
+    write_round(&image, 1).unwrap();
+    image.flush().unwrap();
+    objects.set_fault(ObjectFault::Unreachable);
+    a.compact_once(&image).unwrap_or_else(|e| panic!("compaction does not need the bucket: {e}"));
+    let used = image.log_used_bytes();
+    assert!(used >= 24 * (64 << 10), "compacted but not published: the log is kept ({used} bytes)");
+    let err = a.publish_wait("vm", Duration::from_millis(300)).unwrap_err();
+    assert!(err.to_string().contains("cannot connect"), "{err}");
+    let st = a.publish_stats("vm").unwrap();
+    assert!(st.errors > 0 && st.unpublished_ms > 0 && st.published_generation == 0, "{st:?}");
+    assert_eq!(image.log_used_bytes(), used);
+
+    objects.clear_fault();
+    a.publish_wait("vm", WAIT).unwrap();
+    // All but the segment being written to goes.
+    assert!(image.log_used_bytes() <= 1 << 20, "published: reclaimed ({} bytes)", image.log_used_bytes());
+    assert_eq!(image.reclaim_gate(), Some(a.publish_stats("vm").unwrap().published_covered_seq));
+    assert_eq!(a.publish_stats("vm").unwrap().unpublished_ms, 0);
+}
+
+/// A's state at each flush: what a fetch may show.
+struct Run {
+    states: Vec<Vec<u64>>,
+    /// Index in `states` of the newest publication that returned.
+    published: Option<usize>,
+}
+
+fn workload(a: &Store, run: &mut Run, wait: Duration) -> cas::Result<()> {
+    a.create_image("vm", IMAGE_BYTES)?;
+    let image = a.open_image("vm")?;
+    for r in 1..=3 {
+        write_round(&image, r)?;
+        image.flush()?;
+        run.states.push(read_tokens(&image).map_err(cas::Error::InvalidArgument)?);
+        a.compact_once(&image)?;
+        a.publish_wait("vm", wait)?;
+        run.published = Some(run.states.len() - 1);
+    }
+    Ok(())
+}
+
+/// After a cut: the bucket's newest root is whole and shows one of A's
+/// flushed states no older than the last publication that returned; A
+/// reopens with every flushed write and publishes it all.
+fn check_after_cut(mem: &MemStorage, objects: &MemObjects, run: &Run, what: &str) {
+    if let Some(p) = run.published {
+        let b = host_b(objects);
+        b.fetch_image("vm").unwrap_or_else(|e| panic!("{what}: fetch: {e}"));
+        let got = fetched_tokens(&b, "vm");
+        assert!(run.states[p..].contains(&got), "{what}: host B sees a state A never flushed or an old one");
+    }
+    let a = match reopen(mem, opts(objects)) {
+        Err(cas::Error::NotFound(_)) if run.states.is_empty() => return, // cut before the store existed
+        r => r.unwrap_or_else(|e| panic!("{what}: reopen: {e}")),
+    };
+    let Ok(image) = a.open_image("vm") else {
+        assert!(run.states.is_empty(), "{what}: the image is gone");
+        return;
+    };
+    let now = read_tokens(&image).unwrap();
+    if let Some(last) = run.states.last() {
+        // Acknowledged by a flush: never lost (a later unflushed round may show too).
+        for (i, (&n, &l)) in now.iter().zip(last).enumerate() {
+            assert!(n >= l, "{what}: sector {i} went back from {l} to {n}");
+        }
+    }
+    a.compact_once(&image).unwrap();
+    let g = a.publish_wait("vm", WAIT).unwrap_or_else(|e| panic!("{what}: publish after reopen: {e}"));
+    if g == 0 {
+        assert!(now.iter().all(|&t| t == 0), "{what}: data but no manifest");
+        return;
+    }
+    let b = host_b(objects);
+    b.fetch_image("vm").unwrap();
+    same_tokens(&fetched_tokens(&b, "vm"), &now, what);
+}
+
+#[test]
+fn a_crash_at_every_storage_operation_of_the_publishing_store_loses_nothing() {
+    let stride = std::env::var("CAS_CRASH_STRIDE").ok().and_then(|v| v.parse().ok()).unwrap_or(3u64);
+    let mut budget = 0;
+    let mut step = 1;
+    loop {
+        let mut done = false;
+        for mode in [CrashMode::LoseUnsynced, CrashMode::Torn { seed: budget }] {
+            let mem = MemStorage::new();
+            let objects = MemObjects::new();
+            let (storage, ctl) = crashing(&mem, budget);
+            let mut run = Run { states: Vec::new(), published: None };
+            let result = Store::create(storage, &store_dir(), opts(&objects))
+                .and_then(|a| workload(&a, &mut run, WAIT));
+            if !ctl.died() {
+                result.unwrap();
+                done = true;
+                break;
+            }
+            mem.crash(mode);
+            check_after_cut(&mem, &objects, &run, &format!("crash after {budget} ops ({mode:?})"));
+        }
+        if done {
+            break;
+        }
+        budget += step;
+        // Every operation of the store's creation, then every `stride`-th
+        // (CAS_CRASH_STRIDE=1 for all of them: minutes).
+        if budget > 60 {
+            step = stride;
+        }
+        assert!(budget < 20_000);
+    }
+    eprintln!("the workload took {budget} storage operations");
+    assert!(budget > 300, "the workload took only {budget} operations");
+}
+
+#[test]
+fn a_bucket_failing_at_every_request_loses_nothing() {
+    let mut after = 0;
+    loop {
+        let mem = MemStorage::new();
+        let objects = MemObjects::new();
+        let mut run = Run { states: Vec::new(), published: None };
+        objects.fault_after(after, ObjectFault::Unreachable);
+        let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+        // Short: the bucket stays down, so a publication waits it out.
+        let wait = Duration::from_millis(20);
+        let result =
+            Store::create(storage, &store_dir(), opts(&objects)).and_then(|a| workload(&a, &mut run, wait));
+        objects.clear_fault();
+        match result {
+            Ok(()) => break,
+            Err(e) => assert!(e.to_string().contains("cannot connect"), "{e}"),
+        }
+        mem.crash(CrashMode::LoseUnsynced);
+        check_after_cut(&mem, &objects, &run, &format!("bucket down after {after} requests"));
+        after += 1;
+        assert!(after < 2000);
+    }
+    eprintln!("the workload made {after} requests");
+    assert!(after > 20, "the workload made only {after} requests");
+}
