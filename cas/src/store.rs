@@ -49,7 +49,7 @@ pub use import::ImportReport;
 pub use info::ImageDetail;
 pub use memory::MemoryLoan;
 pub use names::{check_image_dir_name, validate_image_name, IMAGE_NAME_BYTES_MAX, IMAGE_NAME_CHARS};
-pub use remote_images::FetchReport;
+pub use remote_images::{FetchAs, FetchReport};
 pub use snapshot::{snapshot_name, SNAPSHOT_SEPARATOR};
 
 use crate::background::BackgroundCpu;
@@ -361,16 +361,16 @@ impl Store {
                 opts.background_cpu,
             )
         });
-        let publisher = match opts.remote.0.as_ref().and_then(|r| Publisher::new(&chunks, r.publish_interval))
-        {
-            Some(p) => {
-                if !p.interval().is_zero() {
-                    p.start()?;
+        let publisher =
+            match opts.remote.0.as_ref().and_then(|r| Publisher::new(&chunks, r.publish_interval, r.lease)) {
+                Some(p) => {
+                    if p.needs_thread() {
+                        p.start()?;
+                    }
+                    Some(remote_images::PublisherThread(p))
                 }
-                Some(remote_images::PublisherThread(p))
-            }
-            None => None,
-        };
+                None => None,
+            };
         Ok(Arc::new(Store {
             service,
             publisher,
@@ -539,12 +539,20 @@ impl Store {
         };
         let manifest = self.manifest(name)?;
         let cfg = self.image_config(name, manifest.covered())?;
+        // With a remote, a writable image is written under its lease only.
+        let lease = match &self.publisher {
+            Some(p) if !cfg.read_only => {
+                let c = manifest.committed();
+                p.0.acquire(name, c.file_id().map(|_| c.root()))?
+            }
+            _ => None,
+        };
         let view = Arc::new(CompactedView { manifest: manifest.clone(), chunks: self.chunks.clone() });
         let image = Arc::new(Image::open(self.storage.clone(), &dir, cfg, view)?);
         if let Some(p) = &self.publisher {
             if !image.is_read_only() {
                 // Before the compactor sees it: its log is held from here on.
-                p.0.register(name, &image, &manifest);
+                p.0.register(name, &image, &manifest, lease);
             }
         }
         let compaction = Arc::new(ImageCompaction::new(manifest, image.start_cursor()));

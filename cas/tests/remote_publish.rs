@@ -8,10 +8,9 @@
 mod chunk_support;
 mod common;
 
-use cas::chunk::remote::RemoteOptions;
 use cas::objects::{MemObjects, ObjectFault};
 use cas::storage::{CrashMode, MemStorage, Storage};
-use cas::store::{ImageKind, StoreRemote};
+use cas::store::{FetchAs, ImageKind};
 use cas::{Image, Store, StoreOptions};
 use chunk_support::crashing;
 use common::*;
@@ -22,24 +21,7 @@ const IMAGE_BYTES: u64 = 4 << 20;
 const WAIT: Duration = Duration::from_secs(5);
 
 fn opts(objects: &MemObjects) -> StoreOptions {
-    StoreOptions {
-        log_segment_bytes: 1 << 20,
-        log_quota_bytes: 16 << 20,
-        background_compaction: false,
-        compaction_batch_bytes: 1 << 20,
-        pack_bytes: 1 << 20,
-        chunk_cache_bytes: 0,
-        remote: StoreRemote(Some(RemoteOptions {
-            upload_threads: 0,
-            claim_bound: Duration::from_millis(1),
-            local_keep_bytes: 0,
-            cache_bytes: 256 << 10,
-            read_retry: Duration::from_millis(20),
-            publish_interval: Duration::ZERO,
-            ..RemoteOptions::new(Arc::new(objects.clone()))
-        })),
-        ..StoreOptions::default()
-    }
+    remote_opts(Some(Arc::new(objects.clone())))
 }
 
 /// A second store (host B) on its own disk, on the same bucket.
@@ -84,7 +66,7 @@ fn another_store_reads_what_one_published_and_nothing_it_did_not() {
 
     let mem_b = MemStorage::new();
     let b = host_b_on(&mem_b, &objects);
-    let r = b.fetch_image("vm").unwrap();
+    let r = b.fetch_image("vm", FetchAs::Replica).unwrap();
     assert_eq!(r.generation, g1);
     assert!(r.foreign_packs > 0, "{r:?}");
     let info = b.list_images().unwrap();
@@ -109,7 +91,7 @@ fn another_store_reads_what_one_published_and_nothing_it_did_not() {
     let want2 = read_tokens(&image).unwrap();
     assert_ne!(want1, want2);
     b.remove_image("vm").unwrap();
-    b.fetch_image("vm").unwrap();
+    b.fetch_image("vm", FetchAs::Replica).unwrap();
     same_tokens(&fetched_tokens(&b, "vm"), &want2, "host B, second publication");
 
     // A reopened publishes a new series (its manifest file is new to it).
@@ -122,7 +104,7 @@ fn another_store_reads_what_one_published_and_nothing_it_did_not() {
     a.publish_wait("vm", WAIT).unwrap();
     let want3 = read_tokens(&image).unwrap();
     let b2 = host_b(&objects);
-    b2.fetch_image("vm").unwrap();
+    b2.fetch_image("vm", FetchAs::Replica).unwrap();
     same_tokens(&fetched_tokens(&b2, "vm"), &want3, "after A reopened");
     let st = a.publish_stats("vm").unwrap();
     assert_eq!(st.published_generation, st.manifest_generation, "{st:?}");
@@ -182,7 +164,7 @@ fn workload(a: &Store, run: &mut Run, wait: Duration) -> cas::Result<()> {
 fn check_after_cut(mem: &MemStorage, objects: &MemObjects, run: &Run, what: &str) {
     if let Some(p) = run.published {
         let b = host_b(objects);
-        b.fetch_image("vm").unwrap_or_else(|e| panic!("{what}: fetch: {e}"));
+        b.fetch_image("vm", FetchAs::Replica).unwrap_or_else(|e| panic!("{what}: fetch: {e}"));
         let got = fetched_tokens(&b, "vm");
         assert!(run.states[p..].contains(&got), "{what}: host B sees a state A never flushed or an old one");
     }
@@ -208,7 +190,7 @@ fn check_after_cut(mem: &MemStorage, objects: &MemObjects, run: &Run, what: &str
         return;
     }
     let b = host_b(objects);
-    b.fetch_image("vm").unwrap();
+    b.fetch_image("vm", FetchAs::Replica).unwrap();
     same_tokens(&fetched_tokens(&b, "vm"), &now, what);
 }
 

@@ -5,34 +5,16 @@
 
 mod common;
 
-use cas::chunk::remote::RemoteOptions;
 use cas::objects::MemObjects;
 use cas::storage::{MemStorage, Storage};
-use cas::store::{StoreRemote, STORE_VERSION};
+use cas::store::STORE_VERSION;
 use cas::{Store, StoreOptions};
 use common::*;
 use std::sync::Arc;
 use std::time::Duration;
 
 fn opts(objects: Option<&MemObjects>) -> StoreOptions {
-    StoreOptions {
-        log_segment_bytes: 1 << 20,
-        log_quota_bytes: 16 << 20,
-        background_compaction: false,
-        compaction_batch_bytes: 1 << 20,
-        pack_bytes: 1 << 20,
-        chunk_cache_bytes: 0,
-        remote: StoreRemote(objects.map(|o| RemoteOptions {
-            upload_threads: 0,
-            claim_bound: Duration::from_millis(1),
-            local_keep_bytes: 0,
-            cache_bytes: 256 << 10,
-            read_retry: Duration::from_millis(200),
-            publish_interval: Duration::ZERO,
-            ..RemoteOptions::new(Arc::new(o.clone()))
-        })),
-        ..StoreOptions::default()
-    }
+    remote_opts(objects.map(|o| Arc::new(o.clone()) as Arc<dyn cas::objects::Objects>))
 }
 
 fn local_packs(mem: &MemStorage) -> usize {

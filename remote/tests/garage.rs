@@ -189,15 +189,16 @@ fn three_nodes_serve_through_a_killed_node() {
 fn the_lease_works_between_two_stores_on_three_nodes() {
     use cas::objects::lease::{Lease, LeaseConfig, LeaseError};
     let Some(cluster) = Cluster::start("lease", 3) else { return };
-    let a_store = S3Objects::open(cluster.config()).unwrap();
-    let b_store = S3Objects::open(cluster.config()).unwrap();
+    use std::sync::Arc;
+    let a_store: Arc<dyn Objects> = Arc::new(S3Objects::open(cluster.config()).unwrap());
+    let b_store: Arc<dyn Objects> = Arc::new(S3Objects::open(cluster.config()).unwrap());
     let cfg = LeaseConfig {
         lease: Duration::from_secs(2),
         claim_bound: Duration::from_millis(500),
         margin: Duration::from_millis(300),
     };
     let prefix = "images/vm1/lease/";
-    let mut a = Lease::acquire(&a_store, prefix, 0xa, cfg, 3).unwrap();
+    let mut a = Lease::acquire(a_store.clone(), prefix, 0xa, cfg, 3).unwrap();
     let renewing = std::sync::atomic::AtomicBool::new(true);
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -206,16 +207,16 @@ fn the_lease_works_between_two_stores_on_three_nodes() {
                 a.renew().unwrap();
             }
         });
-        let r = Lease::acquire(&b_store, prefix, 0xb, cfg, 3).map(|l| l.epoch());
+        let r = Lease::acquire(b_store.clone(), prefix, 0xb, cfg, 3).map(|l| l.epoch());
         renewing.store(false, std::sync::atomic::Ordering::Relaxed);
         assert_eq!(r.err(), Some(LeaseError::Held { store: 0xa, epoch: 1 }), "taken from a renewing holder");
     });
     a.release().unwrap();
-    let b = Lease::acquire(&b_store, prefix, 0xb, cfg, 3).unwrap();
+    let b = Lease::acquire(b_store.clone(), prefix, 0xb, cfg, 3).unwrap();
     assert_eq!(b.epoch(), 2);
     // B goes silent; A takes over after its lease, and B is fenced.
     let mut b = b;
-    let a = Lease::acquire(&a_store, prefix, 0xa, cfg, 3).unwrap();
+    let a = Lease::acquire(a_store.clone(), prefix, 0xa, cfg, 3).unwrap();
     assert_eq!(a.epoch(), 3);
     assert!(matches!(b.renew(), Err(LeaseError::Lost { by_store: 0xa, epoch: 3 })));
 }
@@ -288,7 +289,7 @@ fn a_chunk_store_uploads_and_reads_through_killed_nodes() {
 }
 
 #[test]
-fn a_store_on_another_host_reads_an_image_published_through_killed_nodes() {
+fn another_host_takes_over_an_image_published_through_killed_nodes() {
     use cas::chunk::remote::RemoteOptions;
     use cas::store::StoreRemote;
     use cas::{Store, StoreOptions};
@@ -304,6 +305,11 @@ fn a_store_on_another_host_reads_an_image_published_through_killed_nodes() {
             cache_bytes: 1 << 20,
             claim_bound: Duration::from_millis(500),
             publish_interval: Duration::from_millis(200),
+            // The default lease: renewals must ride out a killed node.
+            lease: Some(cas::objects::lease::LeaseConfig {
+                claim_bound: Duration::from_millis(500),
+                ..Default::default()
+            }),
             ..RemoteOptions::new(objects.clone())
         })),
         ..StoreOptions::default()
@@ -336,10 +342,11 @@ fn a_store_on_another_host_reads_an_image_published_through_killed_nodes() {
     drop((image, a));
     cluster.node("restart", 1);
 
-    // Host B, its own store on the same bucket, with node 2 killed midway
-    // through the reads.
-    let b = Store::create(storage, &base.join("b"), opts()).unwrap();
-    let r = b.fetch_image("vm").unwrap();
+    // Host B, its own store on the same bucket, takes the image over (A
+    // stopped: its lease is released) and reads it with node 2 killed
+    // midway.
+    let b = Store::create(storage.clone(), &base.join("b"), opts()).unwrap();
+    let r = b.fetch_image("vm", cas::store::FetchAs::Owner).unwrap();
     assert!(r.foreign_packs >= 8, "{r:?}");
     let image = b.open_image("vm").unwrap();
     let mut buf = vec![0u8; 64 << 10];
@@ -350,6 +357,14 @@ fn a_store_on_another_host_reads_an_image_published_through_killed_nodes() {
         image.read(i * (256 << 10), &mut buf).unwrap_or_else(|e| panic!("write {i}: {e}"));
         assert!(buf == data(i + 1, 64 << 10), "write {i} differs on host B");
     }
+    // B writes; A, reopened meanwhile, is refused the image.
+    image.write(0, &data(999, 64 << 10), false).unwrap();
+    image.flush().unwrap();
+    let a = Store::open(storage.clone(), &base.join("a"), opts()).unwrap();
+    let Err(e) = a.open_image("vm") else { panic!("host A opened the image host B holds") };
+    eprintln!("host A refused: {e}");
+    assert!(e.to_string().contains("held by store"), "{e}");
+    drop(a);
     let gets = b.chunks().remote_stats().unwrap().gets;
     assert!(gets > 0);
     drop((image, b));

@@ -70,6 +70,13 @@ impl Image {
         self.reclaim_counted(covered_seq).map(|(freed, _)| freed)
     }
 
+    /// Fails the image: writes and flushes fail from now on (reads go on),
+    /// until it is reopened.
+    pub(crate) fn fail(&self, why: String) {
+        tracing::error!(image = %self.name(), "{why}; writes and flushes fail from now on");
+        self.durability.fail(why);
+    }
+
     /// Limits reclamation to records through `seq` (see `reclaim_gate`);
     /// `u64::MAX` lifts the limit.
     pub(crate) fn gate_reclaim(&self, seq: u64) {

@@ -49,6 +49,7 @@
 
 use super::{ObjectError, ObjectErrorKind, Objects};
 use crate::format::{Decoder, Encoder};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MAGIC: [u8; 8] = *b"CASLEASE";
@@ -222,8 +223,8 @@ enum Watch {
 
 /// A held lease. Dropping it does not release it (a crashed holder does
 /// not either); [`Lease::release`] does.
-pub struct Lease<'o> {
-    objects: &'o dyn Objects,
+pub struct Lease {
+    objects: Arc<dyn Objects>,
     prefix: String,
     cfg: LeaseConfig,
     me: Claim,
@@ -235,7 +236,7 @@ pub struct Lease<'o> {
 /// wait out a holder once).
 const LISTINGS_PER_ROUND: u32 = 4;
 
-impl<'o> Lease<'o> {
+impl Lease {
     /// Acquires the lease under `prefix` (a "directory" key ending in `/`)
     /// for `store` (see the module docs), in at most `rounds` rounds when
     /// claims collide or run late. A round waits at most about
@@ -245,12 +246,14 @@ impl<'o> Lease<'o> {
     /// our own id at the newest epoch is taken as left by our own earlier
     /// run (the store's directory lock proves that run is gone).
     pub fn acquire(
-        objects: &'o dyn Objects,
+        objects: Arc<dyn Objects>,
         prefix: &str,
         store: u64,
         cfg: LeaseConfig,
         rounds: u32,
-    ) -> Result<Lease<'o>, LeaseError> {
+    ) -> Result<Lease, LeaseError> {
+        let handle = objects.clone();
+        let objects: &dyn Objects = handle.as_ref();
         let mut contended = 0;
         for round in 0..rounds.max(1) {
             // Holders found silent for a whole lease: if the next listing
@@ -319,7 +322,7 @@ impl<'o> Lease<'o> {
                 continue;
             }
             return Ok(Lease {
-                objects,
+                objects: handle,
                 prefix: prefix.to_string(),
                 cfg,
                 me,
@@ -394,9 +397,10 @@ impl<'o> Lease<'o> {
     /// landed): the lease is lost.
     pub fn renew(&mut self) -> Result<(), LeaseError> {
         let started = Instant::now();
-        let keys = claim_keys(self.objects, &self.prefix)?;
-        if let Some(c) =
-            live_claims(self.objects, &self.prefix, &keys, self.me.epoch + 1)?.iter().min_by_key(|c| c.epoch)
+        let keys = claim_keys(self.objects.as_ref(), &self.prefix)?;
+        if let Some(c) = live_claims(self.objects.as_ref(), &self.prefix, &keys, self.me.epoch + 1)?
+            .iter()
+            .min_by_key(|c| c.epoch)
         {
             self.deadline = started.min(self.deadline);
             return Err(LeaseError::Lost { by_store: c.store, epoch: c.epoch });
@@ -417,7 +421,7 @@ impl<'o> Lease<'o> {
 
     /// Gives the lease up: the next store acquires it without waiting.
     pub fn release(self) -> Result<(), LeaseError> {
-        Self::mark_released(self.objects, &self.prefix, self.me, &self.cfg)?;
+        Self::mark_released(self.objects.as_ref(), &self.prefix, self.me, &self.cfg)?;
         Ok(())
     }
 }

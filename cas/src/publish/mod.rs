@@ -31,6 +31,18 @@
 //! The age of the oldest commit not yet published is reported
 //! (`unpublished_ms`).
 //!
+//! **Ownership.** With `RemoteOptions::lease`, a store writes an image
+//! only under its lease (`cas::objects::lease`), taken when the image is
+//! opened (or fetched to be written) and renewed by the publisher thread
+//! every lease/4. Its roots are keyed by the lease's epoch, so a newer
+//! holder's roots always sort after every older holder's. A root PUT that
+//! returns after the lease's deadline does not count as published. A
+//! lease found lost (a newer epoch) or run out fails the image: writes and
+//! flushes get EIO, reads go on. A store refuses to take the lease of an
+//! image whose newest root another store published from a tree it does not
+//! have (the image was written elsewhere since: fetch it again). Leases are
+//! released when the store closes, so the next store takes them at once.
+//!
 //! **Refusals.** A tree naming chunks that can never be in the bucket
 //! (packs from before the store had a remote, leaves without locations)
 //! is not published: the gate is lifted, so the image works as without a
@@ -44,7 +56,9 @@ pub mod root_object;
 use crate::chunk::ChunkStore;
 use crate::error::{Error, Result};
 use crate::image::Image;
+use crate::manifest::RootRecord;
 use crate::manifest::{Manifest, FIRST_TREE_PAGE};
+use crate::objects::lease::{Lease, LeaseConfig};
 use crate::objects::Objects;
 use ranges::Ranges;
 use root_object::{pages_key, root_key, RootObject};
@@ -73,6 +87,10 @@ pub struct PublishStats {
     pub last_error: Option<String>,
     /// Why the image is not published at all (then its log is not held).
     pub refused: Option<String>,
+    /// The epoch of the store's lease on the image (0: no lease).
+    pub lease_epoch: u64,
+    /// Why the lease was lost (the image then fails its writes).
+    pub lease_lost: Option<String>,
 }
 
 /// How a round ended.
@@ -94,6 +112,9 @@ struct ImageState {
     stats: PublishStats,
     /// When a commit was first seen unpublished.
     behind_since: Option<Instant>,
+    /// The lease the image is written under, and when it was last renewed.
+    lease: Option<Lease>,
+    renewed: Instant,
 }
 
 struct Entry {
@@ -108,7 +129,10 @@ pub struct Publisher {
     objects: Arc<dyn Objects>,
     store_id: u64,
     interval: Duration,
+    lease_cfg: Option<LeaseConfig>,
     images: Mutex<BTreeMap<String, Arc<Entry>>>,
+    /// Leases taken by `fetch_image` for images not opened yet.
+    held: Mutex<BTreeMap<String, Lease>>,
     stop: Mutex<bool>,
     wake: Condvar,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -123,30 +147,43 @@ fn new_series() -> u64 {
 
 impl Publisher {
     /// A publisher for `chunks`' bucket, or None if it has no remote.
-    pub fn new(chunks: &Arc<ChunkStore>, interval: Duration) -> Option<Arc<Publisher>> {
+    pub fn new(
+        chunks: &Arc<ChunkStore>,
+        interval: Duration,
+        lease_cfg: Option<LeaseConfig>,
+    ) -> Option<Arc<Publisher>> {
         let objects = chunks.objects()?.clone();
         Some(Arc::new(Publisher {
             chunks: chunks.clone(),
             objects,
             store_id: chunks.store_id(),
             interval,
+            lease_cfg,
             images: Mutex::default(),
+            held: Mutex::default(),
             stop: Mutex::new(false),
             wake: Condvar::new(),
             thread: Mutex::new(None),
         }))
     }
 
-    /// How often the thread runs its rounds (zero: no thread; rounds run
-    /// only in `publish_wait`).
-    pub fn interval(&self) -> Duration {
-        self.interval
+    /// True when the store needs the thread: it publishes on its own
+    /// (a non-zero interval), or renews leases.
+    pub fn needs_thread(&self) -> bool {
+        !self.interval.is_zero() || self.lease_cfg.is_some()
     }
 
-    /// Starts the thread that runs a round per image every interval.
+    /// Starts the thread that runs a round per image every interval, and
+    /// renews leases every lease/4.
     pub fn start(self: &Arc<Publisher>) -> Result<()> {
         let me = Arc::downgrade(self);
-        let interval = self.interval;
+        let renew = self.lease_cfg.map(|c| c.lease / 4);
+        let interval = match (self.interval.is_zero(), renew) {
+            (false, Some(r)) => self.interval.min(r),
+            (false, None) => self.interval,
+            (true, Some(r)) => r,
+            (true, None) => return Ok(()),
+        };
         let t = std::thread::Builder::new()
             .name("casblk-publish".into())
             .spawn(move || run(me, interval))
@@ -155,25 +192,111 @@ impl Publisher {
         Ok(())
     }
 
-    /// Stops the thread (a round under way finishes first).
+    /// Stops the thread (a round under way finishes first), then
+    /// releases every lease, so the next store takes them at once.
     pub fn stop(&self) {
         *lock(&self.stop) = true;
         self.wake.notify_all();
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
         }
+        let mut leases: Vec<(String, Lease)> = std::mem::take(&mut *lock(&self.held)).into_iter().collect();
+        for (name, e) in std::mem::take(&mut *lock(&self.images)) {
+            if let Some(l) = lock(&e.state).lease.take() {
+                leases.push((name, l));
+            }
+        }
+        for (name, l) in leases {
+            if let Err(e) = l.release() {
+                tracing::warn!(image = %name, error = %e, "releasing the lease failed; the next store waits it out");
+            }
+        }
+    }
+
+    /// Takes the lease on `name` for writing it (None without leases).
+    /// `local` is the root of the copy here (None: none yet); refused if
+    /// the bucket's newest root of `name` was published by another store
+    /// from a different tree: this copy is stale.
+    pub fn acquire(&self, name: &str, local: Option<RootRecord>) -> Result<Option<Lease>> {
+        let Some(cfg) = self.lease_cfg else { return Ok(None) };
+        if let Some(l) = lock(&self.held).remove(name) {
+            if l.is_valid() {
+                return Ok(Some(l));
+            }
+        }
+        let what = || format!("image {name} in {}", self.objects.describe());
+        let lease = Lease::acquire(self.objects.clone(), &lease_prefix(name), self.store_id, cfg, 3)
+            .map_err(|e| Error::Unavailable(what(), format!("its lease is {e}")))?;
+        if let Some(local) = local {
+            if let Some((_, newest)) = fetch::newest_root(self.objects.as_ref(), name)? {
+                if newest.store_id != self.store_id && newest.root != local {
+                    let _ = lease.release();
+                    return Err(Error::Unavailable(
+                        what(),
+                        format!(
+                            "store {:#018x} wrote it since this copy (epoch {}, generation {}): remove it here and fetch it again",
+                            newest.store_id, newest.epoch, newest.root.generation
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(Some(lease))
+    }
+
+    /// Keeps a lease taken before the image is opened (fetch).
+    pub fn hold(&self, name: &str, lease: Lease) {
+        lock(&self.held).insert(name.to_string(), lease);
+    }
+
+    /// Renews every lease due (each lease/4), failing images whose lease
+    /// is lost or ran out.
+    pub fn renew_leases(&self) {
+        let entries: Vec<(String, Arc<Entry>)> =
+            lock(&self.images).iter().map(|(n, e)| (n.clone(), e.clone())).collect();
+        for (name, e) in entries {
+            let mut guard = lock(&e.state);
+            let st = &mut *guard;
+            let Some(l) = st.lease.as_mut() else { continue };
+            if st.renewed.elapsed() < l.renew_every() {
+                continue;
+            }
+            let started = Instant::now();
+            let lost = match l.renew() {
+                Ok(()) => {
+                    st.renewed = started;
+                    None
+                }
+                Err(crate::objects::lease::LeaseError::Store(err)) if l.is_valid() => {
+                    tracing::warn!(image = %name, error = %err, "renewing the lease failed; retried");
+                    None
+                }
+                Err(err) => Some(format!("the lease on image {name} is {err}")),
+            };
+            if let Some(why) = lost {
+                st.lease = None;
+                st.stats.lease_lost = Some(why.clone());
+                if let Some(image) = e.image.upgrade() {
+                    image.fail(why);
+                }
+            }
+        }
     }
 
     /// Publishes `image` from now on. Its log is kept from what its
     /// manifest covers now until a root covering it is in the bucket.
-    pub fn register(&self, name: &str, image: &Arc<Image>, manifest: &Arc<Manifest>) {
+    /// `lease`: the one `acquire` gave, if leases are on.
+    pub fn register(&self, name: &str, image: &Arc<Image>, manifest: &Arc<Manifest>, lease: Option<Lease>) {
         image.gate_reclaim(manifest.covered());
+        let lease_epoch = lease.as_ref().map_or(0, Lease::epoch);
         let state = ImageState {
             file_id: None,
             series: 0,
             ranges: Ranges::default(),
-            stats: PublishStats::default(),
+            stats: PublishStats { lease_epoch, ..PublishStats::default() },
             behind_since: None,
+            lease,
+            renewed: Instant::now(),
         };
         let e = Entry {
             image: Arc::downgrade(image),
@@ -274,7 +397,21 @@ impl Publisher {
         }
     }
 
+    /// Fails unless the image is written under a lease that holds (or
+    /// leases are off).
+    fn check_lease(&self, name: &str, st: &ImageState) -> Result<()> {
+        match (&self.lease_cfg, &st.lease) {
+            (None, _) => Ok(()),
+            (Some(_), Some(l)) if l.is_valid() => Ok(()),
+            (Some(_), _) => Err(Error::Unavailable(
+                format!("publishing image {name}"),
+                st.stats.lease_lost.clone().unwrap_or_else(|| "this store's lease on it ran out".into()),
+            )),
+        }
+    }
+
     fn round(&self, name: &str, image: &Image, manifest: &Manifest, st: &mut ImageState) -> Result<Outcome> {
+        self.check_lease(name, st)?;
         let c = manifest.committed();
         let root = c.root();
         let Some(file_id) = c.file_id() else {
@@ -328,13 +465,16 @@ impl Publisher {
         }
         let obj = RootObject {
             store_id: self.store_id,
-            epoch: 0,
+            epoch: st.stats.lease_epoch,
             size_bytes: image.size_bytes(),
             series,
             root,
             ranges: grown.list.clone(),
         };
-        self.objects.put(&root_key(name, 0, root.generation), &obj.encode())?;
+        self.objects.put(&root_key(name, st.stats.lease_epoch, root.generation), &obj.encode())?;
+        // A root that landed after the lease ran out may be behind a new
+        // holder's: not counted (its epoch sorts it below theirs).
+        self.check_lease(name, st)?;
         st.file_id = Some(file_id);
         st.series = series;
         st.ranges = grown;
@@ -357,12 +497,19 @@ fn from_bucket(e: &Error) -> bool {
     matches!(e, Error::Unavailable(what, _) if what == crate::objects::OBJECT_STORE)
 }
 
-/// The publisher thread: a round per image every `interval`, until stopped
-/// or the publisher is gone.
+/// Where image `name`'s lease claims live.
+pub fn lease_prefix(name: &str) -> String {
+    format!("{}lease/", root_object::image_prefix(name))
+}
+
+/// The publisher thread: lease renewals and a round per image every
+/// `interval`, until stopped or the publisher is gone.
 fn run(me: Weak<Publisher>, interval: Duration) {
     loop {
         let Some(p) = me.upgrade() else { return };
-        let names: Vec<String> = lock(&p.images).keys().cloned().collect();
+        p.renew_leases();
+        let names: Vec<String> =
+            if p.interval.is_zero() { Vec::new() } else { lock(&p.images).keys().cloned().collect() };
         for name in names {
             if *lock(&p.stop) {
                 return;

@@ -2,8 +2,12 @@
 //! publisher thread, see `cas::publish`), and fetching an image another
 //! store published as a read-only replica.
 //!
-//! A replica (`ImageKind::Replica`) is built from the newest root in the
-//! bucket: its manifest is the published pages, its log is empty, and the
+//! A fetched image is built from the newest root in the bucket, as a
+//! writable image under this store's lease ([`FetchAs::Owner`]: taken
+//! before the root is read, so the previous writer is fenced or gone and
+//! no newer root can appear under an older epoch's writer that counts) or
+//! as a read-only replica ([`FetchAs::Replica`], `ImageKind::Replica`, no
+//! lease): its manifest is the published pages, its log is empty, and the
 //! packs its leaves name are recorded as foreign in the chunk store's
 //! catalog, read from the bucket through the extent cache. It holds every
 //! write the publishing store had flushed and compacted when that root was
@@ -27,6 +31,17 @@ impl Drop for PublisherThread {
     fn drop(&mut self) {
         self.0.stop();
     }
+}
+
+/// How `fetch_image` makes the image here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FetchAs {
+    /// Read-only, no lease: as of the newest root; does not follow later
+    /// publications.
+    Replica,
+    /// Writable, under this store's lease (taken first): the store that
+    /// wrote it before must have stopped or let its lease run out.
+    Owner,
 }
 
 /// What `fetch_image` built.
@@ -63,21 +78,28 @@ impl Store {
         self.publisher.as_ref()?.0.stats(name)
     }
 
-    /// Makes image `name` here from its newest root in the bucket: a
-    /// read-only replica (see the module docs). Fails if an image of that
-    /// name exists, or the bucket holds no root of it.
-    pub fn fetch_image(&self, name: &str) -> Result<FetchReport> {
+    /// Makes image `name` here from its newest root in the bucket (see the
+    /// module docs). Fails if an image of that name exists, the bucket
+    /// holds no root of it, or (`Owner`) another store holds its lease.
+    pub fn fetch_image(&self, name: &str, how: FetchAs) -> Result<FetchReport> {
         let objects = self
             .chunks
             .objects()
             .cloned()
             .ok_or_else(|| Error::InvalidArgument("the store has no remote to fetch from".into()))?;
+        crate::store::names::validate_image_name(name)?;
+        if self.storage.exists(&self.image_dir(name)?.join(IMAGE_FILE)) {
+            return Err(Error::AlreadyExists(format!("image {name}")));
+        }
+        let lease = match how {
+            FetchAs::Owner => self.publisher()?.acquire(name, None)?,
+            FetchAs::Replica => None,
+        };
         let (root_key, root) = fetch::newest_root(objects.as_ref(), name)?.ok_or_else(|| {
             Error::NotFound(format!("a published root of image {name} in {}", objects.describe()))
         })?;
         let _maint = lock(&self.maint);
         let _open = self.open.lock();
-        crate::store::names::validate_image_name(name)?;
         let (dir, header) = self.prepare_dir(name, root.size_bytes)?;
         let path = dir.join(MANIFEST_FILE);
         fetch::build_manifest(objects.as_ref(), self.storage.as_ref(), &path, name, &root)?;
@@ -100,10 +122,18 @@ impl Store {
         let own: Vec<u32> = self.chunks.read_files().keys().copied().collect();
         let foreign: Vec<u32> = packs.iter().copied().filter(|p| own.binary_search(p).is_err()).collect();
         self.chunks.adopt_foreign(&foreign)?;
-        let origin = format!("{}/{root_key}", objects.describe());
-        let header = ImageHeader { kind: ImageKind::Replica, origin: Some(origin), ..header };
-        debug_assert!(!self.storage.exists(&dir.join(IMAGE_FILE)));
+        let header = match how {
+            FetchAs::Replica => {
+                let origin = format!("{}/{root_key}", objects.describe());
+                ImageHeader { kind: ImageKind::Replica, origin: Some(origin), ..header }
+            }
+            FetchAs::Owner => header,
+        };
         self.publish_image(&dir, header)?;
+        if let Some(l) = lease {
+            // Until the image is opened (open_image takes it from there).
+            self.publisher()?.hold(name, l);
+        }
         Ok(FetchReport {
             root_key,
             generation: root.root.generation,

@@ -21,6 +21,33 @@ pub fn small_opts() -> StoreOptions {
     }
 }
 
+/// A small store on `objects` as its bucket (none: without a remote):
+/// uploads and publication only when a test asks (no threads), packs
+/// deleted locally once uploaded, no lease.
+pub fn remote_opts(objects: Option<Arc<dyn cas::objects::Objects>>) -> StoreOptions {
+    use cas::chunk::remote::RemoteOptions;
+    use std::time::Duration;
+    StoreOptions {
+        log_segment_bytes: 1 << 20,
+        log_quota_bytes: 16 << 20,
+        background_compaction: false,
+        compaction_batch_bytes: 1 << 20,
+        pack_bytes: 1 << 20,
+        chunk_cache_bytes: 0,
+        remote: cas::store::StoreRemote(objects.map(|o| RemoteOptions {
+            upload_threads: 0,
+            claim_bound: Duration::from_millis(1),
+            local_keep_bytes: 0,
+            cache_bytes: 256 << 10,
+            read_retry: Duration::from_millis(20),
+            publish_interval: Duration::ZERO,
+            lease: None,
+            ..RemoteOptions::new(o)
+        })),
+        ..StoreOptions::default()
+    }
+}
+
 pub fn store_dir() -> PathBuf {
     PathBuf::from("/store")
 }

@@ -88,6 +88,10 @@ pub struct RemoteOptions {
     /// How often open images' manifests are published (default 2 s; see
     /// `cas::publish`). Zero: only when `Store::publish_wait` asks (tests).
     pub publish_interval: Duration,
+    /// The lease a store takes on each image it writes (`cas::objects::lease`;
+    /// default 10 s, claim bound 2 s, margin 1 s). None: no lease (tests of
+    /// one store alone).
+    pub lease: Option<crate::objects::lease::LeaseConfig>,
 }
 
 impl RemoteOptions {
@@ -101,6 +105,7 @@ impl RemoteOptions {
             cache_bytes: 256 << 20,
             read_retry: Duration::from_secs(30),
             publish_interval: Duration::from_secs(2),
+            lease: Some(crate::objects::lease::LeaseConfig::default()),
         }
     }
 }
@@ -116,6 +121,7 @@ impl std::fmt::Debug for RemoteOptions {
             .field("cache_bytes", &self.cache_bytes)
             .field("read_retry", &self.read_retry)
             .field("publish_interval", &self.publish_interval)
+            .field("lease", &self.lease)
             .finish()
     }
 }

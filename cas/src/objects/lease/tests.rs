@@ -18,14 +18,14 @@ fn cfg() -> LeaseConfig {
 #[test]
 fn acquire_renew_release_then_another_store_acquires_at_once() {
     let o = MemObjects::new();
-    let mut a = Lease::acquire(&o, PREFIX, 0xa, cfg(), 1).unwrap();
+    let mut a = Lease::acquire(Arc::new(o.clone()), PREFIX, 0xa, cfg(), 1).unwrap();
     assert_eq!(a.epoch(), 1);
     assert!(a.is_valid());
     a.renew().unwrap();
     a.renew().unwrap();
     a.release().unwrap();
     let started = Instant::now();
-    let b = Lease::acquire(&o, PREFIX, 0xb, cfg(), 1).unwrap();
+    let b = Lease::acquire(Arc::new(o.clone()), PREFIX, 0xb, cfg(), 1).unwrap();
     assert_eq!(b.epoch(), 2);
     assert!(started.elapsed() < cfg().lease, "a released lease is taken without waiting it out");
 }
@@ -34,7 +34,7 @@ fn acquire_renew_release_then_another_store_acquires_at_once() {
 fn a_renewing_holder_is_never_taken_over() {
     let o = MemObjects::new();
     let stop = AtomicBool::new(false);
-    let mut a = Lease::acquire(&o, PREFIX, 0xa, cfg(), 1).unwrap();
+    let mut a = Lease::acquire(Arc::new(o.clone()), PREFIX, 0xa, cfg(), 1).unwrap();
     std::thread::scope(|s| {
         s.spawn(|| {
             while !stop.load(Ordering::Relaxed) {
@@ -46,7 +46,10 @@ fn a_renewing_holder_is_never_taken_over() {
         let mut results = Vec::new();
         for _ in 0..3 {
             let started = Instant::now();
-            results.push((Lease::acquire(&o, PREFIX, 0xb, cfg(), 3).map(|l| l.epoch()), started.elapsed()));
+            results.push((
+                Lease::acquire(Arc::new(o.clone()), PREFIX, 0xb, cfg(), 3).map(|l| l.epoch()),
+                started.elapsed(),
+            ));
         }
         stop.store(true, Ordering::Relaxed);
         for (r, took) in results {
@@ -63,10 +66,10 @@ fn a_renewing_holder_is_never_taken_over() {
 #[test]
 fn a_silent_holder_expires_and_is_fenced() {
     let o = MemObjects::new();
-    let mut a = Lease::acquire(&o, PREFIX, 0xa, cfg(), 1).unwrap();
+    let mut a = Lease::acquire(Arc::new(o.clone()), PREFIX, 0xa, cfg(), 1).unwrap();
     // A stops renewing (a crash, a partition): B waits out its silence.
     let started = Instant::now();
-    let b = Lease::acquire(&o, PREFIX, 0xb, cfg(), 1).unwrap();
+    let b = Lease::acquire(Arc::new(o.clone()), PREFIX, 0xb, cfg(), 1).unwrap();
     assert!(started.elapsed() >= cfg().lease + cfg().margin);
     assert_eq!(b.epoch(), 2);
     assert!(!a.is_valid(), "the old holder's deadline passed before the new one won");
@@ -77,14 +80,14 @@ fn a_silent_holder_expires_and_is_fenced() {
 #[test]
 fn a_store_that_cannot_renew_runs_out_and_is_then_replaced() {
     let o = MemObjects::new();
-    let mut a = Lease::acquire(&o, PREFIX, 0xa, cfg(), 1).unwrap();
+    let mut a = Lease::acquire(Arc::new(o.clone()), PREFIX, 0xa, cfg(), 1).unwrap();
     o.set_fault(ObjectFault::Unreachable);
     assert!(matches!(a.renew(), Err(LeaseError::Store(e)) if e.kind == ObjectErrorKind::Unreachable));
     std::thread::sleep(cfg().lease);
     assert!(!a.is_valid(), "a lease that could not be renewed must run out");
     o.clear_fault();
     assert!(matches!(a.renew(), Err(LeaseError::Lost { .. })), "renewing past the deadline");
-    let b = Lease::acquire(&o, PREFIX, 0xb, cfg(), 1).unwrap();
+    let b = Lease::acquire(Arc::new(o.clone()), PREFIX, 0xb, cfg(), 1).unwrap();
     assert_eq!(b.epoch(), 2);
 }
 
@@ -103,7 +106,7 @@ fn racing_stores_never_hold_it_together() {
             for store in 1..=4u64 {
                 let (o, holders, wins) = (o.clone(), &holders, &wins);
                 s.spawn(move || {
-                    if let Ok(lease) = Lease::acquire(o.as_ref(), PREFIX, store * 7 + round, cfg(), 3) {
+                    if let Ok(lease) = Lease::acquire(o.clone(), PREFIX, store * 7 + round, cfg(), 3) {
                         assert_eq!(
                             holders.fetch_add(1, Ordering::SeqCst),
                             0,
@@ -127,13 +130,13 @@ fn racing_stores_never_hold_it_together() {
 #[test]
 fn a_claim_that_does_not_decode_is_waited_out() {
     let o = MemObjects::new();
-    let a = Lease::acquire(&o, PREFIX, 0xa, cfg(), 1).unwrap();
+    let a = Lease::acquire(Arc::new(o.clone()), PREFIX, 0xa, cfg(), 1).unwrap();
     let k = key(PREFIX, a.epoch(), 0xa);
     let mut bytes = o.get(&k).unwrap();
     bytes[20] ^= 1;
     o.put(&k, &bytes).unwrap();
     let started = Instant::now();
-    let b = Lease::acquire(&o, PREFIX, 0xb, cfg(), 1).unwrap();
+    let b = Lease::acquire(Arc::new(o.clone()), PREFIX, 0xb, cfg(), 1).unwrap();
     assert!(started.elapsed() >= cfg().lease + cfg().margin, "taken after {:?}", started.elapsed());
     assert_eq!(b.epoch(), 2);
 }
@@ -144,7 +147,7 @@ fn a_claim_that_does_not_decode_is_waited_out() {
 fn a_late_lower_claim_does_not_hide_the_renewing_holder() {
     let o = MemObjects::new();
     let stop = AtomicBool::new(false);
-    let mut a = Lease::acquire(&o, PREFIX, 0x50, cfg(), 1).unwrap();
+    let mut a = Lease::acquire(Arc::new(o.clone()), PREFIX, 0x50, cfg(), 1).unwrap();
     // Store 0x30's claim at A's epoch, written too late to win, left held.
     let late = Claim { store: 0x30, epoch: a.epoch(), renewals: 0, released: false, stamp: 0 };
     o.put(&key(PREFIX, late.epoch, late.store), &encode(&late, cfg().lease)).unwrap();
@@ -155,7 +158,7 @@ fn a_late_lower_claim_does_not_hide_the_renewing_holder() {
                 a.renew().unwrap();
             }
         });
-        let r = Lease::acquire(&o, PREFIX, 0xc, cfg(), 2).map(|l| l.epoch());
+        let r = Lease::acquire(Arc::new(o.clone()), PREFIX, 0xc, cfg(), 2).map(|l| l.epoch());
         stop.store(true, Ordering::Relaxed);
         assert_eq!(r.err(), Some(LeaseError::Held { store: 0x50, epoch: 1 }), "taken from a renewing holder");
     });
