@@ -478,6 +478,10 @@ impl Store {
 
     /// Creates an empty image of `size_bytes` (a multiple of 4096, > 0).
     pub fn create_image(&self, name: &str, size_bytes: u64) -> Result<()> {
+        if self.publisher.is_some() {
+            // Publishing it would shadow another store's image of the name.
+            self.refuse_published_name(name)?;
+        }
         let _maint = lock(&self.maint);
         let _open = self.open.lock();
         let (dir, header) = self.prepare_image(name, size_bytes)?;
@@ -548,7 +552,15 @@ impl Store {
             _ => None,
         };
         let view = Arc::new(CompactedView { manifest: manifest.clone(), chunks: self.chunks.clone() });
-        let image = Arc::new(Image::open(self.storage.clone(), &dir, cfg, view)?);
+        let image = match Image::open(self.storage.clone(), &dir, cfg, view) {
+            Ok(image) => Arc::new(image),
+            Err(e) => {
+                if let Some(l) = lease {
+                    let _ = l.release();
+                }
+                return Err(e);
+            }
+        };
         if let Some(p) = &self.publisher {
             if !image.is_read_only() {
                 // Before the compactor sees it: its log is held from here on.

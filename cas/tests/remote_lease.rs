@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 const IMAGE_BYTES: u64 = 4 << 20;
 const WAIT: Duration = Duration::from_secs(5);
 const LEASE: LeaseConfig = LeaseConfig {
-    lease: Duration::from_millis(1000),
+    lease: Duration::from_millis(2000),
     claim_bound: Duration::from_millis(30),
-    margin: Duration::from_millis(100),
+    margin: Duration::from_millis(200),
 };
 
 /// A store's view of the bucket that a test can cut off (the store goes
@@ -117,7 +117,13 @@ fn a_store_takes_over_an_image_another_stopped_and_the_first_is_then_refused() {
     a.create_image("vm", IMAGE_BYTES).unwrap();
     let image = a.open_image("vm").unwrap();
     assert_eq!(a.publish_stats("vm").unwrap().lease_epoch, 1);
-    let want_a = write_and_publish(&a, &image, 1);
+    write_and_publish(&a, &image, 1);
+    // Flushed, not compacted: a clean stop drains it to the bucket.
+    write_round(&image, 11).unwrap();
+    image.flush().unwrap();
+    let g = a.drain_to_bucket(&image, WAIT).unwrap();
+    assert_eq!(a.publish_stats("vm").unwrap().published_generation, g);
+    let want_a = read_tokens(&image).unwrap();
     drop((image, a)); // closes: releases the lease
 
     let (_mem_b, b) = new_store(shared.clone());
@@ -126,7 +132,11 @@ fn a_store_takes_over_an_image_another_stopped_and_the_first_is_then_refused() {
     assert!(started.elapsed() < LEASE.lease, "released: taken without waiting it out");
     let image = b.open_image("vm").unwrap();
     assert_eq!(b.publish_stats("vm").unwrap().lease_epoch, 2);
-    same_tokens(&read_tokens(&image).unwrap(), &want_a, "host B sees what A published");
+    same_tokens(
+        &read_tokens(&image).unwrap(),
+        &want_a,
+        "host B sees every write A flushed before it stopped",
+    );
     let want_b = write_and_publish(&b, &image, 2);
     assert_ne!(want_a, want_b);
 
@@ -147,6 +157,10 @@ fn a_store_takes_over_an_image_another_stopped_and_the_first_is_then_refused() {
     same_tokens(&read_tokens(&image).unwrap(), &want_b, "host C sees what B published");
     // (A's refused open claimed epoch 3 before it saw its copy was stale.)
     assert!(c.publish_stats("vm").unwrap().lease_epoch > 2);
+    // A new image of a published name would shadow it: refused.
+    let (_mem_d, d) = new_store(Arc::new(bucket.clone()));
+    let Err(e) = d.create_image("vm", IMAGE_BYTES) else { panic!("created over a published image") };
+    assert!(e.to_string().contains("fetch it instead"), "{e}");
 }
 
 #[test]

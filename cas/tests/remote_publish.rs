@@ -247,7 +247,8 @@ fn a_bucket_failing_at_every_request_loses_nothing() {
         objects.clear_fault();
         match result {
             Ok(()) => break,
-            Err(e) => assert!(e.to_string().contains("cannot connect"), "{e}"),
+            // The bucket's error, or (a loaded machine) the short wait ran out.
+            Err(e) => assert!(["cannot connect", "within"].iter().any(|m| e.to_string().contains(m)), "{e}"),
         }
         mem.crash(CrashMode::LoseUnsynced);
         check_after_cut(&mem, &objects, &run, &format!("bucket down after {after} requests"));

@@ -47,6 +47,10 @@ impl Cluster {
             return None;
         };
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("garage-{name}"));
+        // One start at a time: each picks free ports, and two starting
+        // together could pick the same one before either listens on it.
+        static STARTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = STARTING.lock().unwrap_or_else(|p| p.into_inner());
         let out = Command::new(script())
             .args(["start", "--nodes", &nodes.to_string(), "--dir"])
             .arg(&dir)

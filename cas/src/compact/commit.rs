@@ -7,6 +7,8 @@
 //!   3. drop the pin                  GC may sweep again
 //!   4. cursor := next                the validated hint for the next batch
 //!   5. image.reclaim_log(covered)    overlay extents, segment files, quota
+//!                                    (no further than the image's reclaim
+//!                                    gate: what its bucket holds, cas::publish)
 //! ```
 //!
 //! Jobs are committed strictly in order. The stage runs inline on the

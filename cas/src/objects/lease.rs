@@ -390,6 +390,14 @@ impl Lease {
         self.cfg.lease / 4
     }
 
+    /// True once a quarter of the lease's validity has passed since it was
+    /// taken or last renewed (counted from its deadline, so a lease handed
+    /// on after a slow open is renewed at once).
+    pub fn renewal_due(&self) -> bool {
+        let full = self.cfg.lease.saturating_sub(self.cfg.margin);
+        self.deadline.saturating_duration_since(Instant::now()) < full * 3 / 4
+    }
+
     /// Extends the lease, or finds it lost. A store failure leaves the
     /// deadline where it was (the lease runs out unless a later renewal
     /// succeeds in time). A renewal whose PUT returns after the current

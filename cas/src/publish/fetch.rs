@@ -17,13 +17,17 @@ pub fn newest_root(objects: &dyn Objects, name: &str) -> Result<Option<(String, 
         return Ok(None);
     };
     let what = PathBuf::from(format!("{}/{key}", objects.describe()));
+    let too_big = |len: u64| Error::Corruption {
+        path: what.clone(),
+        offset: 0,
+        detail: format!("{len} bytes is more than a root object holds"),
+    };
+    if let Some(len) = objects.head(key)?.filter(|&l| l > MAX_ROOT_OBJECT_BYTES) {
+        return Err(too_big(len));
+    }
     let bytes = objects.get(key)?;
     if bytes.len() as u64 > MAX_ROOT_OBJECT_BYTES {
-        return Err(Error::Corruption {
-            path: what,
-            offset: 0,
-            detail: format!("{} bytes is more than a root object holds", bytes.len()),
-        });
+        return Err(too_big(bytes.len() as u64));
     }
     let root = RootObject::decode(&bytes, &what)?;
     if parse_root_key(key) != Some((root.epoch, root.root.generation)) {

@@ -33,8 +33,8 @@
 //!
 //! **Ownership.** With `RemoteOptions::lease`, a store writes an image
 //! only under its lease (`cas::objects::lease`), taken when the image is
-//! opened (or fetched to be written) and renewed by the publisher thread
-//! every lease/4. Its roots are keyed by the lease's epoch, so a newer
+//! opened (or fetched to be written) and renewed by a thread of its own
+//! (never behind a round's PUTs) once a quarter of it has passed. Its roots are keyed by the lease's epoch, so a newer
 //! holder's roots always sort after every older holder's. A root PUT that
 //! returns after the lease's deadline does not count as published. A
 //! lease found lost (a newer epoch) or run out fails the image: writes and
@@ -112,15 +112,33 @@ struct ImageState {
     stats: PublishStats,
     /// When a commit was first seen unpublished.
     behind_since: Option<Instant>,
-    /// The lease the image is written under, and when it was last renewed.
+}
+
+/// An image's lease, apart from its publication state: renewals never
+/// wait for a round's PUTs.
+#[derive(Default)]
+struct LeaseSlot {
     lease: Option<Lease>,
-    renewed: Instant,
+    /// Why it was lost.
+    lost: Option<String>,
 }
 
 struct Entry {
     image: Weak<Image>,
     manifest: Weak<Manifest>,
     state: Mutex<ImageState>,
+    lease: Mutex<LeaseSlot>,
+}
+
+impl Entry {
+    /// Gives the lease up (the image closed or the store stops).
+    fn release(&self, name: &str) {
+        if let Some(l) = lock(&self.lease).lease.take() {
+            if let Err(err) = l.release() {
+                tracing::warn!(image = name, error = %err, "releasing the lease failed; the next store waits it out");
+            }
+        }
+    }
 }
 
 /// Publishes the manifests of a store's open images (see the module docs).
@@ -135,7 +153,7 @@ pub struct Publisher {
     held: Mutex<BTreeMap<String, Lease>>,
     stop: Mutex<bool>,
     wake: Condvar,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    thread: Mutex<Vec<JoinHandle<()>>>,
 }
 
 use crate::sync::lock;
@@ -163,7 +181,7 @@ impl Publisher {
             held: Mutex::default(),
             stop: Mutex::new(false),
             wake: Condvar::new(),
-            thread: Mutex::new(None),
+            thread: Mutex::new(Vec::new()),
         }))
     }
 
@@ -173,22 +191,30 @@ impl Publisher {
         !self.interval.is_zero() || self.lease_cfg.is_some()
     }
 
-    /// Starts the thread that runs a round per image every interval, and
-    /// renews leases every lease/4.
+    /// Starts the threads: one runs a round per image every interval, one
+    /// renews leases (looking every lease/16), so a long round never
+    /// delays a renewal.
     pub fn start(self: &Arc<Publisher>) -> Result<()> {
-        let me = Arc::downgrade(self);
-        let renew = self.lease_cfg.map(|c| c.lease / 4);
-        let interval = match (self.interval.is_zero(), renew) {
-            (false, Some(r)) => self.interval.min(r),
-            (false, None) => self.interval,
-            (true, Some(r)) => r,
-            (true, None) => return Ok(()),
-        };
-        let t = std::thread::Builder::new()
-            .name("casblk-publish".into())
-            .spawn(move || run(me, interval))
-            .map_err(|e| Error::io("publisher thread", e))?;
-        *lock(&self.thread) = Some(t);
+        let mut threads = lock(&self.thread);
+        if !self.interval.is_zero() {
+            let me = Arc::downgrade(self);
+            let interval = self.interval;
+            threads.push(
+                std::thread::Builder::new()
+                    .name("casblk-publish".into())
+                    .spawn(move || run(me, interval, |p| p.publish_all()))
+                    .map_err(|e| Error::io("publisher thread", e))?,
+            );
+        }
+        if let Some(cfg) = self.lease_cfg {
+            let me = Arc::downgrade(self);
+            threads.push(
+                std::thread::Builder::new()
+                    .name("casblk-lease".into())
+                    .spawn(move || run(me, cfg.lease / 16, |p| p.renew_leases()))
+                    .map_err(|e| Error::io("lease thread", e))?,
+            );
+        }
         Ok(())
     }
 
@@ -197,18 +223,21 @@ impl Publisher {
     pub fn stop(&self) {
         *lock(&self.stop) = true;
         self.wake.notify_all();
-        if let Some(t) = lock(&self.thread).take() {
+        for t in std::mem::take(&mut *lock(&self.thread)) {
             let _ = t.join();
         }
-        let mut leases: Vec<(String, Lease)> = std::mem::take(&mut *lock(&self.held)).into_iter().collect();
-        for (name, e) in std::mem::take(&mut *lock(&self.images)) {
-            if let Some(l) = lock(&e.state).lease.take() {
-                leases.push((name, l));
-            }
-        }
-        for (name, l) in leases {
+        for (name, l) in std::mem::take(&mut *lock(&self.held)) {
             if let Err(e) = l.release() {
                 tracing::warn!(image = %name, error = %e, "releasing the lease failed; the next store waits it out");
+            }
+        }
+        let images = std::mem::take(&mut *lock(&self.images));
+        for (name, e) in images {
+            let had = lock(&e.lease).lease.is_some();
+            e.release(&name);
+            if let (true, Some(image)) = (had, e.image.upgrade()) {
+                // Still open elsewhere: its writes could never be published.
+                image.fail(format!("the store closed and released its lease on image {name}"));
             }
         }
     }
@@ -249,24 +278,31 @@ impl Publisher {
         lock(&self.held).insert(name.to_string(), lease);
     }
 
-    /// Renews every lease due (each lease/4), failing images whose lease
-    /// is lost or ran out.
+    /// Renews every lease due (see `Lease::renewal_due`), failing images
+    /// whose lease is lost or ran out, and releases the leases of images
+    /// closed since.
     pub fn renew_leases(&self) {
+        for (name, l) in lock(&self.held).iter_mut() {
+            if l.renewal_due() {
+                if let Err(e) = l.renew() {
+                    tracing::warn!(image = %name, error = %e, "renewing the lease of a fetched image failed");
+                }
+            }
+        }
         let entries: Vec<(String, Arc<Entry>)> =
             lock(&self.images).iter().map(|(n, e)| (n.clone(), e.clone())).collect();
         for (name, e) in entries {
-            let mut guard = lock(&e.state);
-            let st = &mut *guard;
-            let Some(l) = st.lease.as_mut() else { continue };
-            if st.renewed.elapsed() < l.renew_every() {
+            let Some(image) = e.image.upgrade() else {
+                self.forget(&name, &e);
+                continue;
+            };
+            let mut slot = lock(&e.lease);
+            let Some(l) = slot.lease.as_mut() else { continue };
+            if !l.renewal_due() {
                 continue;
             }
-            let started = Instant::now();
             let lost = match l.renew() {
-                Ok(()) => {
-                    st.renewed = started;
-                    None
-                }
+                Ok(()) => None,
                 Err(crate::objects::lease::LeaseError::Store(err)) if l.is_valid() => {
                     tracing::warn!(image = %name, error = %err, "renewing the lease failed; retried");
                     None
@@ -274,11 +310,36 @@ impl Publisher {
                 Err(err) => Some(format!("the lease on image {name} is {err}")),
             };
             if let Some(why) = lost {
-                st.lease = None;
-                st.stats.lease_lost = Some(why.clone());
-                if let Some(image) = e.image.upgrade() {
-                    image.fail(why);
-                }
+                slot.lease = None;
+                slot.lost = Some(why.clone());
+                drop(slot);
+                image.fail(why);
+            }
+        }
+    }
+
+    /// Drops the entry of a closed image (if it is still `e`: a reopen
+    /// registers a new one) and releases its lease.
+    fn forget(&self, name: &str, e: &Arc<Entry>) {
+        {
+            let mut images = lock(&self.images);
+            if images.get(name).is_some_and(|cur| Arc::ptr_eq(cur, e)) {
+                images.remove(name);
+            }
+        }
+        e.release(name);
+    }
+
+    /// A round for every registered image.
+    fn publish_all(&self) {
+        let names: Vec<String> = lock(&self.images).keys().cloned().collect();
+        for name in names {
+            if *lock(&self.stop) {
+                return;
+            }
+            match self.publish(&name) {
+                Ok(_) | Err(Error::NotFound(_)) => {}
+                Err(e) => tracing::debug!(image = %name, error = %e, "publication round failed; retried"),
             }
         }
     }
@@ -295,13 +356,12 @@ impl Publisher {
             ranges: Ranges::default(),
             stats: PublishStats { lease_epoch, ..PublishStats::default() },
             behind_since: None,
-            lease,
-            renewed: Instant::now(),
         };
         let e = Entry {
             image: Arc::downgrade(image),
             manifest: Arc::downgrade(manifest),
             state: Mutex::new(state),
+            lease: Mutex::new(LeaseSlot { lease, lost: None }),
         };
         lock(&self.images).insert(name.to_string(), Arc::new(e));
         self.wake.notify_all();
@@ -312,6 +372,7 @@ impl Publisher {
         let e = lock(&self.images).get(name).cloned()?;
         let st = lock(&e.state);
         let mut s = st.stats.clone();
+        s.lease_lost = lock(&e.lease).lost.clone();
         s.unpublished_ms = st.behind_since.map_or(0, |t| t.elapsed().as_millis() as u64);
         if let Some(m) = e.manifest.upgrade() {
             s.manifest_generation = m.generation();
@@ -326,11 +387,12 @@ impl Publisher {
             .cloned()
             .ok_or_else(|| Error::NotFound(format!("image {name} among the published ones")))?;
         let (Some(image), Some(manifest)) = (e.image.upgrade(), e.manifest.upgrade()) else {
-            lock(&self.images).remove(name);
+            // Closed: the next store takes its lease without waiting.
+            self.forget(name, &e);
             return Err(Error::NotFound(format!("image {name} open")));
         };
         let mut st = lock(&e.state);
-        let r = self.round(name, &image, &manifest, &mut st);
+        let r = self.round(name, &image, &manifest, &mut st, &e.lease);
         match &r {
             Ok(Outcome::UpToDate(_)) => st.behind_since = None,
             Ok(_) => {
@@ -399,19 +461,27 @@ impl Publisher {
 
     /// Fails unless the image is written under a lease that holds (or
     /// leases are off).
-    fn check_lease(&self, name: &str, st: &ImageState) -> Result<()> {
-        match (&self.lease_cfg, &st.lease) {
+    fn check_lease(&self, name: &str, slot: &Mutex<LeaseSlot>) -> Result<()> {
+        let slot = lock(slot);
+        match (&self.lease_cfg, &slot.lease) {
             (None, _) => Ok(()),
             (Some(_), Some(l)) if l.is_valid() => Ok(()),
             (Some(_), _) => Err(Error::Unavailable(
                 format!("publishing image {name}"),
-                st.stats.lease_lost.clone().unwrap_or_else(|| "this store's lease on it ran out".into()),
+                slot.lost.clone().unwrap_or_else(|| "this store's lease on it ran out".into()),
             )),
         }
     }
 
-    fn round(&self, name: &str, image: &Image, manifest: &Manifest, st: &mut ImageState) -> Result<Outcome> {
-        self.check_lease(name, st)?;
+    fn round(
+        &self,
+        name: &str,
+        image: &Image,
+        manifest: &Manifest,
+        st: &mut ImageState,
+        lease: &Mutex<LeaseSlot>,
+    ) -> Result<Outcome> {
+        self.check_lease(name, lease)?;
         let c = manifest.committed();
         let root = c.root();
         let Some(file_id) = c.file_id() else {
@@ -471,10 +541,12 @@ impl Publisher {
             root,
             ranges: grown.list.clone(),
         };
+        // Not after the lease ran out (the page PUTs may have been slow).
+        self.check_lease(name, lease)?;
         self.objects.put(&root_key(name, st.stats.lease_epoch, root.generation), &obj.encode())?;
         // A root that landed after the lease ran out may be behind a new
         // holder's: not counted (its epoch sorts it below theirs).
-        self.check_lease(name, st)?;
+        self.check_lease(name, lease)?;
         st.file_id = Some(file_id);
         st.series = series;
         st.ranges = grown;
@@ -502,28 +574,16 @@ pub fn lease_prefix(name: &str) -> String {
     format!("{}lease/", root_object::image_prefix(name))
 }
 
-/// The publisher thread: lease renewals and a round per image every
-/// `interval`, until stopped or the publisher is gone.
-fn run(me: Weak<Publisher>, interval: Duration) {
+/// A publisher thread: `work` every `period`, until stopped or the
+/// publisher is gone.
+fn run(me: Weak<Publisher>, period: Duration, work: fn(&Publisher)) {
     loop {
         let Some(p) = me.upgrade() else { return };
-        p.renew_leases();
-        let names: Vec<String> =
-            if p.interval.is_zero() { Vec::new() } else { lock(&p.images).keys().cloned().collect() };
-        for name in names {
-            if *lock(&p.stop) {
-                return;
-            }
-            match p.publish(&name) {
-                Ok(_) => {}
-                Err(Error::NotFound(_)) => {}
-                Err(e) => tracing::debug!(image = %name, error = %e, "publication round failed; retried"),
-            }
-        }
+        work(&p);
         let stop = lock(&p.stop);
         if *stop {
             return;
         }
-        let _ = p.wake.wait_timeout(stop, interval);
+        let _ = p.wake.wait_timeout(stop, period);
     }
 }

@@ -29,6 +29,9 @@ const VERSION: u32 = 1;
 const ROOT_RECORD_BYTES: usize = 76;
 /// Largest root object read (about 64 K ranges).
 pub const MAX_ROOT_OBJECT_BYTES: u64 = 1 << 20;
+/// Most pages a published manifest spans (256 TiB of pages: far past the
+/// largest image's tree; keeps page offsets from overflowing).
+const MAX_FILE_PAGES: u64 = 1 << 36;
 
 /// The decoded object (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +120,12 @@ impl RootObject {
             }
             at = end;
             ranges.push((first, end));
+        }
+        if root.file_pages > MAX_FILE_PAGES {
+            return Err(corrupt(format!("a tree of {} pages is more than any image has", root.file_pages)));
+        }
+        if let Some(&(first, end)) = ranges.iter().find(|(a, b)| b - a > super::ranges::MAX_RANGE_PAGES) {
+            return Err(corrupt(format!("page range {first}..{end} is longer than a range object")));
         }
         if at != root.file_pages {
             return Err(corrupt(format!("page ranges end at {at}, the root's tree at {}", root.file_pages)));

@@ -72,10 +72,51 @@ impl Store {
         self.publisher()?.publish_wait(name, timeout)
     }
 
+    /// Hands open image `image` over to the bucket, for a clean stop: makes
+    /// every completed write durable, compacts all of it and publishes,
+    /// within `timeout`. After this (and closing the image), another store
+    /// that takes it over sees every write: the window is 0. Returns the
+    /// generation published.
+    pub fn drain_to_bucket(&self, image: &crate::Image, timeout: Duration) -> Result<u64> {
+        let started = std::time::Instant::now();
+        image.flush()?;
+        let durable = image.durable_seq();
+        loop {
+            let report = self.compact_once(image)?;
+            if report.covered_after >= durable {
+                break;
+            }
+            if started.elapsed() >= timeout {
+                return Err(Error::Unavailable(
+                    format!("draining image {}", image.name()),
+                    format!(
+                        "compaction reached seq {} of {durable} within {timeout:?}",
+                        report.covered_after
+                    ),
+                ));
+            }
+        }
+        self.publish_wait(image.name(), timeout.saturating_sub(started.elapsed()))
+    }
+
     /// What publication has done for open image `name` (None: the store
     /// has no remote, or the image is not open or not published).
     pub fn publish_stats(&self, name: &str) -> Option<PublishStats> {
         self.publisher.as_ref()?.0.stats(name)
+    }
+
+    /// Fails if the bucket holds a published image `name` (a store must
+    /// fetch it, not make a new one of that name).
+    pub(crate) fn refuse_published_name(&self, name: &str) -> Result<()> {
+        let Some(objects) = self.chunks.objects() else { return Ok(()) };
+        match fetch::newest_root(objects.as_ref(), name)? {
+            Some((key, root)) => Err(Error::AlreadyExists(format!(
+                "image {name} in {} (store {:#018x} published it as {key}): fetch it instead",
+                objects.describe(),
+                root.store_id
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Makes image `name` here from its newest root in the bucket (see the
@@ -95,14 +136,35 @@ impl Store {
             FetchAs::Owner => self.publisher()?.acquire(name, None)?,
             FetchAs::Replica => None,
         };
-        let (root_key, root) = fetch::newest_root(objects.as_ref(), name)?.ok_or_else(|| {
+        let r = self.fetch_under(name, how, objects.as_ref());
+        match (r, lease) {
+            (Ok(report), Some(l)) => {
+                // Until the image is opened (open_image takes it from there).
+                self.publisher()?.hold(name, l);
+                Ok(report)
+            }
+            (r, None) => r,
+            (Err(e), Some(l)) => {
+                let _ = l.release();
+                Err(e)
+            }
+        }
+    }
+
+    fn fetch_under(
+        &self,
+        name: &str,
+        how: FetchAs,
+        objects: &dyn crate::objects::Objects,
+    ) -> Result<FetchReport> {
+        let (root_key, root) = fetch::newest_root(objects, name)?.ok_or_else(|| {
             Error::NotFound(format!("a published root of image {name} in {}", objects.describe()))
         })?;
         let _maint = lock(&self.maint);
         let _open = self.open.lock();
         let (dir, header) = self.prepare_dir(name, root.size_bytes)?;
         let path = dir.join(MANIFEST_FILE);
-        fetch::build_manifest(objects.as_ref(), self.storage.as_ref(), &path, name, &root)?;
+        fetch::build_manifest(objects, self.storage.as_ref(), &path, name, &root)?;
         let m = Manifest::open(self.storage.clone(), &path, ManifestOptions::default())?;
         let mut packs = BTreeSet::new();
         let mut unlocated = 0u64;
@@ -130,10 +192,6 @@ impl Store {
             FetchAs::Owner => header,
         };
         self.publish_image(&dir, header)?;
-        if let Some(l) = lease {
-            // Until the image is opened (open_image takes it from there).
-            self.publisher()?.hold(name, l);
-        }
         Ok(FetchReport {
             root_key,
             generation: root.root.generation,
