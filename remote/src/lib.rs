@@ -17,6 +17,9 @@
 //! about `endpoints * (retry_timeout + request_timeout)`, never a hang.
 
 mod classify;
+pub mod settings;
+pub mod testing;
+pub use settings::RemoteSettings;
 
 use cas::objects::{ObjectError, ObjectErrorKind, ObjectInfo, ObjectResult, Objects};
 use futures_util::StreamExt;

@@ -8,79 +8,14 @@
 //! unless CASBLK_REQUIRE_GARAGE=1 (CI), where its absence fails them.
 
 use cas::objects::{ObjectErrorKind, Objects};
+use casblk_remote::testing::GarageCluster as Cluster;
 use casblk_remote::{RemoteConfig, S3Objects};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// A running cluster, stopped on drop.
-struct Cluster {
-    dir: PathBuf,
-    config: RemoteConfig,
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/garage")
-}
-
-fn garage_bin() -> Option<PathBuf> {
-    if let Some(bin) = std::env::var_os("CASBLK_GARAGE_BIN") {
-        return Some(PathBuf::from(bin));
-    }
-    let cache = std::env::var_os("CASBLK_VM_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/casblk-vm")))?;
-    let bin = cache.join("garage/bin/garage");
-    bin.exists().then_some(bin)
-}
-
-impl Cluster {
-    /// Starts `nodes` nodes, or None (after saying why) when there is no
-    /// Garage binary and CI does not require one.
-    fn start(name: &str, nodes: u32) -> Option<Cluster> {
-        let Some(bin) = garage_bin() else {
-            assert!(
-                std::env::var("CASBLK_REQUIRE_GARAGE").as_deref() != Ok("1"),
-                "CASBLK_REQUIRE_GARAGE=1 but no Garage binary: run ci/setup --garage"
-            );
-            eprintln!("skipped: no Garage binary (ci/setup --garage builds it)");
-            return None;
-        };
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("garage-{name}"));
-        // One start at a time: each picks free ports, and two starting
-        // together could pick the same one before either listens on it.
-        static STARTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _one = STARTING.lock().unwrap_or_else(|p| p.into_inner());
-        let out = Command::new(script())
-            .args(["start", "--nodes", &nodes.to_string(), "--dir"])
-            .arg(&dir)
-            .env("CASBLK_GARAGE_BIN", &bin)
-            .output()
-            .expect("run ci/garage");
-        assert!(out.status.success(), "ci/garage start: {}", String::from_utf8_lossy(&out.stderr));
-        let config = RemoteConfig::from_garage_env(&dir.join("env")).unwrap_or_else(|e| panic!("{e}"));
-        Some(Cluster { dir, config })
-    }
-
-    fn config(&self) -> RemoteConfig {
-        self.config.clone()
-    }
-
-    fn node(&self, what: &str, n: u32) {
-        let out = Command::new(script())
-            .args([what, &n.to_string(), "--dir"])
-            .arg(&self.dir)
-            .env("CASBLK_GARAGE_BIN", garage_bin().expect("binary"))
-            .output()
-            .expect("run ci/garage");
-        assert!(out.status.success(), "ci/garage {what} {n}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new(script()).args(["stop", "--dir"]).arg(&self.dir).output();
-    }
+/// A cluster for this test file's `name`.
+fn cluster(name: &str, nodes: u32) -> Option<Cluster> {
+    Cluster::start(&Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("garage-{name}")), nodes)
 }
 
 fn data(seed: u64, len: usize) -> Vec<u8> {
@@ -97,7 +32,7 @@ fn data(seed: u64, len: usize) -> Vec<u8> {
 
 #[test]
 fn objects_round_trip_on_one_node() {
-    let Some(cluster) = Cluster::start("round-trip", 1) else { return };
+    let Some(cluster) = cluster("round-trip", 1) else { return };
     let mut cfg = cluster.config();
     cfg.prefix = "store-a/".into();
     let o = S3Objects::open(cfg).unwrap();
@@ -128,7 +63,7 @@ fn objects_round_trip_on_one_node() {
 /// the request bounds.
 #[test]
 fn bad_setups_are_one_line_errors() {
-    let Some(cluster) = Cluster::start("bad-setups", 1) else { return };
+    let Some(cluster) = cluster("bad-setups", 1) else { return };
     let check = |cfg: RemoteConfig, kind: ObjectErrorKind, words: &str| {
         let started = Instant::now();
         let e = S3Objects::open(cfg).err().expect("open should fail");
@@ -155,7 +90,7 @@ fn bad_setups_are_one_line_errors() {
 /// and everything written is read back after it returns.
 #[test]
 fn three_nodes_serve_through_a_killed_node() {
-    let Some(cluster) = Cluster::start("three-nodes", 3) else { return };
+    let Some(cluster) = cluster("three-nodes", 3) else { return };
     let o = S3Objects::open(cluster.config()).unwrap();
     let first = o.current_endpoint().to_string();
     let started = Instant::now();
@@ -192,7 +127,7 @@ fn three_nodes_serve_through_a_killed_node() {
 #[test]
 fn the_lease_works_between_two_stores_on_three_nodes() {
     use cas::objects::lease::{Lease, LeaseConfig, LeaseError};
-    let Some(cluster) = Cluster::start("lease", 3) else { return };
+    let Some(cluster) = cluster("lease", 3) else { return };
     use std::sync::Arc;
     let a_store: Arc<dyn Objects> = Arc::new(S3Objects::open(cluster.config()).unwrap());
     let b_store: Arc<dyn Objects> = Arc::new(S3Objects::open(cluster.config()).unwrap());
@@ -234,7 +169,7 @@ fn a_chunk_store_uploads_and_reads_through_killed_nodes() {
     use cas::chunk::remote::RemoteOptions;
     use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions};
     use std::sync::Arc;
-    let Some(cluster) = Cluster::start("chunk-store", 3) else { return };
+    let Some(cluster) = cluster("chunk-store", 3) else { return };
     let objects = Arc::new(S3Objects::open(cluster.config()).unwrap());
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("garage-chunk-store-data");
     let _ = std::fs::remove_dir_all(&dir);
@@ -298,7 +233,7 @@ fn another_host_takes_over_an_image_published_through_killed_nodes() {
     use cas::store::StoreRemote;
     use cas::{Store, StoreOptions};
     use std::sync::Arc;
-    let Some(cluster) = Cluster::start("two-hosts", 3) else { return };
+    let Some(cluster) = cluster("two-hosts", 3) else { return };
     let objects = Arc::new(S3Objects::open(cluster.config()).unwrap());
     let base = Path::new(env!("CARGO_TARGET_TMPDIR")).join("garage-two-hosts-data");
     let _ = std::fs::remove_dir_all(&base);

@@ -50,6 +50,39 @@ pub enum Command {
     /// Check a store nothing serves: every checksum, every manifest-to-chunk
     /// reference, the logs, leftovers. Exit 0 clean, 1 problems, 2 could not run.
     Fsck(FsckArgs),
+    /// The store's bucket on an S3 object store (Garage): chunks and
+    /// published manifests go there, so another store can fetch images.
+    #[command(subcommand)]
+    Remote(RemoteCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RemoteCommand {
+    /// Record the store's bucket (it is reached first: a wrong setting fails
+    /// with one line). The secret is never stored: it is read from the key
+    /// file (key id on line 1, secret on line 2) each time the store opens.
+    Set {
+        /// http(s)://HOST:PORT of a node serving the bucket; repeat or
+        /// separate with commas for failover.
+        #[arg(long, required = true)]
+        endpoint: Vec<String>,
+        #[arg(long)]
+        bucket: String,
+        /// Key prefix inside the bucket (empty, or ending in '/').
+        #[arg(long, default_value = "")]
+        prefix: String,
+        #[arg(long, default_value = "garage")]
+        region: String,
+        /// File with the key id and the secret (else the AWS_ACCESS_KEY_ID and
+        /// AWS_SECRET_ACCESS_KEY environment variables).
+        #[arg(long)]
+        key_file: Option<PathBuf>,
+    },
+    /// Print the store's bucket settings.
+    Show {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -114,6 +147,17 @@ pub enum ImageCommand {
         /// Print JSON (bytes) instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// Make image NAME here from its newest published root in the store's
+    /// bucket (from a store nothing serves): writable, under this store's
+    /// lease (the store that wrote it must have stopped, or its lease run
+    /// out), or --read-only, as of that root.
+    Fetch {
+        /// The image, as another store published it.
+        name: String,
+        /// A read-only replica; takes no lease.
+        #[arg(long)]
+        read_only: bool,
     },
     /// Remove an image and its data (refused while it is attached, while it
     /// has snapshots, and for a snapshot while clones of it exist).

@@ -58,7 +58,8 @@ fn control(socket: &Path, cmd: Command, timeout: Duration) -> Result<Value> {
 
 fn open_store(dir: &Path, create: bool) -> Result<Arc<cas::Store>> {
     let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
-    let opts = cas::StoreOptions::default();
+    let opts =
+        cas::StoreOptions { remote: crate::remote::store_remote(dir)?, ..cas::StoreOptions::default() };
     let store = if create {
         cas::Store::open_or_create(storage, dir, opts)
     } else {
@@ -180,6 +181,20 @@ pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
                 None => open_store(&dir, true)?.create_image(&name, size)?,
             }
             println!("{name}");
+        }
+        ImageCommand::Fetch { name, read_only } => {
+            if daemon.is_some() {
+                return Err(anyhow!(
+                    "store {} is served by a running casblk daemon; image fetch works on a store nothing serves (stop its devices first)",
+                    dir.display()
+                ));
+            }
+            let how = if read_only { cas::store::FetchAs::Replica } else { cas::store::FetchAs::Owner };
+            let r = open_store(&dir, false)?.fetch_image(&name, how)?;
+            println!(
+                "{name}: generation {} from {}, {} blocks mapped, {} packs of other stores",
+                r.generation, r.root_key, r.mapped_blocks, r.foreign_packs
+            );
         }
         ImageCommand::Rm { name } => match &daemon {
             Some(s) => {

@@ -38,7 +38,11 @@ pub(crate) fn served(dir: &Path, what: &str) -> anyhow::Error {
 /// (`what`), without background compaction.
 fn open_offline(dir: &Path, what: &str, create: bool) -> Result<Arc<cas::Store>> {
     let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
-    let opts = cas::StoreOptions { background_compaction: false, ..cas::StoreOptions::default() };
+    let opts = cas::StoreOptions {
+        background_compaction: false,
+        remote: crate::remote::store_remote(dir)?,
+        ..cas::StoreOptions::default()
+    };
     let store = if create {
         cas::Store::open_or_create(storage, dir, opts)
     } else {

@@ -15,6 +15,7 @@ mod image_io;
 mod logging;
 mod protocol;
 mod qcow2;
+mod remote;
 mod targets;
 
 use clap::Parser;
@@ -85,6 +86,7 @@ fn run(cli: cli::Cli) -> anyhow::Result<()> {
         cli::Command::Image(cmd) => client::image(&cli.store, cmd),
         cli::Command::Stats(args) => client::stats(&cli.store, &args),
         cli::Command::Gc { json } => client::gc(&cli.store, json),
+        cli::Command::Remote(cmd) => remote::command(&cli.store, cmd),
         cli::Command::Del(args) => devices::del(&args),
         cli::Command::Recover(args) => devices::recover(&args),
         cli::Command::Upgrade(args) => devices::upgrade(&args),

@@ -2,20 +2,14 @@
 //! `casblk fsck` (exit 0 on a clean store, 1 naming the damaged file and
 //! offset, 2 when it cannot run; `--json` parses) and `casblk image export`.
 
+mod common;
+
 use cas::storage::{FsStorage, Storage};
 use cas::{Store, StoreOptions};
+use common::casblk;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Arc;
-
-fn casblk(store: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_casblk"))
-        .arg("--store")
-        .arg(store)
-        .args(args)
-        .output()
-        .expect("casblk runs")
-}
 
 /// Serialises the tests of this file. A store's lock is a flock on an
 /// open file; a child that another test thread forks inherits that file

@@ -110,7 +110,8 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
         Serve::Service(settings) => settings.clone(),
     };
     let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
-    let options = settings.options()?;
+    let mut options = settings.options()?;
+    options.remote = crate::remote::store_remote(&store_dir)?;
     let opened = std::time::Instant::now();
     tracing::info!(store = %store_dir.display(), pid = std::process::id(), "store daemon starting");
     stop_here_for_tests(STOP_AT_STORE_OPEN);
