@@ -368,7 +368,9 @@ impl IndexCheck {
                     entries[i].state = ChunkState::Lost;
                 }
             };
-            if self.pack_files.binary_search(&id).is_err() && self.remote_packs.binary_search(&id).is_ok() {
+            let in_bucket =
+                self.remote_packs.binary_search(&id).is_ok() || self.foreign_packs.binary_search(&id).is_ok();
+            if self.pack_files.binary_search(&id).is_err() && in_bucket {
                 let detail = format!(
                     "pack {id:#010x} is in the bucket only: its {} chunks were not read",
                     slots.len()

@@ -150,7 +150,10 @@ impl ChunkStore {
     pub(crate) fn gc_sweep(&self, _epoch: u32) -> Result<SweepCounts> {
         self.check_poison()?;
         let mut counts = SweepCounts::default();
-        let ids: Vec<u32> = lock(&self.writer).packs.keys().copied().collect();
+        // Other stores' packs are never swept: their manifests name them.
+        let foreign = self.foreign_packs();
+        let ids: Vec<u32> =
+            lock(&self.writer).packs.keys().copied().filter(|id| !foreign.contains(id)).collect();
         let mut dead: Vec<u32> = Vec::new();
         for id in ids {
             let mut guard = lock(&self.writer);

@@ -295,10 +295,13 @@ impl Writer {
     }
 
     /// True for a pack of this store's host slot that is not the active
-    /// one: sealed, or about to be (chunk/remote/), so its bytes must not
-    /// move.
+    /// one (sealed, or about to be: chunk/remote/) or another store's, so
+    /// its bytes must not move.
     pub fn is_sealed(&self, id: u32) -> bool {
-        self.host_slot.is_some_and(|h| remote::catalog::owns(h, id))
+        // Own packs of the host slot but the active one, and other stores'
+        // (remote/foreign.rs); never a pack from before the remote (slot 0).
+        self.host_slot.is_some()
+            && id >> remote::catalog::SEQ_BITS != 0
             && self.active.as_ref().is_none_or(|a| a.id != id)
     }
 

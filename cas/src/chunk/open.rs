@@ -172,7 +172,9 @@ impl ChunkStore {
             c.packs
                 .iter()
                 .filter(|(id, p)| {
-                    p.phase == PackPhase::Uploaded && !pack_ids.contains(id) && bits.contains_key(id)
+                    matches!(p.phase, PackPhase::Uploaded | PackPhase::Foreign)
+                        && !pack_ids.contains(id)
+                        && bits.contains_key(id)
                 })
                 .map(|(&id, p)| (id, p.slots))
                 .collect()
@@ -244,10 +246,9 @@ impl ChunkStore {
                     "a fetched image reads it from the bucket: open the store with its remote".into(),
                 ));
             };
-            files.insert(
-                id,
-                Arc::new(super::remote::RemotePackFile::new(id, pack::slot_offset(slots), reads.clone())),
-            );
+            files.entry(id).or_insert_with(|| {
+                Arc::new(super::remote::RemotePackFile::new(id, pack::slot_offset(slots), reads.clone()))
+            });
         }
         let host_slot = catalog.as_ref().map(|c| c.host_slot);
         // Never an id given out before, even if its file is gone (journal.rs).

@@ -283,22 +283,27 @@ fn count_references(
     let foreign = index.foreign_packs.clone();
     let mut foreign_refs = 0u64;
     let counts = m.check_tree(
-        &mut |block, r| match index.find(&r.tag) {
-            None if r.at.is_some_and(|at| foreign.binary_search(&at.pack).is_ok()) => foreign_refs += 1,
-            Some(e) => {
-                e.refs = e.refs.saturating_add(1);
-                if let Some(at) = r.at {
-                    if at.crc != e.crc {
-                        wrong_crc.push((block, *r, e.crc));
-                    } else if live_packs.binary_search(&at.pack).is_ok()
-                        && (at.pack, at.slot) != (e.pack, e.slot)
-                    {
-                        // Reads go to a pack that exists: it must be where the chunk is.
-                        wrong_place.push((block, *r, e.pack, e.slot));
+        &mut |block, r| {
+            let is_foreign = r.at.is_some_and(|at| foreign.binary_search(&at.pack).is_ok());
+            foreign_refs += u64::from(is_foreign);
+            match index.find(&r.tag) {
+                // Another store's chunk the index does not hold (an import cut short).
+                None if is_foreign => {}
+                Some(e) => {
+                    e.refs = e.refs.saturating_add(1);
+                    if let Some(at) = r.at {
+                        if at.crc != e.crc {
+                            wrong_crc.push((block, *r, e.crc));
+                        } else if live_packs.binary_search(&at.pack).is_ok()
+                            && (at.pack, at.slot) != (e.pack, e.slot)
+                        {
+                            // Reads go to a pack that exists: it must be where the chunk is.
+                            wrong_place.push((block, *r, e.pack, e.slot));
+                        }
                     }
                 }
+                None => missing.push((block, r.tag)),
             }
-            None => missing.push((block, r.tag)),
         },
         &mut |e, first, span| {
             damaged.push((Finding::from_error("manifest-page", Some(name), &path, e), first, span))

@@ -117,8 +117,8 @@ pub struct FsckCounts {
     pub references: u64,
     /// Distinct chunks those references name.
     pub referenced_chunks: u64,
-    /// References to other stores' chunks in the bucket (images fetched
-    /// from it): not in this store's index, not read.
+    /// References to chunks in other stores' packs (fetched images,
+    /// cross-host dedup): in the bucket, their bytes not read.
     pub foreign_references: u64,
     /// Chunks no manifest references (garbage until the next GC sweeps it).
     pub unreferenced_chunks: u64,

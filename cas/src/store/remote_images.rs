@@ -184,6 +184,8 @@ impl Store {
         let own: Vec<u32> = self.chunks.read_files().keys().copied().collect();
         let foreign: Vec<u32> = packs.iter().copied().filter(|p| own.binary_search(p).is_err()).collect();
         self.chunks.adopt_foreign(&foreign)?;
+        // Their index entries (cross-host dedup), durable before the image.
+        self.chunks.sync()?;
         let header = match how {
             FetchAs::Replica => {
                 let origin = format!("{}/{root_key}", objects.describe());

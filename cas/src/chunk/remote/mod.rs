@@ -38,6 +38,7 @@
 pub(crate) mod attach;
 pub mod catalog;
 mod extent_cache;
+mod foreign;
 pub mod host_slot;
 mod pack_file;
 pub mod packidx;
@@ -48,6 +49,7 @@ pub use upload::{pack_key, packidx_key, PART_BYTES};
 
 pub(crate) use attach::attach;
 pub use catalog::{Catalog, CatalogEntry, PackPhase};
+pub use foreign::ForeignImport;
 pub(crate) use pack_file::{RemotePackFile, RemoteReads};
 
 use crate::chunk::pack::slot_offset;
@@ -449,36 +451,45 @@ impl Remote {
         self.state().catalog.host_slot
     }
 
+    /// The slot index of pack `id` from the bucket.
+    pub(crate) fn pack_index(&self, id: u32) -> Result<packidx::PackIndex> {
+        let key = upload::packidx_key(id);
+        let what = PathBuf::from(format!("{}/{key}", self.objects.describe()));
+        let bytes = self.objects.get(&key).map_err(|e| match e.kind {
+            crate::objects::ObjectErrorKind::NotFound => Error::Unavailable(
+                what.display().to_string(),
+                "a published manifest names a pack the bucket does not hold".into(),
+            ),
+            _ => e.into(),
+        })?;
+        let idx = packidx::PackIndex::decode(&bytes, &what)?;
+        if idx.pack != id {
+            return Err(Error::Corruption {
+                path: what,
+                offset: 0,
+                detail: format!("names pack {:#010x}", idx.pack),
+            });
+        }
+        Ok(idx)
+    }
+
     /// Records other stores' packs as foreign, durably, and gives each a
     /// remote handle: their sizes come from their slot indexes in the
-    /// bucket (`packidx/`, written after the pack was confirmed).
-    pub(crate) fn adopt_foreign(&self, ids: &[u32]) -> Result<()> {
+    /// bucket (`packidx/`, written after the pack was confirmed). Returns
+    /// the slot indexes of the packs it adopted.
+    pub(crate) fn adopt_foreign(&self, ids: &[u32]) -> Result<Vec<packidx::PackIndex>> {
         let mut found = Vec::with_capacity(ids.len());
+        let mut indexes = Vec::with_capacity(ids.len());
         for &id in ids {
-            if self.phase(id).is_some() {
+            if self.phase(id).is_some() || catalog::owns(self.host_slot(), id) {
                 continue;
             }
-            let key = upload::packidx_key(id);
-            let what = PathBuf::from(format!("{}/{key}", self.objects.describe()));
-            let bytes = self.objects.get(&key).map_err(|e| match e.kind {
-                crate::objects::ObjectErrorKind::NotFound => Error::Unavailable(
-                    what.display().to_string(),
-                    "a published manifest names a pack the bucket does not hold".into(),
-                ),
-                _ => e.into(),
-            })?;
-            let idx = packidx::PackIndex::decode(&bytes, &what)?;
-            if idx.pack != id {
-                return Err(Error::Corruption {
-                    path: what,
-                    offset: 0,
-                    detail: format!("names pack {:#010x}", idx.pack),
-                });
-            }
+            let idx = self.pack_index(id)?;
             found.push((id, u32::try_from(idx.slots.len()).unwrap_or(u32::MAX)));
+            indexes.push(idx);
         }
         if found.is_empty() {
-            return Ok(());
+            return Ok(indexes);
         }
         let _w = crate::sync::lock(&self.catalog_write);
         let bytes = {
@@ -500,7 +511,7 @@ impl Remote {
             let len = crate::chunk::pack::slot_offset(slots);
             files.entry(id).or_insert_with(|| Arc::new(RemotePackFile::new(id, len, self.reads.clone())));
         }
-        Ok(())
+        Ok(indexes)
     }
 
     /// Replaces the catalog file; the caller holds `catalog_write`.

@@ -169,14 +169,6 @@ impl ChunkStore {
         }
     }
 
-    /// Makes other stores' packs readable here (see `Remote::adopt_foreign`).
-    pub fn adopt_foreign(&self, packs: &[u32]) -> Result<()> {
-        match &self.remote {
-            Some(r) => r.adopt_foreign(packs),
-            None => Err(crate::Error::InvalidArgument("the store has no remote".into())),
-        }
-    }
-
     /// Other stores' packs, read from the bucket.
     pub(crate) fn foreign_packs(&self) -> std::collections::BTreeSet<u32> {
         self.remote.as_ref().map_or_else(Default::default, |r| r.foreign())
