@@ -43,6 +43,9 @@
 //! have (the image was written elsewhere since: fetch it again). Leases are
 //! released when the store closes, so the next store takes them at once.
 //!
+//! **Cross-host dedup.** Every fifth round the thread also imports other
+//! stores' new packs into the dedup index (`ChunkStore::import_foreign`).
+//!
 //! **Refusals.** A tree naming chunks that can never be in the bucket
 //! (packs from before the store had a remote, leaves without locations)
 //! is not published: the gate is lifted, so the image works as without a
@@ -151,6 +154,8 @@ pub struct Publisher {
     images: Mutex<BTreeMap<String, Arc<Entry>>>,
     /// Leases taken by `fetch_image` for images not opened yet.
     held: Mutex<BTreeMap<String, Lease>>,
+    /// Rounds of the publish thread so far.
+    rounds: std::sync::atomic::AtomicU64,
     stop: Mutex<bool>,
     wake: Condvar,
     thread: Mutex<Vec<JoinHandle<()>>>,
@@ -179,6 +184,7 @@ impl Publisher {
             lease_cfg,
             images: Mutex::default(),
             held: Mutex::default(),
+            rounds: Default::default(),
             stop: Mutex::new(false),
             wake: Condvar::new(),
             thread: Mutex::new(Vec::new()),
@@ -330,8 +336,15 @@ impl Publisher {
         e.release(name);
     }
 
-    /// A round for every registered image.
+    /// A round for every registered image; every `IMPORT_EVERY`th call
+    /// also imports other stores' new packs into the dedup index.
     fn publish_all(&self) {
+        let n = self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n.is_multiple_of(IMPORT_EVERY) {
+            if let Err(e) = self.chunks.import_foreign() {
+                tracing::debug!(error = %e, "importing other stores' packs failed; retried");
+            }
+        }
         let names: Vec<String> = lock(&self.images).keys().cloned().collect();
         for name in names {
             if *lock(&self.stop) {
@@ -568,6 +581,10 @@ impl Publisher {
 fn from_bucket(e: &Error) -> bool {
     matches!(e, Error::Unavailable(what, _) if what == crate::objects::OBJECT_STORE)
 }
+
+/// Publish-thread rounds between imports of other stores' packs (with the
+/// default 2 s interval: every 10 s).
+const IMPORT_EVERY: u64 = 5;
 
 /// Where image `name`'s lease claims live.
 pub fn lease_prefix(name: &str) -> String {

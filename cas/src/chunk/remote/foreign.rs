@@ -43,7 +43,8 @@ impl ChunkStore {
 
     /// Cross-host dedup: adopts every pack of another store whose slot
     /// index is in the bucket, enters the chunks of those not indexed
-    /// yet, and syncs.
+    /// yet, and syncs (when it entered any). The publish thread runs it
+    /// every fifth round.
     pub fn import_foreign(&self) -> Result<ForeignImport> {
         let r =
             self.remote.as_ref().ok_or_else(|| Error::InvalidArgument("the store has no remote".into()))?;
@@ -72,7 +73,9 @@ impl ChunkStore {
         report.packs += more.packs;
         report.entries += more.entries;
         report.known += more.known;
-        self.sync()?;
+        if report.entries > 0 {
+            self.sync()?;
+        }
         Ok(report)
     }
 

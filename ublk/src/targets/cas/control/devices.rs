@@ -10,6 +10,9 @@ use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 
+/// How long a detach waits for an image's writes to reach the bucket.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 impl Daemon {
     /// Serves again every quiesced device of this store that has a state
     /// file; returns how many were recovered and how many failed.
@@ -187,10 +190,21 @@ impl Daemon {
         })
     }
 
-    /// After the device stopped: make everything durable, and forget it.
+    /// After the device stopped: make everything durable (and, with a
+    /// bucket, published), and forget it.
     pub(super) fn detach(&self, core: &DeviceCore) {
         if let Err(e) = core.image.flush() {
             tracing::error!(image = %core.name, "flush at detach failed: {e}");
+        } else if self.store.publish_stats(&core.name).is_some() {
+            // A store with a bucket: hand every write over, so a store that
+            // takes the image over sees them all (cas::publish, the window).
+            match self.store.drain_to_bucket(&core.image, DRAIN_TIMEOUT) {
+                Ok(g) => tracing::info!(image = %core.name, generation = g, "published at detach"),
+                Err(e) => tracing::warn!(
+                    image = %core.name,
+                    "publishing at detach failed ({e}); the newest writes stay in its log until it is opened again"
+                ),
+            }
         }
         if let Err(e) = self.path.detach(core) {
             tracing::error!(image = %core.name, "removing the image from the scheduler failed: {e}");

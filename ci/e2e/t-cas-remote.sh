@@ -1,0 +1,45 @@
+# A store on a bucket (a one-node Garage inside the VM): a device's writes
+# reach the bucket when it is deleted; another store fetches the image and
+# serves it as a device with the same bytes; the first store is then
+# refused the image while the second holds its lease; bad settings are one
+# line.
+source "$(dirname "$0")/lib.sh"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+gdir=$SCRATCH/garage
+trap '"$root/ci/garage" stop --dir "$gdir" >/dev/null 2>&1 || true' EXIT
+env_file=$("$root/ci/garage" start --nodes 1 --dir "$gdir") || fail "ci/garage could not start a node"
+# shellcheck disable=SC1090
+source "$env_file"
+key=$SCRATCH/key
+printf '%s\n%s\n' "$CASBLK_GARAGE_KEY_ID" "$CASBLK_GARAGE_SECRET" >"$key"
+bad_key=$SCRATCH/bad-key
+printf '%s\n%s\n' "$CASBLK_GARAGE_KEY_ID" "not-the-secret-at-all" >"$bad_key"
+set_remote() { "$CASBLK" --store "$1" remote set --endpoint "$2" --bucket "$CASBLK_GARAGE_BUCKET" --key-file "$3"; }
+
+a=$(new_store vm 64M)
+expect_error "a wrong secret" set_remote "$a" "$CASBLK_GARAGE_ENDPOINTS" "$bad_key"
+expect_error "an endpoint nothing serves" set_remote "$a" "http://127.0.0.1:9" "$key"
+set_remote "$a" "$CASBLK_GARAGE_ENDPOINTS" "$key" >/dev/null
+
+# Store A: 8 MiB through the device, then del publishes everything.
+head -c 8M /dev/urandom >"$SCRATCH/data"
+dev=$(add_image "$a" vm)
+dd if="$SCRATCH/data" of="$dev" bs=1M oflag=direct conv=fsync status=none
+"$CASBLK" del -n "$(dev_id "$dev")"
+wait_no_devices
+note "store A wrote 8 MiB and detached"
+
+# Store B takes the image over and serves the same bytes.
+b=$(new_store scratch 1M)
+set_remote "$b" "$CASBLK_GARAGE_ENDPOINTS" "$key" >/dev/null
+"$CASBLK" --store "$b" image fetch vm | grep -q "^vm: generation" || fail "fetch printed no report"
+devb=$(add_image "$b" vm)
+cmp -n $((8 << 20)) "$SCRATCH/data" "$devb" || fail "store B's device differs from what store A wrote"
+note "store B serves what store A wrote"
+
+# While B holds the image, A is refused it.
+expect_error "store A adds the image store B holds" add_image "$a" vm
+"$CASBLK" del -a
+wait_no_devices
+"$CASBLK" --store "$b" fsck >/dev/null || fail "store B is not clean after the take-over"
+note "store A refused, store B clean"
