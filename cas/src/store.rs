@@ -598,6 +598,9 @@ impl Store {
             s.compaction = c.stats();
             s.covered_seq = c.manifest().covered();
         }
+        if let Some(p) = self.publish_stats(image.name()) {
+            s.remote = (&p).into();
+        }
         s
     }
 

@@ -108,6 +108,8 @@ fn another_store_reads_what_one_published_and_nothing_it_did_not() {
     same_tokens(&fetched_tokens(&b2, "vm"), &want3, "after A reopened");
     let st = a.publish_stats("vm").unwrap();
     assert_eq!(st.published_generation, st.manifest_generation, "{st:?}");
+    let counters = a.image_stats(&image).remote;
+    assert_eq!(counters.published_generation, st.published_generation, "{counters:?}");
     assert!(st.refused.is_none() && st.ranges >= 1, "{st:?}");
 }
 

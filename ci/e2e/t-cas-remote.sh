@@ -36,6 +36,15 @@ set_remote "$b" "$CASBLK_GARAGE_ENDPOINTS" "$key" >/dev/null
 devb=$(add_image "$b" vm)
 cmp -n $((8 << 20)) "$SCRATCH/data" "$devb" || fail "store B's device differs from what store A wrote"
 note "store B serves what store A wrote"
+"$CASBLK" --store "$b" stats --json >"$SCRATCH/b.json"
+python3 - "$SCRATCH/b.json" <<'PY' || fail "stats lack the image's remote counters"
+import json, sys
+snap = json.load(open(sys.argv[1]))
+c = [i for i in snap["images"] if i["name"] == "vm"][0]["counters"]["cas"]
+assert c["remote.lease_epoch"] >= 1, c
+assert c["remote.lease_lost"] == 0 and c["remote.refused"] == 0, c
+PY
+note "stats show the image's lease and publication"
 
 # While B holds the image, A is refused it.
 expect_error "store A adds the image store B holds" add_image "$a" vm

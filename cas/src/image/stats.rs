@@ -94,6 +94,9 @@ pub struct ImageStats {
     /// the state it keeps per image; zeros from `Image::stats` alone and
     /// for an image the store does not compact.
     pub compaction: CompactStats,
+    /// Publication to the store's bucket: filled in by the store
+    /// (`Store::image_stats`); zeros without a bucket.
+    pub remote: crate::publish::PublishCounters,
 }
 
 impl Counters {

@@ -96,6 +96,42 @@ pub struct PublishStats {
     pub lease_lost: Option<String>,
 }
 
+/// [`PublishStats`] as numbers only, for the stats socket's counters
+/// (`images[].counters.cas.remote.*`; all zero without a bucket).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PublishCounters {
+    pub published_generation: u64,
+    pub published_covered_seq: u64,
+    pub manifest_generation: u64,
+    /// Age of the oldest commit not yet in the bucket: the window's age.
+    pub unpublished_ms: u64,
+    pub ranges: u64,
+    pub publications: u64,
+    pub pages_sent: u64,
+    pub errors: u64,
+    pub lease_epoch: u64,
+    pub lease_lost: bool,
+    pub refused: bool,
+}
+
+impl From<&PublishStats> for PublishCounters {
+    fn from(s: &PublishStats) -> PublishCounters {
+        PublishCounters {
+            published_generation: s.published_generation,
+            published_covered_seq: s.published_covered_seq,
+            manifest_generation: s.manifest_generation,
+            unpublished_ms: s.unpublished_ms,
+            ranges: s.ranges,
+            publications: s.publications,
+            pages_sent: s.pages_sent,
+            errors: s.errors,
+            lease_epoch: s.lease_epoch,
+            lease_lost: s.lease_lost.is_some(),
+            refused: s.refused.is_some(),
+        }
+    }
+}
+
 /// How a round ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
