@@ -599,7 +599,7 @@ impl Store {
             s.covered_seq = c.manifest().covered();
         }
         if let Some(p) = self.publish_stats(image.name()) {
-            s.remote = (&p).into();
+            s.remote = p.counters;
         }
         s
     }

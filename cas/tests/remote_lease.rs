@@ -116,13 +116,13 @@ fn a_store_takes_over_an_image_another_stopped_and_the_first_is_then_refused() {
     let (mem_a, a) = new_store(shared.clone());
     a.create_image("vm", IMAGE_BYTES).unwrap();
     let image = a.open_image("vm").unwrap();
-    assert_eq!(a.publish_stats("vm").unwrap().lease_epoch, 1);
+    assert_eq!(a.publish_stats("vm").unwrap().counters.lease_epoch, 1);
     write_and_publish(&a, &image, 1);
     // Flushed, not compacted: a clean stop drains it to the bucket.
     write_round(&image, 11).unwrap();
     image.flush().unwrap();
     let g = a.drain_to_bucket(&image, WAIT).unwrap();
-    assert_eq!(a.publish_stats("vm").unwrap().published_generation, g);
+    assert_eq!(a.publish_stats("vm").unwrap().counters.published_generation, g);
     let want_a = read_tokens(&image).unwrap();
     drop((image, a)); // closes: releases the lease
 
@@ -131,7 +131,7 @@ fn a_store_takes_over_an_image_another_stopped_and_the_first_is_then_refused() {
     b.fetch_image("vm", FetchAs::Owner).unwrap();
     assert!(started.elapsed() < LEASE.lease, "released: taken without waiting it out");
     let image = b.open_image("vm").unwrap();
-    assert_eq!(b.publish_stats("vm").unwrap().lease_epoch, 2);
+    assert_eq!(b.publish_stats("vm").unwrap().counters.lease_epoch, 2);
     same_tokens(
         &read_tokens(&image).unwrap(),
         &want_a,
@@ -156,7 +156,7 @@ fn a_store_takes_over_an_image_another_stopped_and_the_first_is_then_refused() {
     let image = c.open_image("vm").unwrap();
     same_tokens(&read_tokens(&image).unwrap(), &want_b, "host C sees what B published");
     // (A's refused open claimed epoch 3 before it saw its copy was stale.)
-    assert!(c.publish_stats("vm").unwrap().lease_epoch > 2);
+    assert!(c.publish_stats("vm").unwrap().counters.lease_epoch > 2);
     // A new image of a published name would shadow it: refused.
     let (_mem_d, d) = new_store(Arc::new(bucket.clone()));
     let Err(e) = d.create_image("vm", IMAGE_BYTES) else { panic!("created over a published image") };

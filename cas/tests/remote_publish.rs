@@ -107,10 +107,10 @@ fn another_store_reads_what_one_published_and_nothing_it_did_not() {
     b2.fetch_image("vm", FetchAs::Replica).unwrap();
     same_tokens(&fetched_tokens(&b2, "vm"), &want3, "after A reopened");
     let st = a.publish_stats("vm").unwrap();
-    assert_eq!(st.published_generation, st.manifest_generation, "{st:?}");
+    assert_eq!(st.counters.published_generation, st.counters.manifest_generation, "{st:?}");
     let counters = a.image_stats(&image).remote;
-    assert_eq!(counters.published_generation, st.published_generation, "{counters:?}");
-    assert!(st.refused.is_none() && st.ranges >= 1, "{st:?}");
+    assert_eq!(counters.published_generation, st.counters.published_generation, "{counters:?}");
+    assert!(st.refused.is_none() && st.counters.ranges >= 1, "{st:?}");
 }
 
 #[test]
@@ -128,15 +128,18 @@ fn the_log_is_kept_until_the_manifest_covering_it_is_published() {
     let err = a.publish_wait("vm", Duration::from_millis(300)).unwrap_err();
     assert!(err.to_string().contains("cannot connect"), "{err}");
     let st = a.publish_stats("vm").unwrap();
-    assert!(st.errors > 0 && st.unpublished_ms > 0 && st.published_generation == 0, "{st:?}");
+    assert!(
+        st.counters.errors > 0 && st.counters.unpublished_ms > 0 && st.counters.published_generation == 0,
+        "{st:?}"
+    );
     assert_eq!(image.log_used_bytes(), used);
 
     objects.clear_fault();
     a.publish_wait("vm", WAIT).unwrap();
     // All but the segment being written to goes.
     assert!(image.log_used_bytes() <= 1 << 20, "published: reclaimed ({} bytes)", image.log_used_bytes());
-    assert_eq!(image.reclaim_gate(), Some(a.publish_stats("vm").unwrap().published_covered_seq));
-    assert_eq!(a.publish_stats("vm").unwrap().unpublished_ms, 0);
+    assert_eq!(image.reclaim_gate(), Some(a.publish_stats("vm").unwrap().counters.published_covered_seq));
+    assert_eq!(a.publish_stats("vm").unwrap().counters.unpublished_ms, 0);
 }
 
 /// A's state at each flush: what a fetch may show.

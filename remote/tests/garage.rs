@@ -271,13 +271,16 @@ fn another_host_takes_over_an_image_published_through_killed_nodes() {
         }
     }
     let deadline = Instant::now() + Duration::from_secs(120);
-    while a.publish_stats("vm").is_none_or(|s| s.published_generation < s.manifest_generation) {
+    while a
+        .publish_stats("vm")
+        .is_none_or(|s| s.counters.published_generation < s.counters.manifest_generation)
+    {
         assert!(Instant::now() < deadline, "not published: {:?}", a.publish_stats("vm"));
         std::thread::sleep(Duration::from_millis(50));
     }
     let st = a.publish_stats("vm").unwrap();
     eprintln!("host A published: {st:?}");
-    assert!(st.publications >= 1 && st.refused.is_none(), "{st:?}");
+    assert!(st.counters.publications >= 1 && st.refused.is_none(), "{st:?}");
     drop((image, a));
     cluster.node("restart", 1);
 

@@ -70,66 +70,43 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// What publication has done for one image (`Store::publish_stats`).
+/// What publication has done for one image (`Store::publish_stats`): the
+/// figures, and the messages behind the flags.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PublishStats {
+    #[serde(flatten)]
+    pub counters: PublishCounters,
+    /// The last failed round's message.
+    pub last_error: Option<String>,
+    /// Why the image is not published at all (then its log is not held).
+    pub refused: Option<String>,
+    /// Why the lease was lost (the image then fails its writes).
+    pub lease_lost: Option<String>,
+}
+
+/// Publication's figures, numbers only (the stats socket's counters,
+/// `images[].counters.cas.remote.*`; all zero without a bucket).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PublishCounters {
     /// The newest root in the bucket: its generation and the log seq it
     /// covers (0: none published since open).
     pub published_generation: u64,
     pub published_covered_seq: u64,
     /// The local manifest's generation.
     pub manifest_generation: u64,
-    /// How long the oldest commit not yet published has waited (0: none).
+    /// Age of the oldest commit not yet in the bucket (0: none): the
+    /// window's age.
     pub unpublished_ms: u64,
     /// Page ranges the newest root lists.
     pub ranges: u64,
     pub publications: u64,
     pub pages_sent: u64,
-    /// Rounds that failed (each is retried), and the last one's message.
+    /// Rounds that failed (each is retried).
     pub errors: u64,
-    pub last_error: Option<String>,
-    /// Why the image is not published at all (then its log is not held).
-    pub refused: Option<String>,
     /// The epoch of the store's lease on the image (0: no lease).
-    pub lease_epoch: u64,
-    /// Why the lease was lost (the image then fails its writes).
-    pub lease_lost: Option<String>,
-}
-
-/// [`PublishStats`] as numbers only, for the stats socket's counters
-/// (`images[].counters.cas.remote.*`; all zero without a bucket).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct PublishCounters {
-    pub published_generation: u64,
-    pub published_covered_seq: u64,
-    pub manifest_generation: u64,
-    /// Age of the oldest commit not yet in the bucket: the window's age.
-    pub unpublished_ms: u64,
-    pub ranges: u64,
-    pub publications: u64,
-    pub pages_sent: u64,
-    pub errors: u64,
     pub lease_epoch: u64,
     pub lease_lost: bool,
     pub refused: bool,
-}
-
-impl From<&PublishStats> for PublishCounters {
-    fn from(s: &PublishStats) -> PublishCounters {
-        PublishCounters {
-            published_generation: s.published_generation,
-            published_covered_seq: s.published_covered_seq,
-            manifest_generation: s.manifest_generation,
-            unpublished_ms: s.unpublished_ms,
-            ranges: s.ranges,
-            publications: s.publications,
-            pages_sent: s.pages_sent,
-            errors: s.errors,
-            lease_epoch: s.lease_epoch,
-            lease_lost: s.lease_lost.is_some(),
-            refused: s.refused.is_some(),
-        }
-    }
 }
 
 /// How a round ended.
@@ -403,7 +380,10 @@ impl Publisher {
             file_id: None,
             series: 0,
             ranges: Ranges::default(),
-            stats: PublishStats { lease_epoch, ..PublishStats::default() },
+            stats: PublishStats {
+                counters: PublishCounters { lease_epoch, ..Default::default() },
+                ..Default::default()
+            },
             behind_since: None,
         };
         let e = Entry {
@@ -422,10 +402,12 @@ impl Publisher {
         let st = lock(&e.state);
         let mut s = st.stats.clone();
         s.lease_lost = lock(&e.lease).lost.clone();
-        s.unpublished_ms = st.behind_since.map_or(0, |t| t.elapsed().as_millis() as u64);
+        s.counters.unpublished_ms = st.behind_since.map_or(0, |t| t.elapsed().as_millis() as u64);
         if let Some(m) = e.manifest.upgrade() {
-            s.manifest_generation = m.generation();
+            s.counters.manifest_generation = m.generation();
         }
+        s.counters.lease_lost = s.lease_lost.is_some();
+        s.counters.refused = s.refused.is_some();
         Some(s)
     }
 
@@ -449,7 +431,7 @@ impl Publisher {
             }
             Err(err) => {
                 st.behind_since.get_or_insert_with(Instant::now);
-                st.stats.errors += 1;
+                st.stats.counters.errors += 1;
                 st.stats.last_error = Some(err.to_string());
             }
         }
@@ -461,7 +443,7 @@ impl Publisher {
     fn note_error(&self, name: &str, e: &Error) {
         if let Some(entry) = lock(&self.images).get(name).cloned() {
             let mut st = lock(&entry.state);
-            st.stats.errors += 1;
+            st.stats.counters.errors += 1;
             st.stats.last_error = Some(e.to_string());
         }
     }
@@ -537,13 +519,13 @@ impl Publisher {
             // Never committed: nothing to publish, nothing held.
             return Ok(Outcome::UpToDate(0));
         };
-        if st.file_id == Some(file_id) && root.generation == st.stats.published_generation {
+        if st.file_id == Some(file_id) && root.generation == st.stats.counters.published_generation {
             return Ok(Outcome::UpToDate(root.generation));
         }
-        if st.stats.refused.is_some() && root.generation == st.stats.manifest_generation {
+        if st.stats.refused.is_some() && root.generation == st.stats.counters.manifest_generation {
             return Ok(Outcome::Refused);
         }
-        st.stats.manifest_generation = root.generation;
+        st.stats.counters.manifest_generation = root.generation;
         let (series, ranges) = if st.file_id == Some(file_id) {
             (st.series, st.ranges.clone())
         } else {
@@ -580,11 +562,11 @@ impl Publisher {
         for &(first, end) in &send {
             let pages = c.read_pages(first, end)?;
             self.objects.put(&pages_key(name, series, first, end), &pages)?;
-            st.stats.pages_sent += end - first;
+            st.stats.counters.pages_sent += end - first;
         }
         let obj = RootObject {
             store_id: self.store_id,
-            epoch: st.stats.lease_epoch,
+            epoch: st.stats.counters.lease_epoch,
             size_bytes: image.size_bytes(),
             series,
             root,
@@ -592,7 +574,7 @@ impl Publisher {
         };
         // Not after the lease ran out (the page PUTs may have been slow).
         self.check_lease(name, lease)?;
-        self.objects.put(&root_key(name, st.stats.lease_epoch, root.generation), &obj.encode())?;
+        self.objects.put(&root_key(name, st.stats.counters.lease_epoch, root.generation), &obj.encode())?;
         // A root that landed after the lease ran out may be behind a new
         // holder's: not counted (its epoch sorts it below theirs).
         self.check_lease(name, lease)?;
@@ -600,10 +582,10 @@ impl Publisher {
         st.series = series;
         st.ranges = grown;
         st.stats.refused = None;
-        st.stats.published_generation = root.generation;
-        st.stats.published_covered_seq = root.covered;
-        st.stats.ranges = st.ranges.list.len() as u64;
-        st.stats.publications += 1;
+        st.stats.counters.published_generation = root.generation;
+        st.stats.counters.published_covered_seq = root.covered;
+        st.stats.counters.ranges = st.ranges.list.len() as u64;
+        st.stats.counters.publications += 1;
         image.gate_reclaim(root.covered);
         if let Err(e) = image.reclaim_log(root.covered) {
             // Published all the same; the compactor's next reclaim retries.
