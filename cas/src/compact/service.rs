@@ -176,7 +176,10 @@ fn step(
         PassControl { force_durable: pressure, max_batches: cfg.service_batches, ..PassControl::default() };
     let report = compactor.run_pass(image, state, &ctl)?;
     let mut rolled = false;
-    if blocked && report.covered_after == image.durable_seq() && !image.has_undurable_records() {
+    // Only when the closed segment can go: not past the reclaim gate (a
+    // bucket behind would leave it, and the rest of it, unreclaimable).
+    let reclaimable = image.reclaim_gate().map_or(report.covered_after, |g| g.min(report.covered_after));
+    if blocked && reclaimable == image.durable_seq() && !image.has_undurable_records() {
         rolled = image.roll_covered_segment(report.covered_after)?;
         if rolled {
             let (freed, deleted) = image.reclaim_counted(report.covered_after)?;
