@@ -53,7 +53,8 @@ pub struct FetchReport {
     pub size_bytes: u64,
     pub mapped_blocks: u64,
     pub manifest_pages: u64,
-    /// Other stores' packs it names (read from the bucket).
+    /// Other stores' packs it names (read from the bucket), whether this
+    /// fetch adopted them or an import had already.
     pub foreign_packs: u64,
 }
 
@@ -181,11 +182,13 @@ impl Store {
                 detail: format!("{unlocated} published blocks have no chunk location"),
             });
         }
-        let own: Vec<u32> = self.chunks.read_files().keys().copied().collect();
-        let foreign: Vec<u32> = packs.iter().copied().filter(|p| own.binary_search(p).is_err()).collect();
-        self.chunks.adopt_foreign(&foreign)?;
+        // Packs of other stores (adopt_foreign skips own and known ones).
+        let named: Vec<u32> = packs.iter().copied().collect();
+        self.chunks.adopt_foreign(&named)?;
         // Their index entries (cross-host dedup), durable before the image.
         self.chunks.sync()?;
+        let known = self.chunks.foreign_packs();
+        let foreign = packs.iter().filter(|p| known.contains(p)).count();
         let header = match how {
             FetchAs::Replica => {
                 let origin = format!("{}/{root_key}", objects.describe());
@@ -200,7 +203,7 @@ impl Store {
             size_bytes: root.size_bytes,
             mapped_blocks: root.root.mapped_blocks,
             manifest_pages: root.root.live_pages,
-            foreign_packs: foreign.len() as u64,
+            foreign_packs: foreign as u64,
         })
     }
 }
