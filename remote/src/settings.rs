@@ -92,7 +92,9 @@ impl RemoteSettings {
         let mut d = Decoder::new(&body[8..]);
         let short = || corrupt("remote settings are cut short".into());
         format::check_version("remote settings", d.u32().ok_or_else(short)?, VERSION)?;
-        let _reserved = d.u32().ok_or_else(short)?;
+        if d.u32().ok_or_else(short)? != 0 {
+            return Err(corrupt("reserved bytes are not zero".into()));
+        }
         let mut s = || -> Result<String> {
             let n = d.u16().ok_or_else(short)? as usize;
             let b = d.bytes(n).ok_or_else(short)?;

@@ -100,7 +100,9 @@ impl RootObject {
         let mut d = Decoder::new(&body[8..]);
         let short = || corrupt("published root is cut short".into());
         format::check_version("published manifest root", d.u32().ok_or_else(short)?, VERSION)?;
-        let _reserved = d.u32().ok_or_else(short)?;
+        if d.u32().ok_or_else(short)? != 0 {
+            return Err(corrupt("reserved bytes are not zero".into()));
+        }
         let store_id = d.u64().ok_or_else(short)?;
         let epoch = d.u64().ok_or_else(short)?;
         let size_bytes = d.u64().ok_or_else(short)?;

@@ -134,6 +134,11 @@ impl Catalog {
             last = Some(id);
             packs.insert(id, CatalogEntry { phase, slots });
         }
+        let foreign = packs.values().any(|p| p.phase == PackPhase::Foreign);
+        if version == VERSION && !foreign {
+            // Written only for a catalog with a foreign pack: one encoding each.
+            return Err(corrupt(format!("a version {version} catalog without a foreign pack")));
+        }
         Ok(Catalog { store_id, host_slot, packs })
     }
 
@@ -217,6 +222,12 @@ mod tests {
         let mut own = sample();
         own.packs.insert(first_pack_id(3) + 5, CatalogEntry { phase: PackPhase::Foreign, slots: 3 });
         assert!(Catalog::decode(&own.encode(), Path::new("/c")).is_err(), "an own pack cannot be foreign");
+        let mut v2_alone = sample().encode();
+        v2_alone[8] = 2;
+        let n = v2_alone.len();
+        let crc = format::crc32c(&v2_alone[..n - 4]);
+        v2_alone[n - 4..].copy_from_slice(&crc.to_le_bytes());
+        assert!(Catalog::decode(&v2_alone, Path::new("/c")).is_err(), "version 2 without a foreign pack");
         let mut legacy = sample();
         legacy.packs.insert(7, CatalogEntry { phase: PackPhase::Foreign, slots: 3 });
         assert!(Catalog::decode(&legacy.encode(), Path::new("/c")).is_err(), "slot 0 is never in a bucket");
