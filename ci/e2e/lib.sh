@@ -127,21 +127,44 @@ wait_no_devices() {
     fail "devices still present: $(ls /sys/class/ublk-char)"
 }
 
-# Waits (bounded) until the daemon of STORE has compacted everything durable
-# in every attached image: each image's covered seq reaches its durable seq.
-wait_compacted() {
-    local store=$1
+# Waits (bounded, 120 s) until CONDITION, a Python expression over `c`
+# (one image's `cas` counters), holds for every image STORE's daemon
+# serves; WHAT names the wait in the failure.
+wait_images() {
+    local store=$1 cond=$2 what=$3
     for _ in $(seq 240); do
-        if "$CASBLK" --store "$store" stats --json | python3 -c '
+        if "$CASBLK" --store "$store" stats --json | python3 -c "
 import json, sys
 snap = json.load(sys.stdin)
-ok = all(i["counters"]["cas"]["covered_seq"] >= i["counters"]["cas"]["durable_seq"] for i in snap["images"])
-sys.exit(0 if ok else 1)'; then
+sys.exit(0 if all($cond for c in (i['counters']['cas'] for i in snap['images'])) else 1)"; then
             return 0
         fi
         sleep 0.5
     done
-    fail "compaction did not catch up within 120 s"
+    fail "$what did not catch up within 120 s"
+}
+
+# Until STORE's daemon has compacted everything durable in every image.
+wait_compacted() { wait_images "$1" "c['covered_seq'] >= c['durable_seq']" compaction; }
+
+# Until every image of STORE's daemon has published all it made durable:
+# the bucket's newest root covers the durable seq.
+wait_published() { wait_images "$1" "c['remote.published_covered_seq'] >= c['durable_seq']" publication; }
+
+# Starts a one-node Garage under $SCRATCH/garage, stopped when the test
+# exits, and sources its settings (CASBLK_GARAGE_*); $GARAGE_KEY is a key
+# file for `casblk remote set`.
+start_garage() {
+    GARAGE_DIR=$SCRATCH/garage
+    local env_file ci
+    ci=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    # shellcheck disable=SC2064
+    trap "'$ci/garage' stop --dir '$GARAGE_DIR' >/dev/null 2>&1 || true" EXIT
+    env_file=$("$ci/garage" start --nodes 1 --dir "$GARAGE_DIR") || fail "ci/garage could not start a node"
+    # shellcheck disable=SC1090
+    source "$env_file"
+    GARAGE_KEY=$SCRATCH/key
+    printf '%s\n%s\n' "$CASBLK_GARAGE_KEY_ID" "$CASBLK_GARAGE_SECRET" >"$GARAGE_KEY"
 }
 
 # Prints counter KEY of source SRC (e.g. store dedup_ratio) from STORE's stats.

@@ -4,14 +4,8 @@
 # refused the image while the second holds its lease; bad settings are one
 # line.
 source "$(dirname "$0")/lib.sh"
-root=$(cd "$(dirname "$0")/../.." && pwd)
-gdir=$SCRATCH/garage
-trap '"$root/ci/garage" stop --dir "$gdir" >/dev/null 2>&1 || true' EXIT
-env_file=$("$root/ci/garage" start --nodes 1 --dir "$gdir") || fail "ci/garage could not start a node"
-# shellcheck disable=SC1090
-source "$env_file"
-key=$SCRATCH/key
-printf '%s\n%s\n' "$CASBLK_GARAGE_KEY_ID" "$CASBLK_GARAGE_SECRET" >"$key"
+start_garage
+key=$GARAGE_KEY
 bad_key=$SCRATCH/bad-key
 printf '%s\n%s\n' "$CASBLK_GARAGE_KEY_ID" "not-the-secret-at-all" >"$bad_key"
 set_remote() { "$CASBLK" --store "$1" remote set --endpoint "$2" --bucket "$CASBLK_GARAGE_BUCKET" --key-file "$3"; }

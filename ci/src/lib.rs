@@ -56,6 +56,19 @@ pub fn filesystem_of(path: &std::path::Path) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// CPU seconds (user + system, every thread) process `pid` has used
+/// (`"self"` for this one), from `/proc/PID/stat` (10 ms clock ticks);
+/// None once it is gone.
+pub fn process_cpu_secs(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are the
+    // 14th and 15th fields of the whole line.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
 /// Writes `target/bench/NAME.json` and returns its path.
 pub fn write_results(name: &str, value: &serde_json::Value) -> PathBuf {
     let path = results_dir().join(format!("{name}.json"));

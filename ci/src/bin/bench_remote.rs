@@ -21,6 +21,11 @@
 //!   `local_read_p99_us` are the medians of the rounds' p99s. Target:
 //!   cached <= 1.5 x local.
 //!
+//! - `upload_cpu`: where the best upload arm's CPU went (this process
+//!   and the Garage nodes, core-seconds per GiB from /proc), whether the
+//!   cores were all busy, and the rate they allow with no client cost at
+//!   all: three replicas on the client's own cores bound the upload.
+//!
 //! `BENCH_NODES=1` runs one node instead (replication factor 1),
 //! `BENCH_UNSIGNED=1` sends unsigned payloads.
 //!
@@ -296,10 +301,32 @@ fn cross_host(dir: &Path, mut cfg: RemoteConfig, mib: u64) -> serde_json::Value 
     })
 }
 
-/// PUTs every pack with `in_flight` at a time; MiB/s.
-fn upload(objects: &Arc<S3Objects>, packs: &[PathBuf], in_flight: usize) -> f64 {
+/// CPU seconds used so far by this process and by the Garage nodes whose
+/// pid files are under `garage_dir` (`nN/pid`).
+fn cpu_now(garage_dir: &Path) -> (f64, f64) {
+    let client = casblk_ci::process_cpu_secs("self").unwrap_or(0.0);
+    let nodes = std::fs::read_dir(garage_dir).into_iter().flatten().flatten();
+    let garage = nodes
+        .filter_map(|e| std::fs::read_to_string(e.path().join("pid")).ok())
+        .filter_map(|pid| casblk_ci::process_cpu_secs(pid.trim()))
+        .sum();
+    (client, garage)
+}
+
+/// One upload arm: its rate and where its CPU went.
+struct Upload {
+    mib_s: f64,
+    wall_s: f64,
+    bytes: u64,
+    client_cpu_s: f64,
+    garage_cpu_s: f64,
+}
+
+/// PUTs every pack with `in_flight` at a time.
+fn upload(objects: &Arc<S3Objects>, garage_dir: &Path, packs: &[PathBuf], in_flight: usize) -> Upload {
     let next = AtomicUsize::new(0);
     let bytes: u64 = packs.iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum();
+    let cpu = cpu_now(garage_dir);
     let started = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..in_flight {
@@ -312,12 +339,37 @@ fn upload(objects: &Arc<S3Objects>, packs: &[PathBuf], in_flight: usize) -> f64 
             });
         }
     });
-    let rate = mib_s(bytes, started.elapsed().as_secs_f64());
+    let wall_s = started.elapsed().as_secs_f64();
+    let after = cpu_now(garage_dir);
     for path in packs {
         let key = format!("packs/{}", path.file_name().expect("name").to_string_lossy());
         objects.delete(&key).unwrap_or_else(|e| panic!("{e}"));
     }
-    rate
+    Upload {
+        mib_s: mib_s(bytes, wall_s),
+        wall_s,
+        bytes,
+        client_cpu_s: after.0 - cpu.0,
+        garage_cpu_s: after.1 - cpu.1,
+    }
+}
+
+/// Where the best upload arm's CPU went, per GiB uploaded, and the rates
+/// this machine's cores allow: `ceiling_mib_s` with every core busy at
+/// that cost, `garage_only_ceiling_mib_s` if the client cost nothing (the
+/// most any client change could reach with these nodes on these cores).
+fn cpu_report(u: &Upload) -> serde_json::Value {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let gib = u.bytes as f64 / (1u64 << 30) as f64;
+    let (client, garage) = (u.client_cpu_s / gib, u.garage_cpu_s / gib);
+    serde_json::json!({
+        "machine_cores": cores,
+        "client_core_s_per_gib": client,
+        "garage_core_s_per_gib": garage,
+        "busy_cores": (u.client_cpu_s + u.garage_cpu_s) / u.wall_s,
+        "ceiling_mib_s": cores * 1024.0 / (client + garage),
+        "garage_only_ceiling_mib_s": cores * 1024.0 / garage,
+    })
 }
 
 fn main() {
@@ -337,28 +389,31 @@ fn main() {
     let cross = cross_host(&root.join("remote-cross"), cfg, mib / 2);
     let (append, packs, local_store, local_samples) = local_append(&root.join("remote-local"), mib);
     let mut by_in_flight = serde_json::Map::new();
-    let mut best = (0.0f64, 0usize);
+    let mut best: Option<(Upload, usize)> = None;
     for in_flight in [1usize, 4, 8] {
-        let rate = upload(&objects, &packs, in_flight);
-        by_in_flight.insert(in_flight.to_string(), serde_json::json!(rate));
-        if rate > best.0 {
-            best = (rate, in_flight);
+        let u = upload(&objects, &garage_dir, &packs, in_flight);
+        by_in_flight.insert(in_flight.to_string(), serde_json::json!(u.mib_s));
+        if best.as_ref().is_none_or(|(b, _)| u.mib_s > b.mib_s) {
+            best = Some((u, in_flight));
         }
     }
+    let (best, best_in_flight) = best.expect("three upload arms");
+    let upload_cpu = cpu_report(&best);
     let local = (local_store, local_samples);
     let pipeline = pipeline(&root.join("remote-store"), mib, objects.clone(), 4, &local);
     drop(local);
     let _ = std::fs::remove_dir_all(root.join("remote-local"));
     garage(&["stop", "--dir", &garage_dir.to_string_lossy()]);
     let _ = std::fs::remove_dir_all(root.join("remote-store"));
-    let ratio = best.0 / append;
+    let ratio = best.mib_s / append;
     let fig = |k: &str| pipeline[k].as_f64().unwrap_or(f64::NAN);
     let (local_read, cached_read) = (fig("local_read_p99_us"), fig("cached_read_p99_us"));
     let cached_ratio = cached_read / local_read;
     let v = serde_json::json!({
         "local_pack_append_mib_s": append,
-        "upload_mib_s": best.0,
-        "upload_in_flight": best.1,
+        "upload_mib_s": best.mib_s,
+        "upload_in_flight": best_in_flight,
+        "upload_cpu": upload_cpu,
         "upload_by_in_flight": by_in_flight,
         "upload_over_append": ratio,
         "pipeline": pipeline,

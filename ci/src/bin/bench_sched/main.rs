@@ -96,16 +96,9 @@ fn env_f64(name: &str, default: f64) -> f64 {
     std::env::var(name).map_or(default, |s| s.parse().unwrap_or_else(|_| panic!("{name}={s}: not a number")))
 }
 
-/// CPU seconds (user + system) this process has used, from /proc/self/stat
-/// (clock ticks of 10 ms).
+/// CPU seconds (user + system) this process has used.
 fn process_cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("read /proc/self/stat");
-    // Fields after the parenthesised command name; utime and stime are the
-    // 14th and 15th fields of the whole line.
-    let rest = &stat[stat.rfind(')').expect("a /proc stat line") + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
-    ticks as f64 / 100.0
+    casblk_ci::process_cpu_secs("self").expect("read /proc/self/stat")
 }
 
 struct Setup {
