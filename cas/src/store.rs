@@ -361,16 +361,15 @@ impl Store {
                 opts.background_cpu,
             )
         });
-        let publisher =
-            match opts.remote.0.as_ref().and_then(|r| Publisher::new(&chunks, r.publish_interval, r.lease)) {
-                Some(p) => {
-                    if p.needs_thread() {
-                        p.start()?;
-                    }
-                    Some(remote_images::PublisherThread(p))
+        let publisher = match opts.remote.0.as_ref().and_then(|r| Publisher::new(&chunks, r)) {
+            Some(p) => {
+                if p.needs_thread() {
+                    p.start()?;
                 }
-                None => None,
-            };
+                Some(remote_images::PublisherThread(p))
+            }
+            None => None,
+        };
         Ok(Arc::new(Store {
             service,
             publisher,

@@ -54,15 +54,11 @@ fn another_store_reads_what_one_published_and_nothing_it_did_not() {
     let (mem, a) = mem_store(opts(&objects));
     a.create_image("vm", IMAGE_BYTES).unwrap();
     let image = a.open_image("vm").unwrap();
-    write_round(&image, 1).unwrap();
-    image.flush().unwrap();
-    a.compact_once(&image).unwrap();
+    compacted_round(&a, &image, 1);
     let g1 = a.publish_wait("vm", WAIT).unwrap();
     let want1 = read_tokens(&image).unwrap();
     // Flushed and compacted, not published: host B must not see it yet.
-    write_round(&image, 2).unwrap();
-    image.flush().unwrap();
-    a.compact_once(&image).unwrap();
+    compacted_round(&a, &image, 2);
 
     let mem_b = MemStorage::new();
     let b = host_b_on(&mem_b, &objects);
@@ -98,9 +94,7 @@ fn another_store_reads_what_one_published_and_nothing_it_did_not() {
     drop((image, a));
     let a = reopen(&mem, opts(&objects)).unwrap();
     let image = a.open_image("vm").unwrap();
-    write_round(&image, 3).unwrap();
-    image.flush().unwrap();
-    a.compact_once(&image).unwrap();
+    compacted_round(&a, &image, 3);
     a.publish_wait("vm", WAIT).unwrap();
     let want3 = read_tokens(&image).unwrap();
     let b2 = host_b(&objects);
@@ -140,6 +134,98 @@ fn the_log_is_kept_until_the_manifest_covering_it_is_published() {
     assert!(image.log_used_bytes() <= 1 << 20, "published: reclaimed ({} bytes)", image.log_used_bytes());
     assert_eq!(image.reclaim_gate(), Some(a.publish_stats("vm").unwrap().counters.published_covered_seq));
     assert_eq!(a.publish_stats("vm").unwrap().counters.unpublished_ms, 0);
+}
+
+/// Keys of image `vm`'s objects of `kind` (`roots`, `pages`).
+fn image_keys(objects: &MemObjects, kind: &str) -> Vec<String> {
+    objects.keys().into_iter().filter(|k| k.starts_with(&format!("images/vm/{kind}/"))).collect()
+}
+
+/// Round `r` of writes, flushed and compacted.
+fn compacted_round(a: &Store, image: &Image, r: u64) {
+    write_round(image, r).unwrap();
+    image.flush().unwrap();
+    a.compact_once(image).unwrap();
+}
+
+fn publish_round(a: &Store, image: &Image, r: u64) {
+    compacted_round(a, image, r);
+    a.publish_wait("vm", WAIT).unwrap();
+}
+
+#[test]
+fn superseded_roots_and_ranges_leave_the_bucket_after_their_grace() {
+    let objects = MemObjects::new();
+    let (mem, a) = mem_store(opts(&objects));
+    a.create_image("vm", IMAGE_BYTES).unwrap();
+    let image = a.open_image("vm").unwrap();
+    let mut sent = 0;
+    for r in 1..=8 {
+        publish_round(&a, &image, r);
+        let st = a.publish_stats("vm").unwrap().counters;
+        assert_eq!(image_keys(&objects, "roots").len(), 1, "round {r}: only the newest root stays");
+        assert_eq!(image_keys(&objects, "pages").len() as u64, st.ranges, "round {r}: only its ranges stay");
+        assert_eq!(st.superseded_pending, 0, "round {r}: {st:?}");
+        sent = st.pages_sent;
+    }
+    let st = a.publish_stats("vm").unwrap().counters;
+    assert!(st.superseded_deleted > 7, "7 roots and some merged ranges: {st:?}");
+    assert!(sent > st.ranges, "ranges merged and were replaced: {st:?}");
+
+    // A reopened publishes a new series; the old one goes.
+    drop((image, a));
+    let a = reopen(&mem, opts(&objects)).unwrap();
+    let image = a.open_image("vm").unwrap();
+    publish_round(&a, &image, 9);
+    let roots = image_keys(&objects, "roots");
+    let pages = image_keys(&objects, "pages");
+    assert_eq!(roots.len(), 1, "{roots:?}");
+    let series: std::collections::BTreeSet<&str> =
+        pages.iter().map(|k| k.rsplit('/').nth(1).unwrap()).collect();
+    assert_eq!(series.len(), 1, "one series left: {pages:?}");
+    assert_eq!(pages.len() as u64, a.publish_stats("vm").unwrap().counters.ranges);
+    let want = read_tokens(&image).unwrap();
+    let b = host_b(&objects);
+    b.fetch_image("vm", FetchAs::Replica).unwrap();
+    same_tokens(&fetched_tokens(&b, "vm"), &want, "fetched after the sweep");
+
+    // Within the grace period, what was superseded stays readable.
+    drop((image, a));
+    let mut slow = opts(&objects);
+    slow.remote.0.as_mut().unwrap().superseded_grace = Duration::from_secs(3600);
+    let a = reopen(&mem, slow).unwrap();
+    let image = a.open_image("vm").unwrap();
+    publish_round(&a, &image, 10);
+    publish_round(&a, &image, 11);
+    let st = a.publish_stats("vm").unwrap().counters;
+    assert_eq!(st.superseded_deleted, 0, "{st:?}");
+    assert!(st.superseded_pending > st.ranges, "the old series, a root, merged ranges: {st:?}");
+    assert_eq!(image_keys(&objects, "roots").len(), 3, "two roots of this open and the one before");
+}
+
+#[test]
+fn a_fetch_whose_ranges_are_deleted_meanwhile_starts_again_from_the_newest_root() {
+    let objects = MemObjects::new();
+    let (mem, a) = mem_store(opts(&objects));
+    a.create_image("vm", IMAGE_BYTES).unwrap();
+    let image = a.open_image("vm").unwrap();
+    publish_round(&a, &image, 1);
+    drop((image, a));
+    // A reopened writes a round; host B starts fetching the old root, and
+    // before its first range arrives A publishes and deletes the old series.
+    let a = reopen(&mem, opts(&objects)).unwrap();
+    let image = a.open_image("vm").unwrap();
+    compacted_round(&a, &image, 2);
+    let want = read_tokens(&image).unwrap();
+    let publisher = a.clone();
+    objects.before_get("images/vm/pages/", move || {
+        publisher.publish_wait("vm", WAIT).unwrap();
+    });
+    let b = host_b(&objects);
+    let r = b.fetch_image("vm", FetchAs::Replica).unwrap();
+    assert_eq!(r.generation, a.publish_stats("vm").unwrap().counters.published_generation, "{r:?}");
+    assert!(a.publish_stats("vm").unwrap().counters.superseded_deleted > 0, "the old series went");
+    same_tokens(&fetched_tokens(&b, "vm"), &want, "fetched again from the newest root");
 }
 
 /// A's state at each flush: what a fetch may show.

@@ -25,7 +25,11 @@ struct State {
     ops: u64,
     /// Each operation sleeps this long first (outside the lock).
     latency: std::time::Duration,
+    /// Run once before the next GET of a key under the prefix is served.
+    before_get: Option<(String, Hook)>,
 }
+
+type Hook = Box<dyn FnOnce() + Send>;
 
 /// See the module docs. Clones share the store (two "hosts" on one bucket).
 #[derive(Clone, Default)]
@@ -69,6 +73,12 @@ impl MemObjects {
         let mut s = self.state();
         s.fault = None;
         s.fault_after = None;
+    }
+
+    /// Runs `hook` once, before the next GET of a key under `prefix` is
+    /// served (a test's way to put another store's work between two reads).
+    pub fn before_get(&self, prefix: &str, hook: impl FnOnce() + Send + 'static) {
+        self.state().before_get = Some((prefix.to_string(), Box::new(hook)));
     }
 
     /// Operations performed (failed ones included).
@@ -150,6 +160,16 @@ impl Objects for MemObjects {
     }
 
     fn get_range(&self, key: &str, range: Range<u64>) -> ObjectResult<Vec<u8>> {
+        let hook = {
+            let mut s = self.state();
+            match &s.before_get {
+                Some((prefix, _)) if key.starts_with(prefix.as_str()) => s.before_get.take().map(|(_, h)| h),
+                _ => None,
+            }
+        };
+        if let Some(hook) = hook {
+            hook();
+        }
         let desc = self.describe();
         self.with(|o| {
             let v = o.get(key).ok_or_else(|| {

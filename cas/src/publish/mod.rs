@@ -43,6 +43,10 @@
 //! have (the image was written elsewhere since: fetch it again). Leases are
 //! released when the store closes, so the next store takes them at once.
 //!
+//! **Superseded objects.** The holder deletes the roots and page ranges
+//! its newer roots replaced, once they have been superseded for
+//! `RemoteOptions::superseded_grace` (superseded.rs).
+//!
 //! **Cross-host dedup.** Every fifth round the thread also imports other
 //! stores' new packs into the dedup index (`ChunkStore::import_foreign`).
 //!
@@ -55,7 +59,9 @@
 pub mod fetch;
 pub mod ranges;
 pub mod root_object;
+pub mod superseded;
 
+use crate::chunk::remote::RemoteOptions;
 use crate::chunk::ChunkStore;
 use crate::error::{Error, Result};
 use crate::image::Image;
@@ -69,6 +75,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use superseded::{Published, Superseded};
 
 /// What publication has done for one image (`Store::publish_stats`): the
 /// figures, and the messages behind the flags.
@@ -107,6 +114,10 @@ pub struct PublishCounters {
     pub lease_epoch: u64,
     pub lease_lost: bool,
     pub refused: bool,
+    /// Superseded roots and page ranges deleted from the bucket, and those
+    /// waiting for their grace period (`publish::superseded`).
+    pub superseded_deleted: u64,
+    pub superseded_pending: u64,
 }
 
 /// How a round ended.
@@ -128,6 +139,8 @@ struct ImageState {
     stats: PublishStats,
     /// When a commit was first seen unpublished.
     behind_since: Option<Instant>,
+    /// What this holder published that newer roots replaced.
+    superseded: Superseded,
 }
 
 /// An image's lease, apart from its publication state: renewals never
@@ -164,6 +177,8 @@ pub struct Publisher {
     store_id: u64,
     interval: Duration,
     lease_cfg: Option<LeaseConfig>,
+    /// How long superseded objects stay (`RemoteOptions::superseded_grace`).
+    grace: Duration,
     images: Mutex<BTreeMap<String, Arc<Entry>>>,
     /// Leases taken by `fetch_image` for images not opened yet.
     held: Mutex<BTreeMap<String, Lease>>,
@@ -183,18 +198,15 @@ fn new_series() -> u64 {
 
 impl Publisher {
     /// A publisher for `chunks`' bucket, or None if it has no remote.
-    pub fn new(
-        chunks: &Arc<ChunkStore>,
-        interval: Duration,
-        lease_cfg: Option<LeaseConfig>,
-    ) -> Option<Arc<Publisher>> {
+    pub fn new(chunks: &Arc<ChunkStore>, opts: &RemoteOptions) -> Option<Arc<Publisher>> {
         let objects = chunks.objects()?.clone();
         Some(Arc::new(Publisher {
             chunks: chunks.clone(),
             objects,
             store_id: chunks.store_id(),
-            interval,
-            lease_cfg,
+            interval: opts.publish_interval,
+            lease_cfg: opts.lease,
+            grace: opts.superseded_grace,
             images: Mutex::default(),
             held: Mutex::default(),
             rounds: Default::default(),
@@ -385,6 +397,7 @@ impl Publisher {
                 ..Default::default()
             },
             behind_since: None,
+            superseded: Superseded::default(),
         };
         let e = Entry {
             image: Arc::downgrade(image),
@@ -408,6 +421,8 @@ impl Publisher {
         }
         s.counters.lease_lost = s.lease_lost.is_some();
         s.counters.refused = s.refused.is_some();
+        s.counters.superseded_deleted = st.superseded.deleted;
+        s.counters.superseded_pending = st.superseded.pending();
         Some(s)
     }
 
@@ -520,6 +535,7 @@ impl Publisher {
             return Ok(Outcome::UpToDate(0));
         };
         if st.file_id == Some(file_id) && root.generation == st.stats.counters.published_generation {
+            st.superseded.delete_due(self.objects.as_ref(), self.grace);
             return Ok(Outcome::UpToDate(root.generation));
         }
         if st.stats.refused.is_some() && root.generation == st.stats.counters.manifest_generation {
@@ -574,10 +590,19 @@ impl Publisher {
         };
         // Not after the lease ran out (the page PUTs may have been slow).
         self.check_lease(name, lease)?;
-        self.objects.put(&root_key(name, st.stats.counters.lease_epoch, root.generation), &obj.encode())?;
+        let key = root_key(name, st.stats.counters.lease_epoch, root.generation);
+        self.objects.put(&key, &obj.encode())?;
         // A root that landed after the lease ran out may be behind a new
         // holder's: not counted (its epoch sorts it below theirs).
         self.check_lease(name, lease)?;
+        let old = st.file_id.is_some().then_some((st.series, &st.ranges));
+        st.superseded.published(
+            self.objects.as_ref(),
+            name,
+            old,
+            Published { series, ranges: &grown, root_key: &key },
+        );
+        st.superseded.delete_due(self.objects.as_ref(), self.grace);
         st.file_id = Some(file_id);
         st.series = series;
         st.ranges = grown;

@@ -60,9 +60,19 @@ pub fn roots_prefix(name: &str) -> String {
     format!("{}roots/", image_prefix(name))
 }
 
+/// The prefix every page range key of `name` starts with.
+pub fn pages_prefix(name: &str) -> String {
+    format!("{}pages/", image_prefix(name))
+}
+
+/// The prefix of the page range keys of `series`.
+pub fn series_prefix(name: &str, series: u64) -> String {
+    format!("{}{series:016x}/", pages_prefix(name))
+}
+
 /// The key of pages `first..end` of `series`.
 pub fn pages_key(name: &str, series: u64, first: u64, end: u64) -> String {
-    format!("{}pages/{series:016x}/{first:016x}-{end:016x}", image_prefix(name))
+    format!("{}{first:016x}-{end:016x}", series_prefix(name, series))
 }
 
 /// `(epoch, generation)` of a root key, if it is one.

@@ -158,9 +158,31 @@ impl Store {
         how: FetchAs,
         objects: &dyn crate::objects::Objects,
     ) -> Result<FetchReport> {
-        let (root_key, root) = fetch::newest_root(objects, name)?.ok_or_else(|| {
-            Error::NotFound(format!("a published root of image {name} in {}", objects.describe()))
-        })?;
+        let mut attempt = 1;
+        loop {
+            let (root_key, root) = fetch::newest_root(objects, name)?.ok_or_else(|| {
+                Error::NotFound(format!("a published root of image {name} in {}", objects.describe()))
+            })?;
+            match self.fetch_root(name, how, objects, root_key, root) {
+                // A range it lists is gone: a newer root superseded it
+                // longer than the grace period ago (publish::superseded).
+                Err(Error::NotFound(what)) if attempt < fetch::ATTEMPTS => {
+                    tracing::info!(image = name, missing = %what, "the root fetched was superseded; fetching the newest");
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn fetch_root(
+        &self,
+        name: &str,
+        how: FetchAs,
+        objects: &dyn crate::objects::Objects,
+        root_key: String,
+        root: fetch::RootObject,
+    ) -> Result<FetchReport> {
         let _maint = lock(&self.maint);
         let _open = self.open.lock();
         let (dir, header) = self.prepare_dir(name, root.size_bytes)?;

@@ -23,7 +23,8 @@ pub fn small_opts() -> StoreOptions {
 
 /// A small store on `objects` as its bucket (none: without a remote):
 /// uploads and publication only when a test asks (no threads), packs
-/// deleted locally once uploaded, no lease.
+/// deleted locally once uploaded, no lease, superseded roots and page
+/// ranges deleted at once.
 pub fn remote_opts(objects: Option<Arc<dyn cas::objects::Objects>>) -> StoreOptions {
     use cas::chunk::remote::RemoteOptions;
     use std::time::Duration;
@@ -42,6 +43,7 @@ pub fn remote_opts(objects: Option<Arc<dyn cas::objects::Objects>>) -> StoreOpti
             read_retry: Duration::from_millis(20),
             publish_interval: Duration::ZERO,
             lease: None,
+            superseded_grace: Duration::ZERO,
             ..RemoteOptions::new(o)
         })),
         ..StoreOptions::default()

@@ -94,6 +94,11 @@ pub struct RemoteOptions {
     /// default 10 s, claim bound 2 s, margin 1 s). None: no lease (tests of
     /// one store alone).
     pub lease: Option<crate::objects::lease::LeaseConfig>,
+    /// How long an image's superseded roots and page ranges stay in the
+    /// bucket before the lease holder deletes them (default 120 s: a
+    /// store fetching the image meanwhile can still read them; see
+    /// `cas::publish::superseded`).
+    pub superseded_grace: Duration,
 }
 
 impl RemoteOptions {
@@ -108,6 +113,7 @@ impl RemoteOptions {
             read_retry: Duration::from_secs(30),
             publish_interval: Duration::from_secs(2),
             lease: Some(crate::objects::lease::LeaseConfig::default()),
+            superseded_grace: Duration::from_secs(120),
         }
     }
 }
@@ -123,6 +129,7 @@ impl std::fmt::Debug for RemoteOptions {
             .field("cache_bytes", &self.cache_bytes)
             .field("read_retry", &self.read_retry)
             .field("publish_interval", &self.publish_interval)
+            .field("superseded_grace", &self.superseded_grace)
             .field("lease", &self.lease)
             .finish()
     }
