@@ -151,20 +151,29 @@ wait_compacted() { wait_images "$1" "c['covered_seq'] >= c['durable_seq']" compa
 # the bucket's newest root covers the durable seq.
 wait_published() { wait_images "$1" "c['remote.published_covered_seq'] >= c['durable_seq']" publication; }
 
-# Starts a one-node Garage under $SCRATCH/garage, stopped when the test
-# exits, and sources its settings (CASBLK_GARAGE_*); $GARAGE_KEY is a key
-# file for `casblk remote set`.
+# start_garage [NODES]: starts a Garage of NODES (1 or 3, replication
+# factor NODES) under $SCRATCH/garage, stopped when the test exits, and
+# sources its settings (CASBLK_GARAGE_*); $GARAGE_KEY is a key file for
+# `casblk remote set`, `garage_node kill|restart N` acts on node N.
 start_garage() {
     GARAGE_DIR=$SCRATCH/garage
-    local env_file ci
+    local env_file ci nodes=${1:-1}
     ci=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
     # shellcheck disable=SC2064
     trap "'$ci/garage' stop --dir '$GARAGE_DIR' >/dev/null 2>&1 || true" EXIT
-    env_file=$("$ci/garage" start --nodes 1 --dir "$GARAGE_DIR") || fail "ci/garage could not start a node"
+    env_file=$("$ci/garage" start --nodes "$nodes" --dir "$GARAGE_DIR") || fail "ci/garage could not start $nodes node(s)"
     # shellcheck disable=SC1090
     source "$env_file"
     GARAGE_KEY=$SCRATCH/key
     printf '%s\n%s\n' "$CASBLK_GARAGE_KEY_ID" "$CASBLK_GARAGE_SECRET" >"$GARAGE_KEY"
+}
+
+garage_node() { "$(dirname "${BASH_SOURCE[0]}")/../garage" "$1" "$2" --dir "$GARAGE_DIR" >/dev/null || fail "ci/garage $1 $2 failed"; }
+
+# remote_set STORE: records the started Garage's bucket (every endpoint).
+remote_set() {
+    "$CASBLK" --store "$1" remote set --endpoint "$CASBLK_GARAGE_ENDPOINTS" --bucket "$CASBLK_GARAGE_BUCKET" \
+        --key-file "$GARAGE_KEY" >/dev/null
 }
 
 # Prints counter KEY of source SRC (e.g. store dedup_ratio) from STORE's stats.

@@ -7,13 +7,9 @@
 # deleted.
 source "$(dirname "$0")/lib.sh"
 start_garage
-set_remote() {
-    "$CASBLK" --store "$1" remote set --endpoint "$CASBLK_GARAGE_ENDPOINTS" --bucket "$CASBLK_GARAGE_BUCKET" \
-        --key-file "$GARAGE_KEY" >/dev/null
-}
 
 a=$(new_store vm 64M)
-set_remote "$a"
+remote_set "$a"
 dev=$(add_image "$a" vm)
 id=$(dev_id "$dev")
 head -c 4M /dev/urandom >"$SCRATCH/first"
@@ -28,7 +24,7 @@ note "store A's daemon killed with -9 right after a second flushed 4 MiB"
 
 # Store B waits out A's lease, then serves the image.
 b=$(new_store scratch 1M)
-set_remote "$b"
+remote_set "$b"
 t0=$(date +%s)
 "$CASBLK" --store "$b" image fetch vm >"$SCRATCH/fetch.txt" 2>&1 || fail "fetch after A's crash failed: $(cat "$SCRATCH/fetch.txt")"
 note "store B fetched the image after $(($(date +%s) - t0)) s: $(head -1 "$SCRATCH/fetch.txt")"
