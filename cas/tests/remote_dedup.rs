@@ -83,6 +83,46 @@ fn a_store_stores_none_of_the_chunks_another_uploaded() {
     assert!(fsck.counts.foreign_references >= 2 * 16 * 32, "{:?}", fsck.counts);
 }
 
+/// 1 MiB of blocks no other call writes (tokens from `seed`) in a new
+/// image `name`, compacted and published (its packs and their slot
+/// indexes uploaded).
+fn upload_image(store: &Store, name: &str, seed: u64) {
+    store.create_image(name, 4 << 20).unwrap();
+    let image = store.open_image(name).unwrap();
+    for i in 0..8u64 {
+        image.write(i * (128 << 10), &payload(seed * 100 + i + 1, i * 256, 256), false).unwrap();
+    }
+    image.flush().unwrap();
+    store.compact_once(&image).unwrap();
+    store.publish_wait(name, WAIT).unwrap();
+}
+
+#[test]
+fn imports_list_only_what_is_new_and_a_full_scan_finds_what_landed_below() {
+    let objects = MemObjects::new();
+    let new_store = || mem_store(opts(&objects)).1;
+    // Host slots are claimed in this order, so C's slot indexes sort
+    // before A's.
+    let c = new_store();
+    let a = new_store();
+    let b = new_store();
+    let slot = |s: &Store| s.chunks().remote_stats().unwrap().host_slot;
+    assert!(slot(&c) < slot(&a), "slots {} {}", slot(&c), slot(&a));
+    upload_image(&a, "a1", 1);
+    let first = b.chunks().import_foreign().unwrap();
+    assert!(first.packs > 0, "the first import lists everything: {first:?}");
+    upload_image(&a, "a2", 2);
+    let second = b.chunks().import_foreign().unwrap();
+    assert!(second.packs > 0, "A's new packs sort after what the last import saw: {second:?}");
+    // C's packs land below the listing's start: only a full scan sees them.
+    upload_image(&c, "c1", 3);
+    for i in 2..cas::chunk::remote::FULL_SCAN_EVERY {
+        assert_eq!(b.chunks().import_foreign().unwrap().packs, 0, "import {i} lists after A's last key");
+    }
+    let full = b.chunks().import_foreign().unwrap();
+    assert!(full.packs > 0, "the full scan adopts C's packs: {full:?}");
+}
+
 #[test]
 fn a_crash_at_every_storage_operation_of_an_import_loses_nothing() {
     let objects = MemObjects::new();

@@ -90,8 +90,18 @@ pub type ObjectResult<T> = std::result::Result<T, ObjectError>;
 
 /// Every key under `prefix`, in order, LISTed a page of 1000 at a time.
 pub fn list_all(objects: &dyn Objects, prefix: &str) -> ObjectResult<Vec<String>> {
+    list_after(objects, prefix, None)
+}
+
+/// Every key under `prefix` that sorts after `start_after` (all: None),
+/// in order, LISTed a page of 1000 at a time.
+pub fn list_after(
+    objects: &dyn Objects,
+    prefix: &str,
+    start_after: Option<String>,
+) -> ObjectResult<Vec<String>> {
     let mut out = Vec::new();
-    let mut after: Option<String> = None;
+    let mut after = start_after;
     loop {
         let page = objects.list(prefix, after.as_deref(), 1000)?;
         let Some(last) = page.last() else { break };

@@ -13,11 +13,29 @@
 //! pack without entries; the next import enters them (it indexes every
 //! foreign pack that has no live bits). Past the index's memory budget the
 //! summary samples, as for own chunks: dedup is lost, nothing fails.
+//!
+//! **Listing.** An import LISTs `packidx/` only after the last key the
+//! previous one saw; every [`FULL_SCAN_EVERY`]th import LISTs it all. A
+//! slot index that lands below that key (an upload finishing out of
+//! order, a store on a lower host slot) is found by the next full scan:
+//! its dedup comes later, nothing is lost.
 
 use super::packidx::PackIndex;
 use crate::chunk::{lock, ChunkLoc, ChunkStore, JournalOp, PackState};
 use crate::error::{Error, Result};
-use crate::objects::list_all;
+use crate::objects::list_after;
+
+/// Imports between two listings of the whole of `packidx/` (with the
+/// publish thread's import every 10 s: every 100 s).
+pub const FULL_SCAN_EVERY: u64 = 10;
+
+/// Where the next import's listing starts.
+#[derive(Default)]
+pub(crate) struct ImportScan {
+    /// The last key listed (None: list everything).
+    after: Option<String>,
+    imports: u64,
+}
 
 /// What an import did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -49,8 +67,17 @@ impl ChunkStore {
         let r =
             self.remote.as_ref().ok_or_else(|| Error::InvalidArgument("the store has no remote".into()))?;
         let slot = r.host_slot();
+        let after = {
+            let scan = lock(&r.import_scan);
+            if scan.imports.is_multiple_of(FULL_SCAN_EVERY) {
+                None
+            } else {
+                scan.after.clone()
+            }
+        };
+        let keys = list_after(r.objects.as_ref(), "packidx/", after)?;
         let mut new = Vec::new();
-        for key in list_all(r.objects.as_ref(), "packidx/")? {
+        for key in &keys {
             let Some(id) = key.strip_prefix("packidx/").and_then(|h| u32::from_str_radix(h, 16).ok()) else {
                 continue;
             };
@@ -60,6 +87,14 @@ impl ChunkStore {
             }
         }
         let mut report = self.adopt_foreign(&new)?;
+        {
+            // Only once what it listed is adopted: a failed import lists it again.
+            let mut scan = lock(&r.import_scan);
+            scan.imports += 1;
+            if let Some(last) = keys.last() {
+                scan.after = Some(last.clone());
+            }
+        }
         // Adopted before a crash cut their entries off: enter them now.
         let unindexed: Vec<u32> = {
             let w = lock(&self.writer);

@@ -49,7 +49,7 @@ pub use upload::{pack_key, packidx_key, PART_BYTES};
 
 pub(crate) use attach::attach;
 pub use catalog::{Catalog, CatalogEntry, PackPhase};
-pub use foreign::ForeignImport;
+pub use foreign::{ForeignImport, FULL_SCAN_EVERY};
 pub(crate) use pack_file::{RemotePackFile, RemoteReads};
 
 use crate::chunk::pack::slot_offset;
@@ -203,6 +203,8 @@ pub(crate) struct Remote {
     /// Serialises catalog writes, so an older catalog never replaces a newer.
     catalog_write: Mutex<()>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Where the next import's listing of `packidx/` starts (foreign.rs).
+    pub(crate) import_scan: Mutex<foreign::ImportScan>,
 }
 
 impl Remote {
@@ -233,6 +235,7 @@ impl Remote {
             changed: Condvar::new(),
             catalog_write: Mutex::new(()),
             threads: Mutex::new(Vec::new()),
+            import_scan: Mutex::default(),
         }
     }
 
