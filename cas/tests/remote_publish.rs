@@ -228,6 +228,30 @@ fn a_fetch_whose_ranges_are_deleted_meanwhile_starts_again_from_the_newest_root(
     same_tokens(&fetched_tokens(&b, "vm"), &want, "fetched again from the newest root");
 }
 
+#[test]
+fn stats_never_wait_for_a_round_under_way() {
+    let objects = MemObjects::new();
+    let (_mem, a) = mem_store(opts(&objects));
+    a.create_image("vm", IMAGE_BYTES).unwrap();
+    let image = a.open_image("vm").unwrap();
+    compacted_round(&a, &image, 1);
+    // Each request of the round takes a second; stats meanwhile do not.
+    objects.set_latency(Duration::from_secs(1));
+    std::thread::scope(|s| {
+        let round = s.spawn(|| a.publish_wait("vm", Duration::from_secs(60)));
+        std::thread::sleep(Duration::from_millis(1500));
+        let t = std::time::Instant::now();
+        let st = a.publish_stats("vm").unwrap().counters;
+        assert!(t.elapsed() < Duration::from_millis(500), "stats took {:?}", t.elapsed());
+        assert_eq!(st.published_generation, 0, "{st:?}");
+        assert!(st.unpublished_ms >= 1000, "behind since the round began: {st:?}");
+        objects.set_latency(Duration::ZERO);
+        round.join().unwrap().unwrap();
+    });
+    let st = a.publish_stats("vm").unwrap().counters;
+    assert!(st.published_generation > 0 && st.unpublished_ms == 0, "{st:?}");
+}
+
 /// A's state at each flush: what a fetch may show.
 struct Run {
     states: Vec<Vec<u64>>,

@@ -404,7 +404,62 @@ impl Lease {
     /// deadline does not count (a rival may have begun its wait before it
     /// landed): the lease is lost.
     pub fn renew(&mut self) -> Result<(), LeaseError> {
+        let done = self.renewal().run();
+        self.finish(done)
+    }
+
+    /// A renewal to run without holding the lease's owner locked (its
+    /// requests can take the store's request bound): [`Renewal::run`]
+    /// then [`Lease::finish`] are [`Lease::renew`]. Meanwhile the lease
+    /// holds until its current deadline, as before the renewal.
+    pub fn renewal(&self) -> Renewal {
+        Renewal {
+            objects: self.objects.clone(),
+            prefix: self.prefix.clone(),
+            cfg: self.cfg,
+            me: self.me,
+            deadline: self.deadline,
+        }
+    }
+
+    /// Applies what a renewal of this lease found.
+    pub fn finish(&mut self, done: Renewed) -> Result<(), LeaseError> {
+        self.me = done.me;
+        self.deadline = done.deadline;
+        done.result
+    }
+    /// Gives the lease up: the next store acquires it without waiting.
+    pub fn release(self) -> Result<(), LeaseError> {
+        Self::mark_released(self.objects.as_ref(), &self.prefix, self.me, &self.cfg)?;
+        Ok(())
+    }
+}
+
+/// The network half of [`Lease::renew`] (see [`Lease::renewal`]).
+pub struct Renewal {
+    objects: Arc<dyn Objects>,
+    prefix: String,
+    cfg: LeaseConfig,
+    me: Claim,
+    deadline: Instant,
+}
+
+/// What a [`Renewal`] found, for [`Lease::finish`].
+pub struct Renewed {
+    me: Claim,
+    deadline: Instant,
+    result: Result<(), LeaseError>,
+}
+
+impl Renewal {
+    pub fn run(mut self) -> Renewed {
+        let result = self.attempt();
+        Renewed { me: self.me, deadline: self.deadline, result }
+    }
+
+    fn attempt(&mut self) -> Result<(), LeaseError> {
         let started = Instant::now();
+        let valid = |deadline: Instant| Instant::now() < deadline;
         let keys = claim_keys(self.objects.as_ref(), &self.prefix)?;
         if let Some(c) = live_claims(self.objects.as_ref(), &self.prefix, &keys, self.me.epoch + 1)?
             .iter()
@@ -413,23 +468,17 @@ impl Lease {
             self.deadline = started.min(self.deadline);
             return Err(LeaseError::Lost { by_store: c.store, epoch: c.epoch });
         }
-        if !self.is_valid() {
+        if !valid(self.deadline) {
             // Expired before this renewal: a rival may be claiming now.
             return Err(LeaseError::Lost { by_store: 0, epoch: self.me.epoch });
         }
         let next = Claim { renewals: self.me.renewals + 1, ..self.me };
         self.objects.put(&key(&self.prefix, next.epoch, next.store), &encode(&next, self.cfg.lease))?;
         self.me = next;
-        if !self.is_valid() {
+        if !valid(self.deadline) {
             return Err(LeaseError::Lost { by_store: 0, epoch: self.me.epoch });
         }
         self.deadline = started + self.cfg.lease - self.cfg.margin;
-        Ok(())
-    }
-
-    /// Gives the lease up: the next store acquires it without waiting.
-    pub fn release(self) -> Result<(), LeaseError> {
-        Self::mark_released(self.objects.as_ref(), &self.prefix, self.me, &self.cfg)?;
         Ok(())
     }
 }

@@ -96,6 +96,10 @@ impl MemObjects {
         &self,
         op: impl FnOnce(&mut BTreeMap<String, Arc<[u8]>>) -> ObjectResult<T>,
     ) -> ObjectResult<T> {
+        let latency = self.state().latency;
+        if !latency.is_zero() {
+            std::thread::sleep(latency);
+        }
         let mut s = self.state();
         s.ops += 1;
         if let Some((left, fault)) = s.fault_after {

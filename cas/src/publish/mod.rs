@@ -155,8 +155,32 @@ struct LeaseSlot {
 struct Entry {
     image: Weak<Image>,
     manifest: Weak<Manifest>,
+    /// Held for a whole round, requests included.
     state: Mutex<ImageState>,
     lease: Mutex<LeaseSlot>,
+    /// What `stats` shows: copied from `state` after each round, so it
+    /// never waits behind the bucket.
+    shown: Mutex<Shown>,
+}
+
+#[derive(Default)]
+struct Shown {
+    stats: PublishStats,
+    behind_since: Option<Instant>,
+    /// When the round under way began.
+    round_started: Option<Instant>,
+}
+
+impl Entry {
+    /// Copies the state's figures to what `stats` shows.
+    fn show(&self, st: &ImageState) {
+        let mut shown = lock(&self.shown);
+        shown.stats = st.stats.clone();
+        shown.stats.counters.superseded_deleted = st.superseded.deleted;
+        shown.stats.counters.superseded_pending = st.superseded.pending();
+        shown.behind_since = st.behind_since;
+        shown.round_started = None;
+    }
 }
 
 impl Entry {
@@ -312,6 +336,11 @@ impl Publisher {
     /// Renews every lease due (see `Lease::renewal_due`), failing images
     /// whose lease is lost or ran out, and releases the leases of images
     /// closed since.
+    /// An open image's renewal runs its requests with no lock held, so
+    /// neither a round nor `stats` waits behind the bucket. A fetched
+    /// image's renews under the `held` lock: an open taking the lease
+    /// meanwhile waits for it, so the renewal counted is never lost (a
+    /// claim rewritten with the same bytes would look dead to a rival).
     pub fn renew_leases(&self) {
         for (name, l) in lock(&self.held).iter_mut() {
             if l.renewal_due() {
@@ -327,12 +356,16 @@ impl Publisher {
                 self.forget(&name, &e);
                 continue;
             };
+            let renewal = match lock(&e.lease).lease.as_ref() {
+                Some(l) if l.renewal_due() => l.renewal(),
+                _ => continue,
+            };
+            // Only this thread renews: the slot's lease is this one, or was
+            // released meanwhile (the image closed).
+            let done = renewal.run();
             let mut slot = lock(&e.lease);
             let Some(l) = slot.lease.as_mut() else { continue };
-            if !l.renewal_due() {
-                continue;
-            }
-            let lost = match l.renew() {
+            let lost = match l.finish(done) {
                 Ok(()) => None,
                 Err(crate::objects::lease::LeaseError::Store(err)) if l.is_valid() => {
                     tracing::warn!(image = %name, error = %err, "renewing the lease failed; retried");
@@ -402,27 +435,34 @@ impl Publisher {
         let e = Entry {
             image: Arc::downgrade(image),
             manifest: Arc::downgrade(manifest),
+            shown: Mutex::default(),
             state: Mutex::new(state),
             lease: Mutex::new(LeaseSlot { lease, lost: None }),
         };
+        e.show(&lock(&e.state));
         lock(&self.images).insert(name.to_string(), Arc::new(e));
         self.wake.notify_all();
     }
 
-    /// What publication has done for `name`, if it is published.
+    /// What publication has done for `name`, if it is published: as of
+    /// the last round's end (never waiting for a round under way), with
+    /// the manifest's generation of now. A commit not yet published counts
+    /// as behind since the round under way began, if that was earlier.
     pub fn stats(&self, name: &str) -> Option<PublishStats> {
         let e = lock(&self.images).get(name).cloned()?;
-        let st = lock(&e.state);
-        let mut s = st.stats.clone();
+        let (mut s, behind_since) = {
+            let shown = lock(&e.shown);
+            (shown.stats.clone(), shown.behind_since.or(shown.round_started))
+        };
         s.lease_lost = lock(&e.lease).lost.clone();
-        s.counters.unpublished_ms = st.behind_since.map_or(0, |t| t.elapsed().as_millis() as u64);
         if let Some(m) = e.manifest.upgrade() {
             s.counters.manifest_generation = m.generation();
         }
+        let behind = s.counters.manifest_generation != s.counters.published_generation;
+        s.counters.unpublished_ms =
+            behind_since.filter(|_| behind).map_or(0, |t| t.elapsed().as_millis() as u64);
         s.counters.lease_lost = s.lease_lost.is_some();
         s.counters.refused = s.refused.is_some();
-        s.counters.superseded_deleted = st.superseded.deleted;
-        s.counters.superseded_pending = st.superseded.pending();
         Some(s)
     }
 
@@ -438,6 +478,7 @@ impl Publisher {
             return Err(Error::NotFound(format!("image {name} open")));
         };
         let mut st = lock(&e.state);
+        lock(&e.shown).round_started.get_or_insert_with(Instant::now);
         let r = self.round(name, &image, &manifest, &mut st, &e.lease);
         match &r {
             Ok(Outcome::UpToDate(_)) => st.behind_since = None,
@@ -450,6 +491,7 @@ impl Publisher {
                 st.stats.last_error = Some(err.to_string());
             }
         }
+        e.show(&st);
         r
     }
 
@@ -460,6 +502,7 @@ impl Publisher {
             let mut st = lock(&entry.state);
             st.stats.counters.errors += 1;
             st.stats.last_error = Some(e.to_string());
+            entry.show(&st);
         }
     }
 
