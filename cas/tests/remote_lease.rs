@@ -6,8 +6,11 @@
 
 mod common;
 
+use cas::manifest::RootRecord;
 use cas::objects::lease::LeaseConfig;
 use cas::objects::{MemObjects, ObjectError, ObjectErrorKind, ObjectInfo, ObjectResult, Objects};
+use cas::publish::fetch::newest_root;
+use cas::publish::root_object::{root_key, RootObject};
 use cas::storage::MemStorage;
 use cas::store::FetchAs;
 use cas::{Image, Store, StoreOptions};
@@ -128,8 +131,17 @@ fn a_store_takes_over_an_image_another_stopped_and_the_first_is_then_refused() {
 
     let (_mem_b, b) = new_store(shared.clone());
     let started = Instant::now();
+    let (_, root_a) = newest_root(&bucket, "vm").unwrap().unwrap();
     b.fetch_image("vm", FetchAs::Owner).unwrap();
     assert!(started.elapsed() < LEASE.lease, "released: taken without waiting it out");
+    // The take-over fences: A's root again under B's epoch, so a root of
+    // A's that lands late is never the newest.
+    let (fence_key, fence) = newest_root(&bucket, "vm").unwrap().unwrap();
+    assert!(fence.epoch > root_a.epoch && fence.root == root_a.root, "{fence:?}");
+    let late =
+        RootObject { root: RootRecord { generation: root_a.root.generation + 5, ..root_a.root }, ..root_a };
+    bucket.put(&root_key("vm", late.epoch, late.root.generation), &late.encode()).unwrap();
+    assert_eq!(newest_root(&bucket, "vm").unwrap().unwrap().0, fence_key);
     let image = b.open_image("vm").unwrap();
     assert_eq!(b.publish_stats("vm").unwrap().counters.lease_epoch, 2);
     same_tokens(

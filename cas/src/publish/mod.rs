@@ -328,6 +328,26 @@ impl Publisher {
         Ok(Some(lease))
     }
 
+    /// A take-over's fence: `root` (the newest root, just fetched) again
+    /// under this holder's epoch, so that from now on no root of an
+    /// earlier holder is the newest, even one whose PUT lands late (a
+    /// replica never sees writes the new holder does not have). Its
+    /// ranges are the earlier holder's; the first round after the open
+    /// publishes a series of this store's and the sweep takes both.
+    /// Best effort: without it, the first round's root fences.
+    pub fn fence(&self, name: &str, lease: &Lease, root: &RootObject) {
+        let fence = RootObject { store_id: self.store_id, epoch: lease.epoch(), ..root.clone() };
+        let key = root_key(name, fence.epoch, fence.root.generation);
+        let put = if lease.is_valid() {
+            self.objects.put(&key, &fence.encode()).map_err(Error::from)
+        } else {
+            Err(Error::Unavailable(format!("image {name}"), "the lease ran out before the fence".into()))
+        };
+        if let Err(e) = put {
+            tracing::warn!(image = name, error = %e, "publishing the take-over's fence root failed; the first publication fences");
+        }
+    }
+
     /// Keeps a lease taken before the image is opened (fetch).
     pub fn hold(&self, name: &str, lease: Lease) {
         lock(&self.held).insert(name.to_string(), lease);

@@ -139,12 +139,14 @@ impl Store {
         };
         let r = self.fetch_under(name, how, objects.as_ref());
         match (r, lease) {
-            (Ok(report), Some(l)) => {
+            (Ok((report, root)), Some(l)) => {
+                let publisher = self.publisher()?;
+                publisher.fence(name, &l, &root);
                 // Until the image is opened (open_image takes it from there).
-                self.publisher()?.hold(name, l);
+                publisher.hold(name, l);
                 Ok(report)
             }
-            (r, None) => r,
+            (r, None) => r.map(|(report, _)| report),
             (Err(e), Some(l)) => {
                 let _ = l.release();
                 Err(e)
@@ -157,7 +159,7 @@ impl Store {
         name: &str,
         how: FetchAs,
         objects: &dyn crate::objects::Objects,
-    ) -> Result<FetchReport> {
+    ) -> Result<(FetchReport, fetch::RootObject)> {
         let mut attempt = 1;
         loop {
             let (root_key, root) = fetch::newest_root(objects, name)?.ok_or_else(|| {
@@ -182,7 +184,7 @@ impl Store {
         objects: &dyn crate::objects::Objects,
         root_key: String,
         root: fetch::RootObject,
-    ) -> Result<FetchReport> {
+    ) -> Result<(FetchReport, fetch::RootObject)> {
         let _maint = lock(&self.maint);
         let _open = self.open.lock();
         let (dir, header) = self.prepare_dir(name, root.size_bytes)?;
@@ -219,13 +221,14 @@ impl Store {
             FetchAs::Owner => header,
         };
         self.publish_image(&dir, header)?;
-        Ok(FetchReport {
+        let report = FetchReport {
             root_key,
             generation: root.root.generation,
             size_bytes: root.size_bytes,
             mapped_blocks: root.root.mapped_blocks,
             manifest_pages: root.root.live_pages,
             foreign_packs: foreign as u64,
-        })
+        };
+        Ok((report, root))
     }
 }
