@@ -12,7 +12,7 @@ mod chunk_support;
 use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
 use cas::storage::{CrashMode, Fault, FaultOp, MemStorage, Storage};
 use cas::Error;
-use chunk_support::{block, block_hash, crashing};
+use chunk_support::{block, block_hash, crash_at_every_op, crashing, Cuts};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -96,44 +96,34 @@ fn crash_at_every_point(open: fn(Arc<dyn Storage>) -> cas::Result<ChunkStore>) {
     let st = c.stats();
     assert!(st.index_merges >= 1 && st.index_runs < 8, "no merge of runs in the workload: {st:?}");
     drop(c);
-    let mut budget = 0;
-    loop {
-        let mut done = false;
-        for mode in [CrashMode::LoseUnsynced, CrashMode::Torn { seed: budget }] {
-            let mem = MemStorage::new();
-            let (storage, ctl) = crashing(&mem, budget);
-            let mut acked = Vec::new();
-            // The store is dropped (a running merge joined) before `died`.
-            let result = open(storage).and_then(|c| workload(&c, &mut acked));
-            if !ctl.died() {
-                result.unwrap();
-                done = true;
-                break;
-            }
-
-            mem.crash(mode);
-            let what = format!("crash after {budget} ops ({mode:?})");
-            let c = open(Arc::new(mem.clone())).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
-            let n = c.verify(true).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let mut out = vec![0u8; CHUNK_BYTES];
-            for &id in &acked {
-                c.read(&block_hash(id), &mut out).unwrap_or_else(|e| panic!("{what}: acked chunk {id}: {e}"));
-                assert_eq!(out, block(id), "{what}");
-            }
-            assert!(n <= TOTAL, "{what}");
-            // The store carries on, and finds every chunk it has by dedup.
-            let before = c.len();
-            insert(&c, 0..TOTAL).unwrap();
-            c.sync().unwrap();
-            assert_eq!(c.verify(true).unwrap(), TOTAL, "{what}");
-            assert_eq!(c.len() - before, TOTAL - n, "{what}: a stored chunk was stored again");
+    let budget = crash_at_every_op(Cuts::every(5000), |budget, mode| {
+        let mem = MemStorage::new();
+        let (storage, ctl) = crashing(&mem, budget);
+        let mut acked = Vec::new();
+        // The store is dropped (a running merge joined) before `died`.
+        let result = open(storage).and_then(|c| workload(&c, &mut acked));
+        if !ctl.died() {
+            result.unwrap();
+            return true;
         }
-        if done {
-            break;
+        mem.crash(mode);
+        let what = format!("crash after {budget} ops ({mode:?})");
+        let c = open(Arc::new(mem.clone())).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+        let n = c.verify(true).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let mut out = vec![0u8; CHUNK_BYTES];
+        for &id in &acked {
+            c.read(&block_hash(id), &mut out).unwrap_or_else(|e| panic!("{what}: acked chunk {id}: {e}"));
+            assert_eq!(out, block(id), "{what}");
         }
-        budget += 1;
-        assert!(budget < 5000);
-    }
+        assert!(n <= TOTAL, "{what}");
+        // The store carries on, and finds every chunk it has by dedup.
+        let before = c.len();
+        insert(&c, 0..TOTAL).unwrap();
+        c.sync().unwrap();
+        assert_eq!(c.verify(true).unwrap(), TOTAL, "{what}");
+        assert_eq!(c.len() - before, TOTAL - n, "{what}: a stored chunk was stored again");
+        false
+    });
     assert!(budget > 20, "the workload took only {budget} operations");
 }
 

@@ -10,8 +10,8 @@ mod chunk_support;
 use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
 use cas::gc::{self, GcOptions};
 use cas::manifest::{Manifest, ManifestOptions};
-use cas::storage::{CrashMode, MemStorage, Storage};
-use chunk_support::{block, block_hash, crashing};
+use cas::storage::{MemStorage, Storage};
+use chunk_support::{block, block_hash, crash_at_every_op, crashing, Cuts};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -125,35 +125,29 @@ fn gc_reclaims_dead_chunks_and_packs() {
 
 #[test]
 fn gc_survives_a_crash_at_every_step() {
-    let mut budget = 0u64;
-    let mut completed = false;
-    while !completed {
-        for mode in [CrashMode::LoseUnsynced, CrashMode::Torn { seed: budget }] {
-            let mem = MemStorage::new();
-            let expect = build(Arc::new(mem.clone()));
-            let (storage, ctl) = crashing(&mem, u64::MAX);
-            let (c, ms) = open_all(storage).unwrap();
-            ctl.arm(budget);
-            let kept: Vec<&Manifest> = ms.iter().take(2).collect();
-            let result = gc::run(&c, &kept, &GcOptions::default());
-            if !ctl.died() {
-                result.unwrap();
-                completed = true;
-                break;
-            }
-            drop((c, ms));
-            mem.crash(mode);
-            let what = format!("crash after {budget} ops ({mode:?})");
-            let (c, ms) = open_all(Arc::new(mem.clone())).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
-            check(&c, &ms[..2], &expect, &what);
-            let kept: Vec<&Manifest> = ms.iter().take(2).collect();
-            gc::run(&c, &kept, &GcOptions::default()).unwrap_or_else(|e| panic!("{what}: gc after: {e}"));
-            assert_eq!(c.len(), referenced(&expect).len() as u64, "{what}");
-            check(&c, &ms[..2], &expect, &what);
+    let budget = crash_at_every_op(Cuts::every(500), |budget, mode| {
+        let mem = MemStorage::new();
+        let expect = build(Arc::new(mem.clone()));
+        let (storage, ctl) = crashing(&mem, u64::MAX);
+        let (c, ms) = open_all(storage).unwrap();
+        ctl.arm(budget);
+        let kept: Vec<&Manifest> = ms.iter().take(2).collect();
+        let result = gc::run(&c, &kept, &GcOptions::default());
+        if !ctl.died() {
+            result.unwrap();
+            return true;
         }
-        budget += 1;
-        assert!(budget < 500, "gc never completed");
-    }
+        drop((c, ms));
+        mem.crash(mode);
+        let what = format!("crash after {budget} ops ({mode:?})");
+        let (c, ms) = open_all(Arc::new(mem.clone())).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+        check(&c, &ms[..2], &expect, &what);
+        let kept: Vec<&Manifest> = ms.iter().take(2).collect();
+        gc::run(&c, &kept, &GcOptions::default()).unwrap_or_else(|e| panic!("{what}: gc after: {e}"));
+        assert_eq!(c.len(), referenced(&expect).len() as u64, "{what}");
+        check(&c, &ms[..2], &expect, &what);
+        false
+    });
     eprintln!("gc pass completed with a budget of {budget} storage operations");
     assert!(budget > 10, "the pass should take many storage operations, took {budget}");
 }

@@ -9,9 +9,9 @@ mod chunk_support;
 mod common;
 
 use cas::objects::{MemObjects, Objects};
-use cas::storage::{CrashMode, MemStorage};
+use cas::storage::MemStorage;
 use cas::{Store, StoreOptions};
-use chunk_support::crashing;
+use chunk_support::{crash_at_every_op, crashing, Cuts};
 use common::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -131,8 +131,8 @@ fn a_crash_at_every_storage_operation_of_an_import_loses_nothing() {
     a.publish_wait("vm", WAIT).unwrap();
     drop((vm, a));
     let entries = 16 * 32;
-    let mut budget = 0;
-    loop {
+    let cuts = Cuts { torn: false, ..Cuts::every(500) };
+    let budget = crash_at_every_op(cuts, |budget, mode| {
         let mem = MemStorage::new();
         // The store exists first; only the import runs on the crashing storage.
         drop(Store::create(Arc::new(mem.clone()), &store_dir(), opts(&objects)).unwrap());
@@ -141,9 +141,9 @@ fn a_crash_at_every_storage_operation_of_an_import_loses_nothing() {
             Store::open(storage, &store_dir(), opts(&objects)).and_then(|b| b.chunks().import_foreign());
         if !ctl.died() {
             assert_eq!(result.unwrap().entries, entries);
-            break;
+            return true;
         }
-        mem.crash(CrashMode::LoseUnsynced);
+        mem.crash(mode);
         let what = format!("crash after {budget} ops");
         let b = reopen(&mem, opts(&objects)).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
         let r = b.chunks().import_foreign().unwrap_or_else(|e| panic!("{what}: import: {e}"));
@@ -152,8 +152,7 @@ fn a_crash_at_every_storage_operation_of_an_import_loses_nothing() {
         same_tokens(&got, &want, &what);
         let stats = b.image_stats(&b.opened("copy").unwrap()).compaction;
         assert_eq!(stats.chunks_new, 0, "{what}: stored again after the import finished");
-        budget += 1;
-        assert!(budget < 500);
-    }
+        false
+    });
     assert!(budget > 3, "the import took only {budget} operations");
 }

@@ -12,7 +12,7 @@ use cas::objects::{MemObjects, ObjectFault};
 use cas::storage::{CrashMode, MemStorage, Storage};
 use cas::store::{FetchAs, ImageKind};
 use cas::{Image, Store, StoreOptions};
-use chunk_support::crashing;
+use chunk_support::{crash_at_every_op, crashing, Cuts};
 use common::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -312,36 +312,24 @@ fn check_after_cut(mem: &MemStorage, objects: &MemObjects, run: &Run, what: &str
 #[test]
 fn a_crash_at_every_storage_operation_of_the_publishing_store_loses_nothing() {
     let stride = std::env::var("CAS_CRASH_STRIDE").ok().and_then(|v| v.parse().ok()).unwrap_or(3u64);
-    let mut budget = 0;
-    let mut step = 1;
-    loop {
-        let mut done = false;
-        for mode in [CrashMode::LoseUnsynced, CrashMode::Torn { seed: budget }] {
-            let mem = MemStorage::new();
-            let objects = MemObjects::new();
-            let (storage, ctl) = crashing(&mem, budget);
-            let mut run = Run { states: Vec::new(), published: None };
-            let result = Store::create(storage, &store_dir(), opts(&objects))
-                .and_then(|a| workload(&a, &mut run, WAIT));
-            if !ctl.died() {
-                result.unwrap();
-                done = true;
-                break;
-            }
-            mem.crash(mode);
-            check_after_cut(&mem, &objects, &run, &format!("crash after {budget} ops ({mode:?})"));
+    // Every operation of the store's creation, then every `stride`-th
+    // (CAS_CRASH_STRIDE=1 for all of them: minutes).
+    let cuts = Cuts { torn: true, dense: 60, stride, max: 20_000 };
+    let budget = crash_at_every_op(cuts, |budget, mode| {
+        let mem = MemStorage::new();
+        let objects = MemObjects::new();
+        let (storage, ctl) = crashing(&mem, budget);
+        let mut run = Run { states: Vec::new(), published: None };
+        let result =
+            Store::create(storage, &store_dir(), opts(&objects)).and_then(|a| workload(&a, &mut run, WAIT));
+        if !ctl.died() {
+            result.unwrap();
+            return true;
         }
-        if done {
-            break;
-        }
-        budget += step;
-        // Every operation of the store's creation, then every `stride`-th
-        // (CAS_CRASH_STRIDE=1 for all of them: minutes).
-        if budget > 60 {
-            step = stride;
-        }
-        assert!(budget < 20_000);
-    }
+        mem.crash(mode);
+        check_after_cut(&mem, &objects, &run, &format!("crash after {budget} ops ({mode:?})"));
+        false
+    });
     eprintln!("the workload took {budget} storage operations");
     assert!(budget > 300, "the workload took only {budget} operations");
 }

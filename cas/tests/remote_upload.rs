@@ -11,7 +11,7 @@ use cas::chunk::remote::{pack_key, packidx_key, Catalog, PackPhase, RemoteOption
 use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
 use cas::objects::{MemObjects, ObjectFault, Objects};
 use cas::storage::{CrashMode, MemStorage, OpenMode, Storage};
-use chunk_support::{block, block_hash, crashing};
+use chunk_support::{block, block_hash, crash_at_every_op, crashing, Cuts};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -202,29 +202,20 @@ fn check_after_cut(mem: &MemStorage, objects: &MemObjects, acked: &[u64], what: 
 
 #[test]
 fn a_crash_at_every_storage_operation_loses_nothing_and_every_sealed_pack_uploads() {
-    let mut budget = 0;
-    loop {
-        let mut done = false;
-        for mode in [CrashMode::LoseUnsynced, CrashMode::Torn { seed: budget }] {
-            let mem = MemStorage::new();
-            let objects = MemObjects::new();
-            let (storage, ctl) = crashing(&mem, budget);
-            let mut acked = Vec::new();
-            let result = open(storage, &objects, 0).and_then(|c| workload(&c, &mut acked));
-            if !ctl.died() {
-                result.unwrap();
-                done = true;
-                break;
-            }
-            mem.crash(mode);
-            check_after_cut(&mem, &objects, &acked, &format!("crash after {budget} ops ({mode:?})"));
+    let budget = crash_at_every_op(Cuts::every(5000), |budget, mode| {
+        let mem = MemStorage::new();
+        let objects = MemObjects::new();
+        let (storage, ctl) = crashing(&mem, budget);
+        let mut acked = Vec::new();
+        let result = open(storage, &objects, 0).and_then(|c| workload(&c, &mut acked));
+        if !ctl.died() {
+            result.unwrap();
+            return true;
         }
-        if done {
-            break;
-        }
-        budget += 1;
-        assert!(budget < 5000);
-    }
+        mem.crash(mode);
+        check_after_cut(&mem, &objects, &acked, &format!("crash after {budget} ops ({mode:?})"));
+        false
+    });
     assert!(budget > 40, "the workload took only {budget} operations");
 }
 

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use cas::chunk::{ChunkHash, CHUNK_BYTES};
-use cas::storage::{MemStorage, OpenMode, Storage, StorageFile, StorageLock};
+use cas::storage::{CrashMode, MemStorage, OpenMode, Storage, StorageFile, StorageLock};
 use cas::{Error, Result};
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -148,6 +148,45 @@ impl Storage for Crashing {
     fn lock_exclusive(&self, path: &Path) -> Result<StorageLock> {
         self.0.alive(path)?;
         self.0.inner.lock_exclusive(path)
+    }
+}
+
+/// Where a crash loop cuts: after each of the first `dense` mutating
+/// storage operations, then after every `stride`th; `torn` adds a torn
+/// cut (`CrashMode::Torn`, seeded with the budget) to each lost-unsynced
+/// one. A workload needing `max` operations or more fails the test.
+#[derive(Clone, Copy, Debug)]
+pub struct Cuts {
+    pub torn: bool,
+    pub dense: u64,
+    pub stride: u64,
+    pub max: u64,
+}
+
+impl Cuts {
+    /// Both modes after every operation, below `max`.
+    pub fn every(max: u64) -> Cuts {
+        Cuts { torn: true, dense: u64::MAX, stride: 1, max }
+    }
+}
+
+/// The crash-at-every-operation loop: `attempt(budget, mode)` runs the
+/// workload on a storage that dies after `budget` mutating operations
+/// (`crashing`) and returns true if it finished without dying; if it
+/// died, the attempt applies `mode` (`MemStorage::crash`) and checks what
+/// is left. Budgets grow as `cuts` says until an attempt finishes; the
+/// result is that budget: the operations the workload takes.
+pub fn crash_at_every_op(cuts: Cuts, mut attempt: impl FnMut(u64, CrashMode) -> bool) -> u64 {
+    let mut budget = 0;
+    loop {
+        let torn = cuts.torn.then_some(CrashMode::Torn { seed: budget });
+        for mode in std::iter::once(CrashMode::LoseUnsynced).chain(torn) {
+            if attempt(budget, mode) {
+                return budget;
+            }
+        }
+        budget += if budget >= cuts.dense { cuts.stride } else { 1 };
+        assert!(budget < cuts.max, "the workload did not finish within {} storage operations", cuts.max);
     }
 }
 
