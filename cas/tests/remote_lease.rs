@@ -173,6 +173,27 @@ fn a_store_takes_over_an_image_another_stopped_and_the_first_is_then_refused() {
     let (_mem_d, d) = new_store(Arc::new(bucket.clone()));
     let Err(e) = d.create_image("vm", IMAGE_BYTES) else { panic!("created over a published image") };
     assert!(e.to_string().contains("fetch it instead"), "{e}");
+
+    // Removing it from the bucket: refused while C has it open, then
+    // (from D, while C holds the lease) refused by the lease.
+    let Err(e) = c.unpublish_image("vm") else { panic!("unpublished an open image") };
+    assert!(e.to_string().contains("open"), "{e}");
+    let Err(e) = d.unpublish_image("vm") else { panic!("unpublished an image another store holds") };
+    assert!(e.to_string().contains("held by store"), "{e}");
+    drop((image, c));
+    let r = d.unpublish_image("vm").unwrap();
+    assert!(r.roots >= 1 && r.page_ranges >= 1, "{r:?}");
+    assert!(newest_root(&bucket, "vm").unwrap().is_none());
+    let left: Vec<String> =
+        bucket.keys().into_iter().filter(|k| k.starts_with("images/vm/") && !k.contains("/lease/")).collect();
+    assert!(left.is_empty(), "{left:?}");
+    let Err(e) = d.unpublish_image("vm") else { panic!("unpublished twice") };
+    assert!(e.to_string().contains("published image vm"), "{e}");
+    // The name is free again, and its lease's epochs go on.
+    d.create_image("vm", IMAGE_BYTES).unwrap();
+    let image = d.open_image("vm").unwrap();
+    assert!(d.publish_stats("vm").unwrap().counters.lease_epoch > 3);
+    write_and_publish(&d, &image, 5);
 }
 
 #[test]

@@ -164,6 +164,11 @@ pub enum ImageCommand {
     Rm {
         /// The image to remove.
         name: String,
+        /// Also remove it from the store's bucket (its roots and page
+        /// ranges; under its lease, so refused while another store holds
+        /// it). From a store nothing serves.
+        #[arg(long)]
+        bucket: bool,
     },
     /// Create image NAME from a raw or qcow2 disk image (from a store
     /// nothing serves): straight into chunks, zero blocks skipped.

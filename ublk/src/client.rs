@@ -196,7 +196,27 @@ pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
                 r.generation, r.root_key, r.mapped_blocks, r.foreign_packs
             );
         }
-        ImageCommand::Rm { name } => match &daemon {
+        ImageCommand::Rm { name, bucket: true } => {
+            if daemon.is_some() {
+                return Err(anyhow!(
+                    "store {} is served by a running casblk daemon; image rm --bucket works on a store nothing serves (stop its devices first)",
+                    dir.display()
+                ));
+            }
+            let store = open_store(&dir, false)?;
+            let local = store.list_images()?.iter().any(|i| i.name == name);
+            let r = store.unpublish_image(&name)?;
+            if local {
+                store.remove_image(&name)?;
+            }
+            println!(
+                "{name}: removed from the bucket ({} roots, {} page ranges){}",
+                r.roots,
+                r.page_ranges,
+                if local { " and from this store" } else { "" }
+            );
+        }
+        ImageCommand::Rm { name, bucket: false } => match &daemon {
             Some(s) => {
                 control(s, Command::ImageRemove { name: name.clone() }, QUERY_TIMEOUT)?;
             }

@@ -111,4 +111,10 @@ fn a_store_fetches_the_image_another_published_from_the_command_line() {
     }
     // A name the bucket holds cannot be fetched over a local image.
     fails(&casblk(&b, &["image", "fetch", "vm"]), "exists");
+    // Removed from the bucket and from B; the name is free for a new image.
+    let out = ok(&casblk(&b, &["image", "rm", "vm", "--bucket"]));
+    assert!(out.contains("removed from the bucket") && out.contains("from this store"), "{out}");
+    assert!(!ok(&casblk(&b, &["image", "list"])).contains("vm"));
+    fails(&casblk(&a, &["image", "rm", "vm", "--bucket"]), "published image vm");
+    ok(&casblk(&b, &["image", "create", "vm", "--size", "1M"]));
 }

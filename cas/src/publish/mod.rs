@@ -60,6 +60,7 @@ pub mod fetch;
 pub mod ranges;
 pub mod root_object;
 pub mod superseded;
+pub mod unpublish;
 
 use crate::chunk::remote::RemoteOptions;
 use crate::chunk::ChunkStore;

@@ -18,6 +18,7 @@ use super::files::{ImageHeader, ImageKind};
 use super::{Store, IMAGE_FILE, MANIFEST_FILE};
 use crate::error::{Error, Result};
 use crate::manifest::{Manifest, ManifestOptions, FIRST_TREE_PAGE};
+use crate::publish::unpublish::{self, Unpublished};
 use crate::publish::{fetch, PublishStats, Publisher};
 use crate::sync::lock;
 use std::collections::BTreeSet;
@@ -59,6 +60,17 @@ pub struct FetchReport {
 }
 
 impl Store {
+    /// The store's bucket, for work on image `name` (a valid name).
+    fn bucket(&self, name: &str) -> Result<Arc<dyn crate::objects::Objects>> {
+        let objects = self
+            .chunks
+            .objects()
+            .cloned()
+            .ok_or_else(|| Error::InvalidArgument("the store has no remote".into()))?;
+        crate::store::names::validate_image_name(name)?;
+        Ok(objects)
+    }
+
     fn publisher(&self) -> Result<&Arc<Publisher>> {
         self.publisher
             .as_ref()
@@ -124,12 +136,7 @@ impl Store {
     /// module docs). Fails if an image of that name exists, the bucket
     /// holds no root of it, or (`Owner`) another store holds its lease.
     pub fn fetch_image(&self, name: &str, how: FetchAs) -> Result<FetchReport> {
-        let objects = self
-            .chunks
-            .objects()
-            .cloned()
-            .ok_or_else(|| Error::InvalidArgument("the store has no remote to fetch from".into()))?;
-        crate::store::names::validate_image_name(name)?;
+        let objects = self.bucket(name)?;
         if self.storage.exists(&self.image_dir(name)?.join(IMAGE_FILE)) {
             return Err(Error::AlreadyExists(format!("image {name}")));
         }
@@ -152,6 +159,29 @@ impl Store {
                 Err(e)
             }
         }
+    }
+
+    /// Removes image `name` from the bucket (publish/unpublish.rs), under
+    /// its lease: refused while another store holds it, or while the
+    /// image is open here. The local copy, if any, stays. Fails if the
+    /// bucket holds no root of it.
+    pub fn unpublish_image(&self, name: &str) -> Result<Unpublished> {
+        let objects = self.bucket(name)?;
+        if self.opened(name).is_some() {
+            return Err(Error::Unavailable(format!("image {name}"), "it is open; close it first".into()));
+        }
+        let lease = self.publisher()?.acquire(name, None)?;
+        let r = match fetch::newest_root(objects.as_ref(), name) {
+            Ok(Some(_)) => unpublish::delete_published(objects.as_ref(), name),
+            Ok(None) => Err(Error::NotFound(format!("a published image {name} in {}", objects.describe()))),
+            Err(e) => Err(e),
+        };
+        if let Some(l) = lease {
+            if let Err(e) = l.release() {
+                tracing::warn!(image = name, error = %e, "releasing the lease failed; the next store waits it out");
+            }
+        }
+        r
     }
 
     fn fetch_under(
