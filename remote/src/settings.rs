@@ -13,7 +13,7 @@
 //! ```
 
 use crate::RemoteConfig;
-use cas::format::{self, Decoder, Encoder};
+use cas::format::{self, Encoder};
 use cas::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -85,13 +85,8 @@ impl RemoteSettings {
     /// Decodes and checks the file's bytes; never panics.
     pub fn decode(buf: &[u8], path: &Path) -> Result<RemoteSettings> {
         let corrupt = |detail: String| Error::Corruption { path: path.to_path_buf(), offset: 0, detail };
-        if buf.len() < 8 || buf[..8] != MAGIC {
-            return Err(corrupt("not a remote settings file (bad magic)".into()));
-        }
-        let body = format::unseal(buf, path, 0)?;
-        let mut d = Decoder::new(&body[8..]);
+        let (_, mut d) = format::open_sealed(buf, &MAGIC, "remote settings file", VERSION, path)?;
         let short = || corrupt("remote settings are cut short".into());
-        format::check_version("remote settings", d.u32().ok_or_else(short)?, VERSION)?;
         if d.u32().ok_or_else(short)? != 0 {
             return Err(corrupt("reserved bytes are not zero".into()));
         }

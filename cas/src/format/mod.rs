@@ -115,6 +115,28 @@ impl<'a> Decoder<'a> {
     }
 }
 
+/// Opens a sealed object or file: its 8-byte `magic`, its crc32c
+/// ([`unseal`]), then the u32 version after the magic, which must be
+/// between 1 and `newest`. `what` names the format in errors. Returns the
+/// version and a decoder after it.
+pub fn open_sealed<'a>(
+    buf: &'a [u8],
+    magic: &[u8; 8],
+    what: &str,
+    newest: u32,
+    path: &Path,
+) -> Result<(u32, Decoder<'a>)> {
+    let corrupt = |detail: String| Error::Corruption { path: path.to_path_buf(), offset: 0, detail };
+    if buf.len() < 8 || buf[..8] != magic[..] {
+        return Err(corrupt(format!("not a {what} (bad magic)")));
+    }
+    let body = unseal(buf, path, 0)?;
+    let mut d = Decoder::new(&body[8..]);
+    let version = d.u32().ok_or_else(|| corrupt(format!("{what} is cut short")))?;
+    check_version(what, version, newest)?;
+    Ok((version, d))
+}
+
 /// Verifies a buffer whose last 4 bytes are the crc32c of the rest, and
 /// returns the covered bytes.
 pub fn unseal<'a>(buf: &'a [u8], path: &Path, offset: u64) -> Result<&'a [u8]> {

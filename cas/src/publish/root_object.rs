@@ -19,7 +19,7 @@
 //! writer's lease epoch (0 until images take leases).
 
 use crate::error::{Error, Result};
-use crate::format::{self, Decoder, Encoder};
+use crate::format::{self, Encoder};
 use crate::manifest::{RootRecord, FIRST_TREE_PAGE};
 use std::path::Path;
 
@@ -103,13 +103,8 @@ impl RootObject {
     /// `what` names it in errors.
     pub fn decode(buf: &[u8], what: &Path) -> Result<RootObject> {
         let corrupt = |detail: String| Error::Corruption { path: what.to_path_buf(), offset: 0, detail };
-        if buf.len() < 8 || buf[..8] != MAGIC {
-            return Err(corrupt("not a published manifest root (bad magic)".into()));
-        }
-        let body = format::unseal(buf, what, 0)?;
-        let mut d = Decoder::new(&body[8..]);
-        let short = || corrupt("published root is cut short".into());
-        format::check_version("published manifest root", d.u32().ok_or_else(short)?, VERSION)?;
+        let (_, mut d) = format::open_sealed(buf, &MAGIC, "published manifest root", VERSION, what)?;
+        let short = || corrupt("published manifest root is cut short".into());
         if d.u32().ok_or_else(short)? != 0 {
             return Err(corrupt("reserved bytes are not zero".into()));
         }

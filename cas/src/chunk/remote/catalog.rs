@@ -16,7 +16,7 @@
 //! its bytes are what was, or will be, uploaded.
 
 use crate::error::{Error, Result};
-use crate::format::{self, Decoder, Encoder};
+use crate::format::{self, Encoder};
 use crate::storage::{read_small, write_atomic, Storage};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -96,14 +96,8 @@ impl Catalog {
     /// Decodes and checks a catalog; never panics on hostile input.
     pub fn decode(buf: &[u8], path: &Path) -> Result<Catalog> {
         let corrupt = |detail: String| Error::Corruption { path: path.to_path_buf(), offset: 0, detail };
-        if buf.len() < 8 || buf[..8] != MAGIC {
-            return Err(corrupt("not a remote pack catalog (bad magic)".into()));
-        }
-        let body = format::unseal(buf, path, 0)?;
-        let mut d = Decoder::new(&body[8..]);
+        let (version, mut d) = format::open_sealed(buf, &MAGIC, "remote pack catalog", VERSION, path)?;
         let short = || corrupt("remote pack catalog is cut short".into());
-        let version = d.u32().ok_or_else(short)?;
-        format::check_version("remote pack catalog", version, VERSION)?;
         let host_slot = d.u32().ok_or_else(short)?;
         let host_slot = u8::try_from(host_slot)
             .ok()

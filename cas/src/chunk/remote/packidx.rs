@@ -13,7 +13,7 @@
 //! pack object whatever happened to the local index.
 
 use crate::error::{Error, Result};
-use crate::format::{self, Decoder, Encoder};
+use crate::format::{self, Encoder};
 use crate::units::ChunkHash;
 use std::path::Path;
 
@@ -49,13 +49,8 @@ impl PackIndex {
     /// `what` names the object in errors.
     pub fn decode(buf: &[u8], what: &Path) -> Result<PackIndex> {
         let corrupt = |detail: String| Error::Corruption { path: what.to_path_buf(), offset: 0, detail };
-        if buf.len() < 8 || buf[..8] != MAGIC {
-            return Err(corrupt("not a pack slot index (bad magic)".into()));
-        }
-        let body = format::unseal(buf, what, 0)?;
-        let mut d = Decoder::new(&body[8..]);
+        let (_, mut d) = format::open_sealed(buf, &MAGIC, "pack slot index", VERSION, what)?;
         let short = || corrupt("pack slot index is cut short".into());
-        format::check_version("pack slot index", d.u32().ok_or_else(short)?, VERSION)?;
         let pack = d.u32().ok_or_else(short)?;
         let store_id = d.u64().ok_or_else(short)?;
         let n = d.u32().ok_or_else(short)? as usize;
