@@ -24,6 +24,18 @@ fn opts(objects: &MemObjects) -> StoreOptions {
     remote_opts(Some(Arc::new(objects.clone())))
 }
 
+/// `opts` with a lease on each image written (the holder's first round
+/// sweeps what earlier opens left only with leases on).
+fn leased(objects: &MemObjects) -> StoreOptions {
+    let mut o = opts(objects);
+    o.remote.0.as_mut().expect("a remote").lease = Some(cas::objects::lease::LeaseConfig {
+        lease: Duration::from_millis(2000),
+        claim_bound: Duration::from_millis(30),
+        margin: Duration::from_millis(200),
+    });
+    o
+}
+
 /// A second store (host B) on its own disk, on the same bucket.
 fn host_b(objects: &MemObjects) -> Arc<Store> {
     host_b_on(&MemStorage::new(), objects)
@@ -156,7 +168,7 @@ fn publish_round(a: &Store, image: &Image, r: u64) {
 #[test]
 fn superseded_roots_and_ranges_leave_the_bucket_after_their_grace() {
     let objects = MemObjects::new();
-    let (mem, a) = mem_store(opts(&objects));
+    let (mem, a) = mem_store(leased(&objects));
     a.create_image("vm", IMAGE_BYTES).unwrap();
     let image = a.open_image("vm").unwrap();
     let mut sent = 0;
@@ -174,7 +186,7 @@ fn superseded_roots_and_ranges_leave_the_bucket_after_their_grace() {
 
     // A reopened publishes a new series; the old one goes.
     drop((image, a));
-    let a = reopen(&mem, opts(&objects)).unwrap();
+    let a = reopen(&mem, leased(&objects)).unwrap();
     let image = a.open_image("vm").unwrap();
     publish_round(&a, &image, 9);
     let roots = image_keys(&objects, "roots");
@@ -191,7 +203,7 @@ fn superseded_roots_and_ranges_leave_the_bucket_after_their_grace() {
 
     // Within the grace period, what was superseded stays readable.
     drop((image, a));
-    let mut slow = opts(&objects);
+    let mut slow = leased(&objects);
     slow.remote.0.as_mut().unwrap().superseded_grace = Duration::from_secs(3600);
     let a = reopen(&mem, slow).unwrap();
     let image = a.open_image("vm").unwrap();
@@ -204,16 +216,47 @@ fn superseded_roots_and_ranges_leave_the_bucket_after_their_grace() {
 }
 
 #[test]
+fn without_leases_a_store_never_deletes_another_stores_series() {
+    // Two stores writing one image is a misconfiguration without leases,
+    // but neither may destroy what the other published.
+    let objects = MemObjects::new();
+    let (_mem_a, a) = mem_store(opts(&objects));
+    a.create_image("vm", IMAGE_BYTES).unwrap();
+    let image_a = a.open_image("vm").unwrap();
+    publish_round(&a, &image_a, 1);
+    let pages_a = image_keys(&objects, "pages");
+    let b = host_b(&objects);
+    b.fetch_image("vm", FetchAs::Owner).unwrap();
+    let image_b = b.open_image("vm").unwrap();
+    publish_round(&b, &image_b, 2);
+    publish_round(&b, &image_b, 3);
+    let left = image_keys(&objects, "pages");
+    assert!(pages_a.iter().all(|k| left.contains(k)), "B deleted A's ranges: {pages_a:?} {left:?}");
+    // A goes past B's generation, so A's root (ranges from before B's
+    // first round) becomes the newest; then B again.
+    let rounds =
+        [(4, &a, &image_a), (5, &a, &image_a), (6, &a, &image_a), (7, &a, &image_a), (8, &b, &image_b)];
+    for (r, store, image) in rounds {
+        publish_round(store, image, r);
+        let states = [read_tokens(&image_a).unwrap(), read_tokens(&image_b).unwrap()];
+        let c = host_b(&objects);
+        c.fetch_image("vm", FetchAs::Replica).unwrap_or_else(|e| panic!("round {r}: {e}"));
+        let got = fetched_tokens(&c, "vm");
+        assert!(states.contains(&got), "round {r}: the newest root shows neither store's state");
+    }
+}
+
+#[test]
 fn a_fetch_whose_ranges_are_deleted_meanwhile_starts_again_from_the_newest_root() {
     let objects = MemObjects::new();
-    let (mem, a) = mem_store(opts(&objects));
+    let (mem, a) = mem_store(leased(&objects));
     a.create_image("vm", IMAGE_BYTES).unwrap();
     let image = a.open_image("vm").unwrap();
     publish_round(&a, &image, 1);
     drop((image, a));
     // A reopened writes a round; host B starts fetching the old root, and
     // before its first range arrives A publishes and deletes the old series.
-    let a = reopen(&mem, opts(&objects)).unwrap();
+    let a = reopen(&mem, leased(&objects)).unwrap();
     let image = a.open_image("vm").unwrap();
     compacted_round(&a, &image, 2);
     let want = read_tokens(&image).unwrap();

@@ -162,6 +162,9 @@ struct Entry {
     /// What `stats` shows: copied from `state` after each round, so it
     /// never waits behind the bucket.
     shown: Mutex<Shown>,
+    /// Held by the lease thread through a renewal's requests, and by a
+    /// release before it takes the lease.
+    renewing: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -187,7 +190,11 @@ impl Entry {
 impl Entry {
     /// Gives the lease up (the image closed or the store stops).
     fn release(&self, name: &str) {
-        if let Some(l) = lock(&self.lease).lease.take() {
+        // After a renewal under way (its PUT would mark the claim held
+        // again after the release's).
+        let _renewal = lock(&self.renewing);
+        let lease = lock(&self.lease).lease.take();
+        if let Some(l) = lease {
             if let Err(err) = l.release() {
                 tracing::warn!(image = name, error = %err, "releasing the lease failed; the next store waits it out");
             }
@@ -336,13 +343,18 @@ impl Publisher {
     /// ranges are the earlier holder's; the first round after the open
     /// publishes a series of this store's and the sweep takes both.
     /// Best effort: without it, the first round's root fences.
-    pub fn fence(&self, name: &str, lease: &Lease, root: &RootObject) {
-        let fence = RootObject { store_id: self.store_id, epoch: lease.epoch(), ..root.clone() };
-        let key = root_key(name, fence.epoch, fence.root.generation);
-        let put = if lease.is_valid() {
-            self.objects.put(&key, &fence.encode()).map_err(Error::from)
-        } else {
-            Err(Error::Unavailable(format!("image {name}"), "the lease ran out before the fence".into()))
+    /// Under the lease `hold` keeps for `name`.
+    pub fn fence(&self, name: &str, root: &RootObject) {
+        let epoch = lock(&self.held).get(name).filter(|l| l.is_valid()).map(Lease::epoch);
+        let put = match epoch {
+            Some(epoch) => {
+                let fence = RootObject { store_id: self.store_id, epoch, ..root.clone() };
+                let key = root_key(name, epoch, fence.root.generation);
+                self.objects.put(&key, &fence.encode()).map_err(Error::from)
+            }
+            None => {
+                Err(Error::Unavailable(format!("image {name}"), "the lease ran out before the fence".into()))
+            }
         };
         if let Err(e) = put {
             tracing::warn!(image = name, error = %e, "publishing the take-over's fence root failed; the first publication fences");
@@ -352,6 +364,22 @@ impl Publisher {
     /// Keeps a lease taken before the image is opened (fetch).
     pub fn hold(&self, name: &str, lease: Lease) {
         lock(&self.held).insert(name.to_string(), lease);
+    }
+
+    /// True while the lease `hold` keeps for `name` holds (the lease
+    /// thread renews it meanwhile).
+    pub fn holds(&self, name: &str) -> bool {
+        lock(&self.held).get(name).is_some_and(Lease::is_valid)
+    }
+
+    /// Gives up the lease `hold` keeps for `name`, if any.
+    pub fn release_held(&self, name: &str) {
+        let lease = lock(&self.held).remove(name);
+        if let Some(l) = lease {
+            if let Err(e) = l.release() {
+                tracing::warn!(image = name, error = %e, "releasing the lease failed; the next store waits it out");
+            }
+        }
     }
 
     /// Renews every lease due (see `Lease::renewal_due`), failing images
@@ -377,6 +405,7 @@ impl Publisher {
                 self.forget(&name, &e);
                 continue;
             };
+            let _renewal = lock(&e.renewing);
             let renewal = match lock(&e.lease).lease.as_ref() {
                 Some(l) if l.renewal_due() => l.renewal(),
                 _ => continue,
@@ -457,6 +486,7 @@ impl Publisher {
             image: Arc::downgrade(image),
             manifest: Arc::downgrade(manifest),
             shown: Mutex::default(),
+            renewing: Mutex::new(()),
             state: Mutex::new(state),
             lease: Mutex::new(LeaseSlot { lease, lost: None }),
         };
@@ -519,7 +549,8 @@ impl Publisher {
     /// Counts a failure on `name`'s behalf that no round saw (an upload
     /// the round waits for).
     fn note_error(&self, name: &str, e: &Error) {
-        if let Some(entry) = lock(&self.images).get(name).cloned() {
+        let entry = lock(&self.images).get(name).cloned();
+        if let Some(entry) = entry {
             let mut st = lock(&entry.state);
             st.stats.counters.errors += 1;
             st.stats.last_error = Some(e.to_string());
@@ -599,7 +630,8 @@ impl Publisher {
             return Ok(Outcome::UpToDate(0));
         };
         if st.file_id == Some(file_id) && root.generation == st.stats.counters.published_generation {
-            st.superseded.delete_due(self.objects.as_ref(), self.grace);
+            st.superseded
+                .delete_due(self.objects.as_ref(), self.grace, &|| self.check_lease(name, lease).is_ok());
             return Ok(Outcome::UpToDate(root.generation));
         }
         if st.stats.refused.is_some() && root.generation == st.stats.counters.manifest_generation {
@@ -665,8 +697,10 @@ impl Publisher {
             name,
             old,
             Published { series, ranges: &grown, root_key: &key },
+            self.lease_cfg.is_some(),
         );
-        st.superseded.delete_due(self.objects.as_ref(), self.grace);
+        st.superseded
+            .delete_due(self.objects.as_ref(), self.grace, &|| self.check_lease(name, lease).is_ok());
         st.file_id = Some(file_id);
         st.series = series;
         st.ranges = grown;

@@ -7,9 +7,10 @@
 //!    superseded now:  the previous root this holder published;
 //!                     ranges of S merged away (in the old list, not in L);
 //!                     every range of the previous series (a rewritten file)
-//!  first round of a holder (every open starts a series):
+//!  first round of a holder (every open starts a series), with leases:
 //!    every root and range under images/<name>/ that is not its own
-//!  each round: DELETE what was superseded at least `grace` ago
+//!  each round: DELETE what was superseded at least `grace` ago, checking
+//!    before each that the lease still holds
 //! ```
 //!
 //! **Why a grace period.** Another store fetching the image reads the
@@ -18,9 +19,15 @@
 //! again from the newest root when one is gone all the same).
 //!
 //! **Why it is safe.** Only the lease holder deletes, only after its newer
-//! root is in the bucket, and only objects that root does not list; range
+//! root is in the bucket, only while its lease holds (checked before each
+//! DELETE: a listing that returned after a take-over may name the new
+//! holder's objects), and only objects that root does not list; range
 //! keys are never written again once merged away (a series only grows at
-//! its end), and every open starts a new random series. A crash or a
+//! its end), and every open starts a new random series. Without leases
+//! (a store alone on its bucket, or a test) there is no sweep: two stores
+//! writing one image would each take the other's series for leftovers;
+//! only what the holder itself superseded goes, and a previous open's
+//! series stays. A crash or a
 //! failed DELETE leaves objects behind, never a root without its ranges:
 //! the queue is not kept, and the next holder's first round finds what
 //! is left.
@@ -73,16 +80,17 @@ impl Superseded {
 
     /// Queues what the round that published `new` superseded (`old`: the
     /// series and ranges of this holder's previous root, None before its
-    /// first). The holder's
-    /// first round lists the image's roots and ranges and queues every one
-    /// not its own (`new` is in the bucket: one LIST per open; a failed
-    /// LIST is tried again next round).
+    /// first). With `sweep` (leases are on), the holder's first round
+    /// lists the image's roots and ranges and queues every one not its own
+    /// (`new` is in the bucket: one LIST per open; a failed LIST is tried
+    /// again next round).
     pub fn published(
         &mut self,
         objects: &dyn Objects,
         name: &str,
         old: Option<(u64, &Ranges)>,
         new: Published<'_>,
+        sweep: bool,
     ) {
         let now = Instant::now();
         if let Some(prev) = self.last_root.replace(new.root_key.to_string()) {
@@ -97,7 +105,7 @@ impl Superseded {
                 }
             }
         }
-        if !self.swept {
+        if sweep && !self.swept {
             match self.sweep(objects, name, &new, now) {
                 Ok(()) => self.swept = true,
                 Err(e) => {
@@ -125,11 +133,12 @@ impl Superseded {
         Ok(())
     }
 
-    /// DELETEs every key superseded at least `grace` ago; a failure stops
-    /// the round's deletions (the key is tried again next round).
-    pub fn delete_due(&mut self, objects: &dyn Objects, grace: Duration) {
+    /// DELETEs every key superseded at least `grace` ago while `held`
+    /// (the lease holds); a failure stops the round's deletions (the key
+    /// is tried again next round).
+    pub fn delete_due(&mut self, objects: &dyn Objects, grace: Duration, held: &dyn Fn() -> bool) {
         while let Some((at, key)) = self.queue.front() {
-            if at.elapsed() < grace {
+            if at.elapsed() < grace || !held() {
                 return;
             }
             if let Err(e) = objects.delete(key) {

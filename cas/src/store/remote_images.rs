@@ -140,47 +140,57 @@ impl Store {
         if self.storage.exists(&self.image_dir(name)?.join(IMAGE_FILE)) {
             return Err(Error::AlreadyExists(format!("image {name}")));
         }
-        let lease = match how {
-            FetchAs::Owner => self.publisher()?.acquire(name, None)?,
-            FetchAs::Replica => None,
+        let leased = match how {
+            FetchAs::Owner => match self.publisher()?.acquire(name, None)? {
+                Some(l) => {
+                    // Renewed while the fetch runs, and until the image is
+                    // opened (open_image takes it from there).
+                    self.publisher()?.hold(name, l);
+                    true
+                }
+                None => false,
+            },
+            FetchAs::Replica => false,
         };
         let r = self.fetch_under(name, how, objects.as_ref());
-        match (r, lease) {
-            (Ok((report, root)), Some(l)) => {
-                let publisher = self.publisher()?;
-                publisher.fence(name, &l, &root);
-                // Until the image is opened (open_image takes it from there).
-                publisher.hold(name, l);
-                Ok(report)
-            }
-            (r, None) => r.map(|(report, _)| report),
-            (Err(e), Some(l)) => {
-                let _ = l.release();
-                Err(e)
+        if leased {
+            let publisher = self.publisher()?;
+            match &r {
+                Ok((_, root)) => publisher.fence(name, root),
+                Err(_) => publisher.release_held(name),
             }
         }
+        r.map(|(report, _)| report)
     }
 
     /// Removes image `name` from the bucket (publish/unpublish.rs), under
-    /// its lease: refused while another store holds it, or while the
-    /// image is open here. The local copy, if any, stays. Fails if the
-    /// bucket holds no root of it.
+    /// its lease, renewed meanwhile and checked before each DELETE:
+    /// refused while another store holds it, or while the image is open
+    /// here (no open starts meanwhile). Fails if the bucket holds no root
+    /// of it. A local copy stays, and opening it would publish it again:
+    /// remove it too (`casblk image rm --bucket` does).
     pub fn unpublish_image(&self, name: &str) -> Result<Unpublished> {
         let objects = self.bucket(name)?;
-        if self.opened(name).is_some() {
+        let open = self.open.lock();
+        if open.get(name).is_some_and(super::open::OpenImage::is_open) {
             return Err(Error::Unavailable(format!("image {name}"), "it is open; close it first".into()));
         }
-        let lease = self.publisher()?.acquire(name, None)?;
+        let publisher = self.publisher()?;
+        let leased = match publisher.acquire(name, None)? {
+            Some(l) => {
+                publisher.hold(name, l);
+                true
+            }
+            None => false,
+        };
+        let held = || !leased || publisher.holds(name);
         let r = match fetch::newest_root(objects.as_ref(), name) {
-            Ok(Some(_)) => unpublish::delete_published(objects.as_ref(), name),
+            Ok(Some(_)) => unpublish::delete_published(objects.as_ref(), name, &held),
             Ok(None) => Err(Error::NotFound(format!("a published image {name} in {}", objects.describe()))),
             Err(e) => Err(e),
         };
-        if let Some(l) = lease {
-            if let Err(e) = l.release() {
-                tracing::warn!(image = name, error = %e, "releasing the lease failed; the next store waits it out");
-            }
-        }
+        publisher.release_held(name);
+        drop(open);
         r
     }
 
