@@ -195,10 +195,15 @@ impl Entry {
         let _renewal = lock(&self.renewing);
         let lease = lock(&self.lease).lease.take();
         if let Some(l) = lease {
-            if let Err(err) = l.release() {
-                tracing::warn!(image = name, error = %err, "releasing the lease failed; the next store waits it out");
-            }
+            release(name, l);
         }
+    }
+}
+
+/// Gives `lease` up; a failure only makes the next store wait it out.
+fn release(name: &str, lease: Lease) {
+    if let Err(e) = lease.release() {
+        tracing::warn!(image = name, error = %e, "releasing the lease failed; the next store waits it out");
     }
 }
 
@@ -290,9 +295,7 @@ impl Publisher {
             let _ = t.join();
         }
         for (name, l) in std::mem::take(&mut *lock(&self.held)) {
-            if let Err(e) = l.release() {
-                tracing::warn!(image = %name, error = %e, "releasing the lease failed; the next store waits it out");
-            }
+            release(&name, l);
         }
         let images = std::mem::take(&mut *lock(&self.images));
         for (name, e) in images {
@@ -361,9 +364,13 @@ impl Publisher {
         }
     }
 
-    /// Keeps a lease taken before the image is opened (fetch).
-    pub fn hold(&self, name: &str, lease: Lease) {
+    /// Takes the lease on `name` (see `acquire`, with no local copy) and
+    /// keeps it, renewed, until the image is opened or `release_held`;
+    /// false without leases.
+    pub fn acquire_held(&self, name: &str) -> Result<bool> {
+        let Some(lease) = self.acquire(name, None)? else { return Ok(false) };
         lock(&self.held).insert(name.to_string(), lease);
+        Ok(true)
     }
 
     /// True while the lease `hold` keeps for `name` holds (the lease
@@ -376,9 +383,7 @@ impl Publisher {
     pub fn release_held(&self, name: &str) {
         let lease = lock(&self.held).remove(name);
         if let Some(l) = lease {
-            if let Err(e) = l.release() {
-                tracing::warn!(image = name, error = %e, "releasing the lease failed; the next store waits it out");
-            }
+            release(name, l);
         }
     }
 
@@ -532,7 +537,12 @@ impl Publisher {
         lock(&e.shown).round_started.get_or_insert_with(Instant::now);
         let r = self.round(name, &image, &manifest, &mut st, &e.lease);
         match &r {
-            Ok(Outcome::UpToDate(_)) => st.behind_since = None,
+            Ok(Outcome::UpToDate(_)) => {
+                st.behind_since = None;
+                // After the log is reclaimed: DELETEs never hold up writers.
+                let held = || self.check_lease(name, &e.lease).is_ok();
+                st.superseded.delete_due(self.objects.as_ref(), self.grace, &held);
+            }
             Ok(_) => {
                 st.behind_since.get_or_insert_with(Instant::now);
             }
@@ -630,8 +640,6 @@ impl Publisher {
             return Ok(Outcome::UpToDate(0));
         };
         if st.file_id == Some(file_id) && root.generation == st.stats.counters.published_generation {
-            st.superseded
-                .delete_due(self.objects.as_ref(), self.grace, &|| self.check_lease(name, lease).is_ok());
             return Ok(Outcome::UpToDate(root.generation));
         }
         if st.stats.refused.is_some() && root.generation == st.stats.counters.manifest_generation {
@@ -699,8 +707,6 @@ impl Publisher {
             Published { series, ranges: &grown, root_key: &key },
             self.lease_cfg.is_some(),
         );
-        st.superseded
-            .delete_due(self.objects.as_ref(), self.grace, &|| self.check_lease(name, lease).is_ok());
         st.file_id = Some(file_id);
         st.series = series;
         st.ranges = grown;

@@ -54,9 +54,8 @@ pub struct Superseded {
     swept: bool,
     /// The newest root this holder published (its key).
     last_root: Option<String>,
-    /// Deleted so far, and DELETEs that failed (retried next round).
+    /// Deleted so far.
     pub deleted: u64,
-    pub errors: u64,
 }
 
 /// What a round published.
@@ -142,7 +141,6 @@ impl Superseded {
                 return;
             }
             if let Err(e) = objects.delete(key) {
-                self.errors += 1;
                 tracing::debug!(key = %key, error = %e, "deleting a superseded object failed; retried");
                 return;
             }

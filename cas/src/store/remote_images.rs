@@ -140,16 +140,10 @@ impl Store {
         if self.storage.exists(&self.image_dir(name)?.join(IMAGE_FILE)) {
             return Err(Error::AlreadyExists(format!("image {name}")));
         }
+        // Renewed while the fetch runs, and until the image is opened
+        // (open_image takes it from there).
         let leased = match how {
-            FetchAs::Owner => match self.publisher()?.acquire(name, None)? {
-                Some(l) => {
-                    // Renewed while the fetch runs, and until the image is
-                    // opened (open_image takes it from there).
-                    self.publisher()?.hold(name, l);
-                    true
-                }
-                None => false,
-            },
+            FetchAs::Owner => self.publisher()?.acquire_held(name)?,
             FetchAs::Replica => false,
         };
         let r = self.fetch_under(name, how, objects.as_ref());
@@ -176,13 +170,7 @@ impl Store {
             return Err(Error::Unavailable(format!("image {name}"), "it is open; close it first".into()));
         }
         let publisher = self.publisher()?;
-        let leased = match publisher.acquire(name, None)? {
-            Some(l) => {
-                publisher.hold(name, l);
-                true
-            }
-            None => false,
-        };
+        let leased = publisher.acquire_held(name)?;
         let held = || !leased || publisher.holds(name);
         let r = match fetch::newest_root(objects.as_ref(), name) {
             Ok(Some(_)) => unpublish::delete_published(objects.as_ref(), name, &held),
