@@ -170,10 +170,11 @@ start_garage() {
 
 garage_node() { "$(dirname "${BASH_SOURCE[0]}")/../garage" "$1" "$2" --dir "$GARAGE_DIR" >/dev/null || fail "ci/garage $1 $2 failed"; }
 
-# remote_set STORE: records the started Garage's bucket (every endpoint).
+# remote_set STORE [ENDPOINTS [KEY_FILE]]: records the started Garage's
+# bucket (by default every endpoint, and $GARAGE_KEY).
 remote_set() {
-    "$CASBLK" --store "$1" remote set --endpoint "$CASBLK_GARAGE_ENDPOINTS" --bucket "$CASBLK_GARAGE_BUCKET" \
-        --key-file "$GARAGE_KEY" >/dev/null
+    "$CASBLK" --store "$1" remote set --endpoint "${2:-$CASBLK_GARAGE_ENDPOINTS}" --bucket "$CASBLK_GARAGE_BUCKET" \
+        --key-file "${3:-$GARAGE_KEY}" >/dev/null
 }
 
 # Prints counter KEY of source SRC (e.g. store dedup_ratio) from STORE's stats.

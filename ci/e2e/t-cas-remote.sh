@@ -5,15 +5,13 @@
 # line.
 source "$(dirname "$0")/lib.sh"
 start_garage
-key=$GARAGE_KEY
 bad_key=$SCRATCH/bad-key
 printf '%s\n%s\n' "$CASBLK_GARAGE_KEY_ID" "not-the-secret-at-all" >"$bad_key"
-set_remote() { "$CASBLK" --store "$1" remote set --endpoint "$2" --bucket "$CASBLK_GARAGE_BUCKET" --key-file "$3"; }
 
 a=$(new_store vm 64M)
-expect_error "a wrong secret" set_remote "$a" "$CASBLK_GARAGE_ENDPOINTS" "$bad_key"
-expect_error "an endpoint nothing serves" set_remote "$a" "http://127.0.0.1:9" "$key"
-set_remote "$a" "$CASBLK_GARAGE_ENDPOINTS" "$key" >/dev/null
+expect_error "a wrong secret" remote_set "$a" "$CASBLK_GARAGE_ENDPOINTS" "$bad_key"
+expect_error "an endpoint nothing serves" remote_set "$a" "http://127.0.0.1:9"
+remote_set "$a"
 
 # Store A: 8 MiB through the device, then del publishes everything.
 head -c 8M /dev/urandom >"$SCRATCH/data"
@@ -25,7 +23,7 @@ note "store A wrote 8 MiB and detached"
 
 # Store B takes the image over and serves the same bytes.
 b=$(new_store scratch 1M)
-set_remote "$b" "$CASBLK_GARAGE_ENDPOINTS" "$key" >/dev/null
+remote_set "$b"
 "$CASBLK" --store "$b" image fetch vm | grep -q "^vm: generation" || fail "fetch printed no report"
 devb=$(add_image "$b" vm)
 cmp -n $((8 << 20)) "$SCRATCH/data" "$devb" || fail "store B's device differs from what store A wrote"
