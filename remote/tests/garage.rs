@@ -200,8 +200,14 @@ fn a_chunk_store_uploads_and_reads_through_killed_nodes() {
     }
     c.seal_active().unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
-    // Uploaded, and their local copies deleted (after the catalog records them).
-    while c.remote_stats().is_some_and(|s| s.sealed_packs > 0 || s.local_uploaded_packs > 0) {
+    // Uploaded, and their local copies deleted (after the catalog records
+    // them). A pack counts as uploaded once its catalog entry changes, a
+    // moment before it joins the local-uploaded queue: wait for the
+    // eviction count too, or that moment reads as "done".
+    let busy = |s: &cas::chunk::remote::RemoteStats| {
+        s.sealed_packs > 0 || s.local_uploaded_packs > 0 || s.evicted_packs < s.uploaded_packs
+    };
+    while c.remote_stats().is_some_and(|s| busy(&s)) {
         assert!(Instant::now() < deadline, "uploads did not finish: {:?}", c.remote_stats());
         std::thread::sleep(Duration::from_millis(50));
     }
