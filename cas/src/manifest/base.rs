@@ -82,7 +82,9 @@ pub fn read(storage: &dyn Storage, manifest_path: &Path) -> Result<Option<Base>>
         return Err(corrupt(0, "not a casblk base root (bad magic)".into()));
     }
     format::check_version(&format!("base root {}", path.display()), d.u32().unwrap_or(0), BASE_VERSION)?;
-    let _reserved = d.u32();
+    if d.u32() != Some(0) {
+        return Err(corrupt(12, "reserved bytes of the base root are not zero".into()));
+    }
     let id = d.u64().ok_or_else(|| corrupt(16, "truncated before the link id".into()))?;
     let rec = d.bytes(ROOT_USED_BYTES).ok_or_else(|| corrupt(24, "truncated root record".into()))?;
     let root = RootRecord::decode_detached(rec, &path, 24)?;

@@ -110,14 +110,17 @@ impl RootRecord {
         let mut d = Decoder::new(&body[8..]);
         format::check_version("manifest root", d.u32().unwrap_or(0), ROOT_VERSION)?;
         let height = d.u8().unwrap_or(u8::MAX);
-        let _reserved = d.bytes(3);
+        let reserved_a = d.bytes(3).unwrap_or(&[1]) != [0; 3];
         let generation = d.u64().unwrap_or(0);
         let covered = d.u64().unwrap_or(0);
         let root = ChildRef { page: d.u64().unwrap_or(0), crc: d.u32().unwrap_or(0) };
-        let _reserved = d.u32();
+        let reserved_b = d.u32() != Some(0);
         let file_pages = d.u64().unwrap_or(0);
         let live_pages = d.u64().unwrap_or(0);
         let mapped_blocks = d.u64().unwrap_or(0);
+        if reserved_a || reserved_b {
+            return Err(corrupt("reserved bytes of the root record are not zero".into()));
+        }
         let r = RootRecord { generation, covered, height, root, file_pages, live_pages, mapped_blocks };
         if r.generation == 0 || r.slot() != slot {
             return Err(corrupt(format!("root generation {} does not belong in slot {slot}", r.generation)));
