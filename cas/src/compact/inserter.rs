@@ -192,10 +192,12 @@ impl<'s> Inserter<'s> {
         self.stage.settle()
     }
 
-    /// Ends the commit stage and adds its counters (after `finish`).
-    pub fn into_work(mut self) -> CompactStats {
+    /// Ends the commit stage and adds its counters (after `finish`); with
+    /// how its last step went (an inline stage's due log reclamation).
+    pub fn into_work(mut self) -> (CompactStats, Result<()>) {
         let mut work = self.work;
-        work.add(&self.stage.close());
-        work
+        let (stage, closed) = self.stage.close();
+        work.add(&stage);
+        (work, closed)
     }
 }

@@ -16,7 +16,7 @@
 //! Bounds: at most `SUBS_IN_FLIGHT` sub-batches wait in the channel; two
 //! batch buffers exist per pass (the reader fills one while the inserter
 //! still uses the other), at most `SUBS_IN_FLIGHT + 2` extra buffers, and
-//! at most two commit jobs wait for the commit thread.
+//! at most `JOBS_QUEUED_MAX` (2) commit jobs wait for the commit thread.
 //!
 //! The reader runs ahead by at most one batch; so may the inserter ahead
 //! of the commits. What depends on the state before a batch (partial
@@ -244,8 +244,8 @@ pub fn run(ctx: &Ctx<'_>, plan: &Plan) -> (CompactStats, Result<()>) {
         let produced = produce(log, plan, &mut sink, &mut lease);
         let stopped = sink.stopped;
         let finished = ins.finish();
-        let mut work = ins.into_work();
-        let result = match (produced, finished) {
+        let (mut work, closed) = ins.into_work();
+        let result = match (produced, finished.and_then(|f| closed.map(|()| f))) {
             (_, Err(e)) => Err(e),
             (Err(_), Ok(_)) if stopped => Ok(()),
             (Err(e), _) => Err(e),
@@ -275,7 +275,7 @@ pub fn run(ctx: &Ctx<'_>, plan: &Plan) -> (CompactStats, Result<()>) {
             })
             .expect("spawn the compaction reader thread");
         let (stage, commit_thread) = if ctx.threads >= 3 {
-            let (job_tx, job_rx) = bounded::<CommitJob<'_>>(1);
+            let (job_tx, job_rx) = bounded::<CommitJob<'_>>(super::commit::JOBS_QUEUED_MAX);
             let (done_tx, done_rx) = unbounded::<Result<Flow>>();
             let t = std::thread::Builder::new()
                 .name("cas-compact-ci".into())
@@ -292,10 +292,13 @@ pub fn run(ctx: &Ctx<'_>, plan: &Plan) -> (CompactStats, Result<()>) {
         drop(back_tx);
         let produced = reader.join().expect("the compaction reader thread panicked");
         let finished = ins.finish();
-        let mut work = ins.into_work();
+        let (mut work, mut closed) = ins.into_work();
         if let Some(t) = commit_thread {
-            work.add(&t.join().expect("the compaction commit thread panicked"));
+            let (thread_work, thread_closed) = t.join().expect("the compaction commit thread panicked");
+            work.add(&thread_work);
+            closed = closed.and(thread_closed);
         }
+        let finished = finished.and_then(|f| closed.map(|()| f));
         let result = match (consumed, finished, produced) {
             (Err(e), _, _) | (_, Err(e), _) => Err(e),
             (Ok(Flow::Stopped), _, _) | (_, Ok(Flow::Stopped), _) => Ok(()),

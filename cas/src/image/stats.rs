@@ -151,8 +151,11 @@ counters! {
     pub struct CompactStats {
         /// Passes run (each drains the durable log in batches).
         pub passes,
-        /// Batches committed: one manifest commit each.
+        /// Batches committed, and those of them that joined an earlier
+        /// batch's commit (the commit thread groups the batches queued
+        /// while it was busy): `batches - grouped_batches` manifest commits.
         pub batches,
+        pub grouped_batches,
         /// Log records compacted (PAD included).
         pub records,
         /// WRITE payload bytes compacted: the "input" of the per-MiB ratios.

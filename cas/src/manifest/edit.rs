@@ -136,6 +136,19 @@ impl<'m> ManifestEdit<'m> {
         Ok(())
     }
 
+    /// Appends `later`'s edits after this batch's, as if they had been
+    /// made here: for a block set in both, `later`'s set wins. Lets a
+    /// caller that fell behind commit several batches at once.
+    ///
+    /// Panics if the two batches edit different manifests.
+    pub fn append(&mut self, later: ManifestEdit<'m>) {
+        assert!(std::ptr::eq(self.manifest, later.manifest), "edits of two manifests");
+        for (leaf, edits) in later.leaves {
+            self.leaf_edits(leaf).extend(edits);
+        }
+        self.sets += later.sets;
+    }
+
     /// Edits recorded so far.
     pub fn len(&self) -> u64 {
         self.sets

@@ -236,3 +236,24 @@ fn ranges_reach_the_last_block_and_no_further() {
     assert_eq!(out, [Some(h(1)), Some(h(2))]);
     assert!(m.lookup_range(u64::MAX, &mut out).is_err());
 }
+
+#[test]
+fn an_appended_edit_applies_after_the_first() {
+    let s = setup();
+    let m = open(&s);
+    let mut first = m.begin();
+    first.set(1, Some(h(1)));
+    first.set(2, Some(h(2)));
+    first.set(600, Some(h(600)));
+    let mut later = m.begin();
+    later.set(2, Some(h(22)));
+    later.set(600, None);
+    later.set(9000, Some(h(9000)));
+    first.append(later);
+    assert_eq!(first.len(), 6);
+    assert_eq!(first.leaves_touched(), 3);
+    first.commit(9).unwrap();
+    let all: Vec<_> = m.iter().collect::<Result<_>>().unwrap();
+    assert_eq!(all, vec![(1, h(1)), (2, h(22)), (9000, h(9000))]);
+    assert_eq!(m.covered(), 9);
+}

@@ -116,6 +116,8 @@ struct State {
     locks: HashSet<PathBuf>,
     /// `open` wraps handles in a [`SyncGuard`] (the default).
     guard_syncs: bool,
+    /// Each file sync sleeps this long first (a slow device).
+    sync_delay: std::time::Duration,
 }
 
 /// In-memory storage with crash and fault injection. Clones share state.
@@ -200,6 +202,7 @@ impl MemStorage {
                 syncs: 0,
                 locks: HashSet::new(),
                 guard_syncs: true,
+                sync_delay: std::time::Duration::ZERO,
             })),
         }
     }
@@ -209,6 +212,12 @@ impl MemStorage {
     /// the same handle succeeds. Only for tests that show what the guard is for.
     pub fn without_sync_guard(&self) {
         lock(&self.state).guard_syncs = false;
+    }
+
+    /// Makes every file sync from now on take at least `delay` (a slow
+    /// device: lets tests fill the queues in front of a syncing stage).
+    pub fn set_sync_delay(&self, delay: std::time::Duration) {
+        lock(&self.state).sync_delay = delay;
     }
 
     /// Adds a fault; it applies to operations from now on.
@@ -416,6 +425,8 @@ impl StorageFile for MemFile {
     }
 
     fn sync_data(&self) -> Result<()> {
+        let delay = lock(&self.state).sync_delay;
+        std::thread::sleep(delay);
         let fault = self.enter_with(FaultOp::Sync)?;
         let mut d = lock(&self.data);
         if let Some(errno) = fault {
