@@ -151,7 +151,9 @@ impl<'s> Committer<'s> {
                         .spawn_scoped(s, move || chunks.sync())
                         .map_err(|e| Error::Unavailable("compaction chunk sync".into(), e.to_string()))?;
                     let reclaimed = self.reclaim(covered);
-                    let synced = sync.join().unwrap_or_else(|_| Err(gone()));
+                    // A panic in the chunk store is not a failed sync: its
+                    // pending journal ops may be gone, so it must not be retried.
+                    let synced = sync.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
                     synced.and(reclaimed)
                 })
             }
@@ -286,7 +288,9 @@ pub fn run_thread<'s>(
         // one chunk sync and one manifest commit for all of them.
         let mut pins = Vec::new();
         let mut grouped = 1;
-        while grouped < GROUP_JOBS_MAX {
+        // A test's stop point names one batch: no grouping then.
+        let group_max = if committer.stop_at == StopAt::Never { GROUP_JOBS_MAX } else { 1 };
+        while grouped < group_max {
             let Ok(later) = jobs.try_recv() else { break };
             pins.extend(job.absorb(later));
             grouped += 1;

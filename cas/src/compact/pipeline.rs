@@ -11,16 +11,21 @@
 //!
 //! `compaction_threads`: 1 runs all of it on the pass thread, 2 adds the
 //! reader thread (the commit protocol runs inline on the pass thread), 3
-//! adds the commit thread.
+//! adds the commit thread. In every mode a commit's log reclamation runs
+//! on a short-lived thread beside the next commit's chunk sync (commit.rs).
 //!
 //! Bounds: at most `SUBS_IN_FLIGHT` sub-batches wait in the channel; two
 //! batch buffers exist per pass (the reader fills one while the inserter
 //! still uses the other), at most `SUBS_IN_FLIGHT + 2` extra buffers, and
-//! at most `JOBS_QUEUED_MAX` (2) commit jobs wait for the commit thread.
+//! at most `JOBS_QUEUED_MAX` (2) commit jobs wait for the commit thread,
+//! which commits at most `GROUP_JOBS_MAX` (3) at once. A job holds its
+//! edit (`ManifestEdit::memory_bytes`: tens of bytes per block of the
+//! batch) and a pin, no batch buffer.
 //!
-//! The reader runs ahead by at most one batch; so may the inserter ahead
-//! of the commits. What depends on the state before a batch (partial
-//! blocks, holes) waits for the commits in flight (inserter.rs).
+//! The reader runs ahead by at most one batch; the inserter ahead of the
+//! commits by at most `GROUP_JOBS_MAX + JOBS_QUEUED_MAX` jobs. What
+//! depends on the state before a batch (partial blocks, holes) waits for
+//! the commits in flight (inserter.rs).
 
 use super::blocks::{Back, Msg, SubBatch, Walker};
 use super::budget::{Budget, GrowBuf, Lease};
