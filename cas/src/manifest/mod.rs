@@ -72,7 +72,7 @@ use crate::chunk::ClockCache;
 use crate::error::{Error, Result};
 use crate::storage::{OpenMode, Storage, StorageFile};
 use page::Expect;
-use std::collections::hash_map::RandomState;
+use rustc_hash::FxBuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -157,7 +157,7 @@ pub struct Manifest {
     pub(crate) opts: ManifestOptions,
     current: RwLock<Arc<Snapshot>>,
     pub(crate) commit_state: Mutex<CommitState>,
-    pub(crate) cache: ClockCache<(u64, u64), Arc<Page>, RandomState>,
+    pub(crate) cache: ClockCache<(u64, u64), Arc<Page>, FxBuildHasher>,
     next_file_id: AtomicU64,
 }
 
