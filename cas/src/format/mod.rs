@@ -10,17 +10,20 @@
 //! - a version newer than this build reads is refused with
 //!   [`Error::UnsupportedVersion`], never guessed at.
 
+mod crc32c;
+
 use crate::error::{Error, Result};
 use std::path::Path;
 
-/// crc32c (Castagnoli) of `bytes`: hardware accelerated where available.
+/// crc32c (Castagnoli) of `bytes`: hardware accelerated where available
+/// (long buffers by carry-less multiplication, see `crc32c.rs`).
 pub fn crc32c(bytes: &[u8]) -> u32 {
-    crc32c::crc32c(bytes)
+    crc32c::append(0, bytes)
 }
 
 /// Continues a crc32c over more bytes.
 pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc, bytes)
+    crc32c::append(crc, bytes)
 }
 
 /// Refuses versions above `supported` (and version 0, which is never written).
