@@ -70,12 +70,19 @@ pub struct CompactConfig {
     /// its quota (making the log durable itself if needed) ...
     pub trigger_percent: u64,
     /// ... and otherwise this long after the last pass when durable data
-    /// waits.
+    /// waits and the image has not been written for as long (or the data
+    /// has waited [`QUIET_WAIT_MAX_INTERVALS`] intervals).
     pub interval: Duration,
     /// Batches one background pass runs before the service moves on to
     /// another image.
     pub service_batches: u64,
 }
+
+/// Below the trigger, a pass waits for a pause in the image's writes at
+/// most this many intervals: a write burst that fits the log is not slowed
+/// by compaction competing for the CPU (hashing is most of a pass), and
+/// a stream of writes that never pauses is still compacted.
+pub const QUIET_WAIT_MAX_INTERVALS: u32 = 10;
 
 /// Where a pass stops early, for crash tests: after the first batch's
 /// chunk inserts, its chunk sync, or its manifest commit (before the log
@@ -117,6 +124,12 @@ pub struct ImageCompaction {
     pub(crate) cursor: Mutex<Option<Cursor>>,
     stats: Mutex<CompactStats>,
     pub(crate) last_pass: Mutex<Option<Instant>>,
+    /// The image's newest completed seq when the service last saw it
+    /// change, and when: the image is quiet once it has not changed for an
+    /// interval.
+    pub(crate) last_write: Mutex<Option<(u64, Instant)>>,
+    /// Since when durable data has waited for a pass (None: nothing waits).
+    pub(crate) waiting_since: Mutex<Option<Instant>>,
     /// After an error, the service leaves the image alone until then.
     pub(crate) retry_after: Mutex<Option<Instant>>,
     /// Passes that failed in a row (memory-budget refusals aside).
@@ -134,6 +147,8 @@ impl ImageCompaction {
             cursor: Mutex::new(Some(Cursor { segment, position, seq, skip_sectors: 0 })),
             stats: Mutex::new(CompactStats::default()),
             last_pass: Mutex::new(None),
+            last_write: Mutex::new(None),
+            waiting_since: Mutex::new(None),
             retry_after: Mutex::new(None),
             failures_in_a_row: Mutex::new(0),
         }

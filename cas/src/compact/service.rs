@@ -12,6 +12,7 @@
 //!   for each open image:
 //!     pressure = refused reservation || log use >= trigger_percent of quota
 //!     due      = durable data waiting && interval passed since the last pass
+//!                && (no write for an interval || the data waited 10 intervals)
 //!     pressure: make the completed log durable (nobody may FLUSH), then pass
 //!     due:      pass (durable data only)
 //!     still refused with everything covered: roll the covered current
@@ -147,6 +148,27 @@ fn failed(image: &Image, state: &ImageCompaction, e: &Error, now: Instant) {
     }
 }
 
+/// True once `image` has written nothing for `interval` (as the service's
+/// looks see it: the first look after a write starts the count).
+fn quiet(image: &Image, state: &ImageCompaction, now: Instant, interval: Duration) -> bool {
+    let seq = image.completed_seq();
+    let mut last = lock(&state.last_write);
+    match *last {
+        Some((seen, since)) if seen == seq => now.saturating_duration_since(since) >= interval,
+        _ => {
+            *last = Some((seq, now));
+            false
+        }
+    }
+}
+
+/// True once durable data has waited [`super::QUIET_WAIT_MAX_INTERVALS`]
+/// intervals for a pass (counted from the first look that saw it).
+fn waited_long(state: &ImageCompaction, now: Instant, interval: Duration) -> bool {
+    let since = *lock(&state.waiting_since).get_or_insert(now);
+    now.saturating_duration_since(since) >= interval * super::QUIET_WAIT_MAX_INTERVALS
+}
+
 /// Looks at one image and compacts it if needed: `None` if no pass ran,
 /// else whether it should be looked at again at once.
 fn step(
@@ -167,8 +189,12 @@ fn step(
             >= u128::from(image.log_quota_bytes()) * u128::from(cfg.trigger_percent);
     let covered = state.manifest.covered();
     let waiting = image.durable_seq() > covered;
-    let due =
-        waiting && lock(&state.last_pass).is_none_or(|t| now.saturating_duration_since(t) >= cfg.interval);
+    let due = waiting
+        && lock(&state.last_pass).is_none_or(|t| now.saturating_duration_since(t) >= cfg.interval)
+        && (quiet(image, state, now, cfg.interval) || waited_long(state, now, cfg.interval));
+    if !waiting {
+        *lock(&state.waiting_since) = None;
+    }
     if !(pressure || due || image.retired_segments() > 0) {
         return Ok(None);
     }

@@ -335,6 +335,12 @@ impl Image {
         self.capacity.quota_bytes()
     }
 
+    /// The newest record written (complete, durable or not): it moves with
+    /// every write, so the compactor can tell a busy image from a quiet one.
+    pub fn completed_seq(&self) -> u64 {
+        self.durability.max_completed()
+    }
+
     /// The seq below which (inclusive) every record is durable. The manifest
     /// may cover at most this much of the log.
     pub fn durable_seq(&self) -> u64 {
