@@ -201,6 +201,8 @@ fn step(
     let ctl =
         PassControl { force_durable: pressure, max_batches: cfg.service_batches, ..PassControl::default() };
     let report = compactor.run_pass(image, state, &ctl)?;
+    // The longest wait for a pause counts again from this pass.
+    *lock(&state.waiting_since) = None;
     let mut rolled = false;
     // Only when the closed segment can go: not past the reclaim gate (a
     // bucket behind would leave it, and the rest of it, unreclaimable).
