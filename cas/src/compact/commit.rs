@@ -276,14 +276,24 @@ impl<'s> CommitStage<'s> {
 }
 
 /// The body of a commit thread: commits jobs in order until the channel
-/// closes, an error, or a stop; then runs the due reclamation. Returns its
+/// closes, an error, or a stop; the due reclamation runs whenever no job
+/// is queued (else beside the next job's chunk sync) and at the end. Returns its
 /// counters and how the reclamation went.
 pub fn run_thread<'s>(
     mut committer: Committer<'s>,
     jobs: &Receiver<CommitJob<'s>>,
     done: &Sender<Result<Flow>>,
 ) -> (CompactStats, Result<()>) {
-    while let Ok(mut job) = jobs.recv() {
+    loop {
+        if jobs.is_empty() {
+            // Nothing queued: reclaim now, not beside the next chunk sync,
+            // so writers held for log capacity get it back while the next
+            // batch is still read and hashed.
+            if let Err(e) = committer.finish() {
+                return (committer.work, Err(e));
+            }
+        }
+        let Ok(mut job) = jobs.recv() else { break };
         // Jobs that queued while the last group committed join this one:
         // one chunk sync and one manifest commit for all of them.
         let mut pins = Vec::new();

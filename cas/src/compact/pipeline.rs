@@ -11,8 +11,10 @@
 //!
 //! `compaction_threads`: 1 runs all of it on the pass thread, 2 adds the
 //! reader thread (the commit protocol runs inline on the pass thread), 3
-//! adds the commit thread. In every mode a commit's log reclamation runs
-//! on a short-lived thread beside the next commit's chunk sync (commit.rs).
+//! adds the commit thread. A commit's log reclamation runs beside the next
+//! commit's chunk sync (which goes to a short-lived thread, commit.rs) when
+//! that commit follows; a commit thread with nothing queued reclaims at
+//! once, and every mode reclaims what is left at the end of the pass.
 //!
 //! Bounds: at most `SUBS_IN_FLIGHT` sub-batches wait in the channel; two
 //! batch buffers exist per pass (the reader fills one while the inserter
