@@ -277,8 +277,8 @@ impl<'s> CommitStage<'s> {
 
 /// The body of a commit thread: commits jobs in order until the channel
 /// closes, an error, or a stop; the due reclamation runs whenever no job
-/// is queued (else beside the next job's chunk sync) and at the end. Returns its
-/// counters and how the reclamation went.
+/// is queued (else beside the next job's chunk sync) and at the end.
+/// Returns its counters and how the reclamation went.
 pub fn run_thread<'s>(
     mut committer: Committer<'s>,
     jobs: &Receiver<CommitJob<'s>>,

@@ -449,6 +449,8 @@ fn skip_covered(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
     fn segment_with(records: &[(u64, u64)]) -> Vec<u8> {
         let mut buf =
@@ -482,16 +484,10 @@ mod tests {
 
     #[test]
     fn scanners_survive_garbage() {
-        let mut x = 0x1234_5678_u64;
+        let mut rng = StdRng::seed_from_u64(0x1234_5678);
         for len in [0usize, 1, 63, 64, 511, 512, 600, 4096] {
-            let buf: Vec<u8> = (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
+            let mut buf = vec![0u8; len];
+            rng.fill(&mut buf[..]);
             let _ = scan_segment(&buf, 1, &mut |_, _| {});
             let _ = find_durability_proof(&buf, 0, 1);
             let _ = find_durability_proof(&buf, u64::MAX, 1);
