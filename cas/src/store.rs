@@ -57,12 +57,12 @@ use crate::chunk::{ChunkStats, ChunkStore, ChunkStoreOptions};
 use crate::compact::service::Service;
 use crate::compact::{Budget, CompactConfig, CompactReport, Compactor, ImageCompaction, PassControl};
 use crate::error::{Error, Result};
-use crate::gc::{GcOptions, GcReport};
+use crate::gc::{AutoGcOptions, AutoGcTask, GcHistory, GcOptions, GcReport};
 use crate::image::{Image, ImageConfig, ImageStats, ManifestView, MAX_WRITE_BYTES};
 use crate::manifest::{CompactedView, Manifest, ManifestOptions};
 use crate::publish::Publisher;
 use crate::storage::{Storage, StorageLock};
-use crate::tasks::Tasks;
+use crate::tasks::{TaskHandle, Tasks};
 use crate::units::BLOCK_BYTES;
 use crate::wal::segment::{SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
 use open::{Begun, OpenImage, OpenImages};
@@ -107,6 +107,8 @@ pub struct StoreOptions {
     /// `ci/bench device` was 154 MiB instead of 177 at 32, with the same
     /// drain rate there and natively.
     pub compaction_batch_bytes: u64,
+    /// When the store runs GC by itself (cas::gc::auto); on by default.
+    pub gc_auto: AutoGcOptions,
     /// Compact at once (making the log durable if needed) when an image's
     /// log uses this percentage of its quota (1 ..= 100).
     pub compaction_trigger_percent: u64,
@@ -158,6 +160,7 @@ impl Default for StoreOptions {
             background_compaction: true,
             compaction_threads: 3,
             compaction_batch_bytes: 16 << 20,
+            gc_auto: AutoGcOptions::default(),
             compaction_trigger_percent: 50,
             compaction_interval_ms: 1000,
             pack_bytes: 64 << 20,
@@ -252,6 +255,13 @@ pub struct SpaceStats {
     pub stored_bytes: u64,
     /// mapped_blocks / chunks: how many mapped blocks each stored chunk serves.
     pub dedup_ratio: f64,
+    /// GC passes this process finished (manual and automatic), the
+    /// automatic ones, automatic passes that failed, and the pack bytes
+    /// the finished ones gave back.
+    pub gc_passes: u64,
+    pub gc_auto_passes: u64,
+    pub gc_auto_failures: u64,
+    pub gc_reclaimed_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -280,6 +290,10 @@ pub struct Store {
     manifests: Mutex<HashMap<String, Weak<Manifest>>>,
     /// Held by `gc`, `create_image` and `remove_image`.
     maint: Mutex<()>,
+    /// The GC passes so far, for automatic GC and the counters.
+    gc_history: Mutex<GcHistory>,
+    /// Automatic GC (cas::gc::auto), if on; woken when an image is removed.
+    auto_gc: Option<TaskHandle>,
     _lock: StorageLock,
 }
 
@@ -370,18 +384,34 @@ impl Store {
             }
             None => None,
         };
-        Ok(Arc::new(Store {
-            service,
-            publisher,
-            storage,
-            dir: dir.to_path_buf(),
-            opts,
-            chunks,
-            compactor,
-            open,
-            manifests: Mutex::default(),
-            maint: Mutex::default(),
-            _lock: held,
+        // The interval counts from the open: no automatic pass races the
+        // first minute's manual maintenance.
+        let gc_history = GcHistory {
+            chunks_after_last: chunks.stats().chunks,
+            last_at: Some(opts.tasks.now()),
+            ..GcHistory::default()
+        };
+        Ok(Arc::new_cyclic(|store| {
+            // Its first step only waits: the store is not upgradable yet.
+            let auto_gc = opts.gc_auto.enabled.then(|| {
+                let task = AutoGcTask { store: store.clone(), opts: opts.gc_auto, started: false };
+                opts.tasks.spawn("cas-gc", opts.background_cpu, Box::new(task))
+            });
+            Store {
+                service,
+                publisher,
+                storage,
+                dir: dir.to_path_buf(),
+                opts,
+                chunks,
+                compactor,
+                open,
+                manifests: Mutex::default(),
+                maint: Mutex::default(),
+                gc_history: Mutex::new(gc_history),
+                auto_gc,
+                _lock: held,
+            }
         }))
     }
 
@@ -429,6 +459,9 @@ impl Store {
         s.mapped_bytes = s.mapped_blocks * BLOCK_BYTES;
         s.unique_bytes = s.chunks * BLOCK_BYTES;
         s.dedup_ratio = if s.chunks == 0 { 1.0 } else { s.mapped_blocks as f64 / s.chunks as f64 };
+        let gc = *lock(&self.gc_history);
+        (s.gc_passes, s.gc_auto_passes, s.gc_auto_failures, s.gc_reclaimed_bytes) =
+            (gc.passes, gc.auto_passes, gc.auto_failures, gc.reclaimed_bytes);
         Ok(s)
     }
 
@@ -663,6 +696,36 @@ impl Store {
 
     /// `gc` with explicit options.
     pub fn gc_with(&self, opts: &GcOptions) -> Result<GcReport> {
+        self.gc_run(opts, false)
+    }
+
+    /// Why an automatic GC pass is due now, if one is (cas::gc::auto).
+    pub(crate) fn gc_due(&self, opts: &AutoGcOptions, now: std::time::Instant) -> Option<String> {
+        let chunks = self.chunks.stats().chunks;
+        lock(&self.gc_history).due(opts, chunks, now)
+    }
+
+    /// A pass with the default options, as the automatic task runs it.
+    pub(crate) fn gc_pass(&self, auto: bool) -> Result<GcReport> {
+        self.gc_run(&GcOptions::default(), auto)
+    }
+
+    /// One pass, recorded in the GC history (the tasks' clock dates it).
+    fn gc_run(&self, opts: &GcOptions, auto: bool) -> Result<GcReport> {
+        let result = self.gc_marked_and_swept(opts);
+        let now = self.opts.tasks.now();
+        match &result {
+            Ok(report) => {
+                let chunks = self.chunks.stats().chunks;
+                lock(&self.gc_history).finished(report, chunks, now, auto);
+            }
+            Err(_) if auto => lock(&self.gc_history).failed(now),
+            Err(_) => {}
+        }
+        result
+    }
+
+    fn gc_marked_and_swept(&self, opts: &GcOptions) -> Result<GcReport> {
         let _maint = lock(&self.maint);
         let mut manifests = Vec::new();
         for info in self.list_images()? {
@@ -715,6 +778,11 @@ impl Store {
         }
         self.storage.remove_file(&header_path)?;
         self.storage.sync_dir(&dir)?;
+        // Its chunks may now be garbage: automatic GC looks at once.
+        lock(&self.gc_history).nudged = true;
+        if let Some(task) = &self.auto_gc {
+            task.waker().wake();
+        }
         self.storage.remove_dir_all(&dir)?;
         self.storage.sync_dir(&self.dir.join("images"))
     }

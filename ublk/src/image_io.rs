@@ -40,6 +40,7 @@ fn open_offline(dir: &Path, what: &str, create: bool) -> Result<Arc<cas::Store>>
     let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
     let opts = cas::StoreOptions {
         background_compaction: false,
+        gc_auto: cas::gc::AutoGcOptions::off(),
         remote: crate::remote::store_remote(dir)?,
         ..cas::StoreOptions::default()
     };

@@ -48,6 +48,11 @@
 //!
 //! [`ChunkPin`]: crate::chunk::ChunkPin
 
+mod auto;
+
+pub use auto::AutoGcOptions;
+pub(crate) use auto::{AutoGcTask, GcHistory};
+
 use crate::chunk::{lock, ChunkRef, ChunkStore};
 use crate::error::Result;
 use crate::manifest::Manifest;

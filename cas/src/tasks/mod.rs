@@ -205,6 +205,11 @@ impl Drop for TaskHandle {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wake();
         match self.runner.take() {
+            // A task may hold the last reference to its owner during a
+            // step (automatic GC upgrades its store), so the owner can be
+            // dropped on the task's own thread: that thread must not join
+            // itself; it exits after this step (`stop` is set).
+            Some(Runner::Thread(t)) if t.thread().id() == std::thread::current().id() => {}
             Some(Runner::Thread(t)) => {
                 let _ = t.join();
             }
@@ -293,5 +298,36 @@ mod tests {
         let after = steps.load(Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(steps.load(Ordering::Relaxed), after);
+    }
+
+    /// Holds the last reference to the owner of its own handle, and lets it
+    /// go in its first step: the handle is dropped on the task's thread.
+    struct LastOwner {
+        owner: Option<Arc<Mutex<Option<TaskHandle>>>>,
+        released: Arc<AtomicBool>,
+    }
+
+    impl Task for LastOwner {
+        fn step(&mut self, _cx: &Context<'_>) -> Step {
+            drop(self.owner.take());
+            self.released.store(true, Ordering::Release);
+            Step::Wait(None)
+        }
+    }
+
+    #[test]
+    fn a_thread_that_drops_its_own_handle_does_not_join_itself() {
+        let owner: Arc<Mutex<Option<TaskHandle>>> = Arc::default();
+        let released = Arc::new(AtomicBool::new(false));
+        let task = LastOwner { owner: Some(owner.clone()), released: released.clone() };
+        *crate::sync::lock(&owner) = Some(Tasks::Threads.spawn("t", BackgroundCpu::Normal, Box::new(task)));
+        drop(owner);
+        // Joining itself would fail (EDEADLK) and panic the thread before
+        // it records the release.
+        let start = Instant::now();
+        while !released.load(Ordering::Acquire) {
+            assert!(start.elapsed() < Duration::from_secs(10), "the task never got past dropping its handle");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

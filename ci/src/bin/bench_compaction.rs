@@ -68,6 +68,7 @@ fn round(storage: &Arc<dyn Storage>, dir: &std::path::Path, total_mib: u64) -> R
     let opts = StoreOptions {
         log_quota_bytes: (total_mib + 256) * MIB,
         background_compaction: false,
+        gc_auto: cas::gc::AutoGcOptions::off(),
         compaction_threads: env("CAS_BENCH_COMPACTION_THREADS", 3),
         ..StoreOptions::default()
     };

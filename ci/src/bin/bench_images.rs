@@ -73,7 +73,11 @@ fn median_ms(mut v: Vec<f64>) -> f64 {
 }
 
 fn opts() -> StoreOptions {
-    StoreOptions { background_compaction: false, ..StoreOptions::default() }
+    StoreOptions {
+        background_compaction: false,
+        gc_auto: cas::gc::AutoGcOptions::off(),
+        ..StoreOptions::default()
+    }
 }
 
 fn main() -> cas::Result<()> {

@@ -251,6 +251,7 @@ fn read_path(dir: &Path) -> cas::Result<serde_json::Value> {
     let storage: Arc<dyn Storage> = Arc::new(FsStorage::new());
     let opts = StoreOptions {
         background_compaction: false,
+        gc_auto: cas::gc::AutoGcOptions::off(),
         pack_bytes: 1 << 20,
         chunk_cache_bytes: 0,
         ..StoreOptions::default()
@@ -292,7 +293,11 @@ fn stored_vs_unique(
 ) -> cas::Result<(u64, u64, u64)> {
     let _ = std::fs::remove_dir_all(dir);
     let storage: Arc<dyn Storage> = Arc::new(FsStorage::new());
-    let opts = StoreOptions { background_compaction: false, ..StoreOptions::default() };
+    let opts = StoreOptions {
+        background_compaction: false,
+        gc_auto: cas::gc::AutoGcOptions::off(),
+        ..StoreOptions::default()
+    };
     let quota = opts.log_quota_bytes;
     let store = Store::create(storage, dir, opts)?;
     let mut unique: HashSet<ChunkHash> = HashSet::new();

@@ -126,6 +126,7 @@ fn main() {
         log_quota_bytes: (total_mib * MIB * 2).max(64 * MIB).div_ceil(8 * MIB) * 8 * MIB,
         // The WAL alone: no compaction competing for the CPU and the disk.
         background_compaction: false,
+        gc_auto: cas::gc::AutoGcOptions::off(),
         ..StoreOptions::default()
     };
     let store = Store::create(storage, &scratch.0.join("store"), opts).expect("create store");

@@ -1,0 +1,154 @@
+//! GC without an operator: a background task of the store that runs a
+//! pass ([`crate::Store::gc`]) when enough has changed since the last one,
+//! so that a store under running VMs gives back the space of overwritten
+//! and removed data by itself (`casblk gc` still runs one at once).
+//!
+//! ```text
+//!  every check_interval_ms:
+//!    a pass ran (by anyone), or the store opened, less than
+//!    min_interval_ms ago                                   -> wait
+//!    an image was removed since the last pass              -> pass
+//!    chunks stored since the last pass >= max(min_new_chunks,
+//!        growth_percent % of the chunks after it)          -> pass
+//!    else                                                  -> wait
+//! ```
+//!
+//! Why growth: a chunk is stored only for new content, and overwritten
+//! content becomes garbage only once its block is written again, so a
+//! store whose chunk count grew by a quarter since the last pass may hold
+//! up to that much garbage. A store that only fills (a guest installing)
+//! runs a pass at each quarter of growth: geometric, so the mark and
+//! sweep cost per stored chunk stays constant. Overwrites whose new
+//! content is already stored make garbage without growth; removal of an
+//! image is nudged directly, other such garbage waits for the next
+//! growth-driven or manual pass.
+//!
+//! A failed pass is logged and counted; the next try waits the minimum
+//! interval. The task holds the store weakly, upgraded only while it
+//! looks: a store dropped during a pass closes when the pass ends.
+
+use crate::gc::GcReport;
+use crate::store::Store;
+use crate::tasks::{Context, Step, Task};
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+
+/// When the store runs GC by itself ([`crate::StoreOptions::gc_auto`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct AutoGcOptions {
+    pub enabled: bool,
+    /// How often the task looks at the store.
+    pub check_interval_ms: u64,
+    /// At least this long from one pass (automatic or not) to the next
+    /// automatic one; also the wait after a failed pass.
+    pub min_interval_ms: u64,
+    /// A pass needs at least this many chunks stored since the last one
+    /// (65,536: 256 MiB of 4 KiB chunks)...
+    pub min_new_chunks: u64,
+    /// ...and at least this percentage of the chunks the last pass left.
+    pub growth_percent: u64,
+}
+
+impl Default for AutoGcOptions {
+    fn default() -> Self {
+        AutoGcOptions {
+            enabled: true,
+            check_interval_ms: 10_000,
+            min_interval_ms: 60_000,
+            min_new_chunks: 65_536,
+            growth_percent: 25,
+        }
+    }
+}
+
+impl AutoGcOptions {
+    /// No automatic GC (one-shot tools, benchmarks timing other work).
+    pub fn off() -> AutoGcOptions {
+        AutoGcOptions { enabled: false, ..AutoGcOptions::default() }
+    }
+}
+
+/// What the store remembers of its GC passes, for the task's decision
+/// and the `store` counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct GcHistory {
+    /// Passes that finished, automatic or not, and the automatic ones.
+    pub passes: u64,
+    pub auto_passes: u64,
+    pub auto_failures: u64,
+    pub reclaimed_bytes: u64,
+    /// Live chunks when the last pass finished (or when the store opened).
+    pub chunks_after_last: u64,
+    /// When the last pass (or automatic try) ended, or the store opened,
+    /// on the tasks' clock.
+    pub last_at: Option<Instant>,
+    /// An image was removed since the last pass.
+    pub nudged: bool,
+}
+
+impl GcHistory {
+    /// Why a pass is due now, if it is: `chunks` live chunks at `now`.
+    pub fn due(&self, opts: &AutoGcOptions, chunks: u64, now: Instant) -> Option<String> {
+        let min_interval = Duration::from_millis(opts.min_interval_ms);
+        if self.last_at.is_some_and(|t| now.saturating_duration_since(t) < min_interval) {
+            return None;
+        }
+        if self.nudged {
+            return Some("an image was removed".into());
+        }
+        let new = chunks.saturating_sub(self.chunks_after_last);
+        let need = opts.min_new_chunks.max(self.chunks_after_last.saturating_mul(opts.growth_percent) / 100);
+        (new >= need).then(|| format!("{new} chunks stored since the last pass (threshold {need})"))
+    }
+
+    /// Records a finished pass that left `chunks` live chunks.
+    pub fn finished(&mut self, report: &GcReport, chunks: u64, now: Instant, auto: bool) {
+        self.passes += 1;
+        self.auto_passes += u64::from(auto);
+        self.reclaimed_bytes += report.bytes_reclaimed.max(0) as u64;
+        self.chunks_after_last = chunks;
+        self.last_at = Some(now);
+        self.nudged = false;
+    }
+
+    /// Records a failed automatic pass: the next try waits the interval.
+    pub fn failed(&mut self, now: Instant) {
+        self.auto_failures += 1;
+        self.last_at = Some(now);
+    }
+}
+
+/// The background task; see the module docs.
+pub(crate) struct AutoGcTask {
+    pub store: Weak<Store>,
+    pub opts: AutoGcOptions,
+    /// The first step only waits: the store is still being built.
+    pub started: bool,
+}
+
+impl Task for AutoGcTask {
+    fn step(&mut self, cx: &Context<'_>) -> Step {
+        let check = Step::Wait(Some(Duration::from_millis(self.opts.check_interval_ms.max(1))));
+        if !std::mem::replace(&mut self.started, true) {
+            return check;
+        }
+        let Some(store) = self.store.upgrade() else { return Step::Done };
+        if cx.stopping() {
+            return Step::Done;
+        }
+        if let Some(why) = store.gc_due(&self.opts, cx.now()) {
+            tracing::info!(dir = %store.dir().display(), why = %why, "automatic GC pass starting");
+            match store.gc_pass(true) {
+                Ok(r) => tracing::info!(
+                    chunks_dead = r.chunks_dead,
+                    packs_rewritten = r.packs_rewritten,
+                    packs_deleted = r.packs_deleted,
+                    bytes_reclaimed = r.bytes_reclaimed,
+                    "automatic GC pass done"
+                ),
+                Err(e) => tracing::warn!(error = %e, "automatic GC pass failed; trying again later"),
+            }
+        }
+        check
+    }
+}
