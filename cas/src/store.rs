@@ -57,7 +57,7 @@ use crate::chunk::{ChunkStats, ChunkStore, ChunkStoreOptions};
 use crate::compact::service::Service;
 use crate::compact::{Budget, CompactConfig, CompactReport, Compactor, ImageCompaction, PassControl};
 use crate::error::{Error, Result};
-use crate::gc::{AutoGcOptions, AutoGcTask, GcHistory, GcOptions, GcReport};
+use crate::gc::{AutoGcOptions, AutoGcTask, GcHistory, GcOptions, GcReport, GcShared};
 use crate::image::{Image, ImageConfig, ImageStats, ManifestView, MAX_WRITE_BYTES};
 use crate::manifest::{CompactedView, Manifest, ManifestOptions};
 use crate::publish::Publisher;
@@ -69,7 +69,7 @@ use open::{Begun, OpenImage, OpenImages};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 /// Largest image size accepted (1 PiB).
@@ -291,9 +291,9 @@ pub struct Store {
     /// Held by `gc`, `create_image` and `remove_image`.
     maint: Mutex<()>,
     /// The GC passes so far, for automatic GC and the counters.
-    gc_history: Mutex<GcHistory>,
+    gc: Arc<GcShared>,
     /// Automatic GC (cas::gc::auto), if on; woken when an image is removed.
-    auto_gc: Option<TaskHandle>,
+    _auto_gc: Option<TaskHandle>,
     _lock: StorageLock,
 }
 
@@ -386,16 +386,25 @@ impl Store {
         };
         // The interval counts from the open: no automatic pass races the
         // first minute's manual maintenance.
-        let gc_history = GcHistory {
-            chunks_after_last: chunks.stats().chunks,
-            last_at: Some(opts.tasks.now()),
-            ..GcHistory::default()
-        };
+        let gc = Arc::new(GcShared {
+            history: Mutex::new(GcHistory {
+                chunks_after_last: chunks.len(),
+                last_at: Some(opts.tasks.now()),
+                ..GcHistory::default()
+            }),
+            wake: OnceLock::new(),
+        });
         Ok(Arc::new_cyclic(|store| {
-            // Its first step only waits: the store is not upgradable yet.
             let auto_gc = opts.gc_auto.enabled.then(|| {
-                let task = AutoGcTask { store: store.clone(), opts: opts.gc_auto, started: false };
-                opts.tasks.spawn("cas-gc", opts.background_cpu, Box::new(task))
+                let task = AutoGcTask {
+                    store: store.clone(),
+                    shared: gc.clone(),
+                    chunks: chunks.clone(),
+                    opts: opts.gc_auto,
+                };
+                let handle = opts.tasks.spawn("cas-gc", opts.background_cpu, Box::new(task));
+                let _ = gc.wake.set(handle.waker());
+                handle
             });
             Store {
                 service,
@@ -408,8 +417,8 @@ impl Store {
                 open,
                 manifests: Mutex::default(),
                 maint: Mutex::default(),
-                gc_history: Mutex::new(gc_history),
-                auto_gc,
+                gc,
+                _auto_gc: auto_gc,
                 _lock: held,
             }
         }))
@@ -459,7 +468,7 @@ impl Store {
         s.mapped_bytes = s.mapped_blocks * BLOCK_BYTES;
         s.unique_bytes = s.chunks * BLOCK_BYTES;
         s.dedup_ratio = if s.chunks == 0 { 1.0 } else { s.mapped_blocks as f64 / s.chunks as f64 };
-        let gc = *lock(&self.gc_history);
+        let gc = *lock(&self.gc.history);
         (s.gc_passes, s.gc_auto_passes, s.gc_auto_failures, s.gc_reclaimed_bytes) =
             (gc.passes, gc.auto_passes, gc.auto_failures, gc.reclaimed_bytes);
         Ok(s)
@@ -699,34 +708,29 @@ impl Store {
         self.gc_run(opts, false)
     }
 
-    /// Why an automatic GC pass is due now, if one is (cas::gc::auto).
-    pub(crate) fn gc_due(&self, opts: &AutoGcOptions, now: std::time::Instant) -> Option<String> {
-        let chunks = self.chunks.stats().chunks;
-        lock(&self.gc_history).due(opts, chunks, now)
-    }
-
     /// A pass with the default options, as the automatic task runs it.
     pub(crate) fn gc_pass(&self, auto: bool) -> Result<GcReport> {
         self.gc_run(&GcOptions::default(), auto)
     }
 
-    /// One pass, recorded in the GC history (the tasks' clock dates it).
+    /// One pass, recorded in the GC history (the tasks' clock dates it)
+    /// before `maint` is released: a removal waiting for the pass nudges
+    /// the next one after this record, so its nudge is not lost.
     fn gc_run(&self, opts: &GcOptions, auto: bool) -> Result<GcReport> {
+        let _maint = lock(&self.maint);
         let result = self.gc_marked_and_swept(opts);
-        let now = self.opts.tasks.now();
+        let (now, chunks) = (self.opts.tasks.now(), self.chunks.len());
+        let mut history = lock(&self.gc.history);
         match &result {
-            Ok(report) => {
-                let chunks = self.chunks.stats().chunks;
-                lock(&self.gc_history).finished(report, chunks, now, auto);
-            }
-            Err(_) if auto => lock(&self.gc_history).failed(now),
+            Ok(report) => history.finished(report, chunks, now, auto),
+            Err(_) if auto => history.failed(now),
             Err(_) => {}
         }
         result
     }
 
+    /// The pass itself; the caller holds `maint`.
     fn gc_marked_and_swept(&self, opts: &GcOptions) -> Result<GcReport> {
-        let _maint = lock(&self.maint);
         let mut manifests = Vec::new();
         for info in self.list_images()? {
             manifests.push(self.manifest(&info.name)?);
@@ -779,10 +783,7 @@ impl Store {
         self.storage.remove_file(&header_path)?;
         self.storage.sync_dir(&dir)?;
         // Its chunks may now be garbage: automatic GC looks at once.
-        lock(&self.gc_history).nudged = true;
-        if let Some(task) = &self.auto_gc {
-            task.waker().wake();
-        }
+        self.gc.nudge();
         self.storage.remove_dir_all(&dir)?;
         self.storage.sync_dir(&self.dir.join("images"))
     }

@@ -21,6 +21,7 @@ fn setup() -> (Arc<Stepper>, Arc<Store>, Arc<Image>) {
     let stepper = Stepper::new();
     let storage: Arc<dyn Storage> = Arc::new(MemStorage::new());
     let opts = StoreOptions {
+        gc_auto: cas::gc::AutoGcOptions::off(),
         log_segment_bytes: 1 << 20,
         log_quota_bytes: 64 << 20,
         compaction_interval_ms: INTERVAL.as_millis() as u64,

@@ -118,9 +118,11 @@ impl Model {
 /// Store options of a sequence; the seed picks the compaction threads
 /// (1: all inline, 2: reader thread, 3: and a commit thread). The
 /// background tasks (compaction service, log writeback) run only when the
-/// sequence steps them.
+/// sequence steps them. Automatic GC is off: the sequences run GC
+/// themselves, and a seed's task indices stay as they were recorded.
 fn opts(seed: u64, stepper: &Arc<Stepper>) -> StoreOptions {
     StoreOptions {
+        gc_auto: cas::gc::AutoGcOptions::off(),
         compaction_threads: 1 + seed % 3,
         log_segment_bytes: 1 << 20,
         log_quota_bytes: 256 << 20,

@@ -58,8 +58,12 @@ fn control(socket: &Path, cmd: Command, timeout: Duration) -> Result<Value> {
 
 fn open_store(dir: &Path, create: bool) -> Result<Arc<cas::Store>> {
     let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
-    let opts =
-        cas::StoreOptions { remote: crate::remote::store_remote(dir)?, ..cas::StoreOptions::default() };
+    // A one-shot command: GC runs when asked (`casblk gc`), not by itself.
+    let opts = cas::StoreOptions {
+        remote: crate::remote::store_remote(dir)?,
+        gc_auto: cas::gc::AutoGcOptions::off(),
+        ..cas::StoreOptions::default()
+    };
     let store = if create {
         cas::Store::open_or_create(storage, dir, opts)
     } else {

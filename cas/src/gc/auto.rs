@@ -24,13 +24,17 @@
 //! growth-driven or manual pass.
 //!
 //! A failed pass is logged and counted; the next try waits the minimum
-//! interval. The task holds the store weakly, upgraded only while it
-//! looks: a store dropped during a pass closes when the pass ends.
+//! interval. The task decides from the history it shares with the store
+//! and the chunk count, and holds the store weakly, upgraded only to run
+//! a pass: a store dropped during a pass closes (and unlocks) when the
+//! pass ends, on the task's thread. A process that exits during a pass
+//! leaves it cut short, as a crash would (a pass is crash-safe: cas::gc).
 
+use crate::chunk::{lock, ChunkStore};
 use crate::gc::GcReport;
 use crate::store::Store;
-use crate::tasks::{Context, Step, Task};
-use std::sync::Weak;
+use crate::tasks::{Context, Step, Task, Wake};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// When the store runs GC by itself ([`crate::StoreOptions::gc_auto`]).
@@ -118,36 +122,54 @@ impl GcHistory {
     }
 }
 
-/// The background task; see the module docs.
+/// The GC state the store and its automatic task share: the history, and
+/// the task's waker once it runs (so a removal can wake it).
+#[derive(Default)]
+pub(crate) struct GcShared {
+    pub history: Mutex<GcHistory>,
+    pub wake: OnceLock<Wake>,
+}
+
+impl GcShared {
+    /// An image was removed: its chunks may be garbage now.
+    pub fn nudge(&self) {
+        lock(&self.history).nudged = true;
+        if let Some(w) = self.wake.get() {
+            w.wake();
+        }
+    }
+}
+
+/// The background task; see the module docs. It decides from the shared
+/// history and the chunk count without the store, which it upgrades only
+/// to run a pass.
 pub(crate) struct AutoGcTask {
     pub store: Weak<Store>,
+    pub shared: Arc<GcShared>,
+    pub chunks: Arc<ChunkStore>,
     pub opts: AutoGcOptions,
-    /// The first step only waits: the store is still being built.
-    pub started: bool,
 }
 
 impl Task for AutoGcTask {
     fn step(&mut self, cx: &Context<'_>) -> Step {
         let check = Step::Wait(Some(Duration::from_millis(self.opts.check_interval_ms.max(1))));
-        if !std::mem::replace(&mut self.started, true) {
+        let chunks = self.chunks.len();
+        let Some(why) = lock(&self.shared.history).due(&self.opts, chunks, cx.now()) else {
             return check;
-        }
-        let Some(store) = self.store.upgrade() else { return Step::Done };
-        if cx.stopping() {
-            return Step::Done;
-        }
-        if let Some(why) = store.gc_due(&self.opts, cx.now()) {
-            tracing::info!(dir = %store.dir().display(), why = %why, "automatic GC pass starting");
-            match store.gc_pass(true) {
-                Ok(r) => tracing::info!(
-                    chunks_dead = r.chunks_dead,
-                    packs_rewritten = r.packs_rewritten,
-                    packs_deleted = r.packs_deleted,
-                    bytes_reclaimed = r.bytes_reclaimed,
-                    "automatic GC pass done"
-                ),
-                Err(e) => tracing::warn!(error = %e, "automatic GC pass failed; trying again later"),
-            }
+        };
+        // Not upgradable: the store is being dropped (its handle stops this
+        // task) or not built yet (a wake-up during its construction).
+        let Some(store) = self.store.upgrade() else { return check };
+        tracing::info!(dir = %store.dir().display(), why = %why, "automatic GC pass starting");
+        match store.gc_pass(true) {
+            Ok(r) => tracing::info!(
+                chunks_dead = r.chunks_dead,
+                packs_rewritten = r.packs_rewritten,
+                packs_deleted = r.packs_deleted,
+                bytes_reclaimed = r.bytes_reclaimed,
+                "automatic GC pass done"
+            ),
+            Err(e) => tracing::warn!(error = %e, "automatic GC pass failed; trying again later"),
         }
         check
     }

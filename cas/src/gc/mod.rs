@@ -51,7 +51,7 @@
 mod auto;
 
 pub use auto::AutoGcOptions;
-pub(crate) use auto::{AutoGcTask, GcHistory};
+pub(crate) use auto::{AutoGcTask, GcHistory, GcShared};
 
 use crate::chunk::{lock, ChunkRef, ChunkStore};
 use crate::error::Result;

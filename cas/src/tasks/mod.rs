@@ -23,7 +23,9 @@
 //! `cx.now()`, so the stepper's clock decides back-offs and intervals.
 //!
 //! Dropping a [`TaskHandle`] stops its task: the thread is woken, told to
-//! stop before its next step, and joined; a stepped task is removed.
+//! stop before its next step, and joined (unless the drop runs on that
+//! thread itself, which then exits after its step); a stepped task is
+//! removed.
 
 mod stepped;
 mod threads;
@@ -301,14 +303,19 @@ mod tests {
     }
 
     /// Holds the last reference to the owner of its own handle, and lets it
-    /// go in its first step: the handle is dropped on the task's thread.
+    /// go once told to: the handle is then dropped on the task's thread.
     struct LastOwner {
         owner: Option<Arc<Mutex<Option<TaskHandle>>>>,
+        go: Arc<AtomicBool>,
         released: Arc<AtomicBool>,
     }
 
     impl Task for LastOwner {
         fn step(&mut self, _cx: &Context<'_>) -> Step {
+            if !self.go.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+                return Step::Again;
+            }
             drop(self.owner.take());
             self.released.store(true, Ordering::Release);
             Step::Wait(None)
@@ -318,10 +325,13 @@ mod tests {
     #[test]
     fn a_thread_that_drops_its_own_handle_does_not_join_itself() {
         let owner: Arc<Mutex<Option<TaskHandle>>> = Arc::default();
-        let released = Arc::new(AtomicBool::new(false));
-        let task = LastOwner { owner: Some(owner.clone()), released: released.clone() };
-        *crate::sync::lock(&owner) = Some(Tasks::Threads.spawn("t", BackgroundCpu::Normal, Box::new(task)));
+        let (go, released) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let task = LastOwner { owner: Some(owner.clone()), go: go.clone(), released: released.clone() };
+        let handle = Tasks::Threads.spawn("t", BackgroundCpu::Normal, Box::new(task));
+        *crate::sync::lock(&owner) = Some(handle);
         drop(owner);
+        // Only now is the task's reference the last one.
+        go.store(true, Ordering::Release);
         // Joining itself would fail (EDEADLK) and panic the thread before
         // it records the release.
         let start = Instant::now();
