@@ -366,11 +366,22 @@ impl Store {
             tasks: opts.tasks.clone(),
         });
         let open: Arc<OpenImages> = Arc::default();
+        // The interval counts from the open: no automatic pass races the
+        // first minute's manual maintenance.
+        let gc = Arc::new(GcShared {
+            history: Mutex::new(GcHistory {
+                chunks_after_last: chunks.len(),
+                last_at: Some(opts.tasks.now()),
+                ..GcHistory::default()
+            }),
+            wake: OnceLock::new(),
+        });
         let service = opts.background_compaction.then(|| {
-            let open = open.clone();
+            let (open, gc) = (open.clone(), gc.clone());
             Service::start(
                 compactor.clone(),
                 Box::new(move || open.compactable()),
+                Box::new(move || gc.no_space()),
                 &opts.tasks,
                 opts.background_cpu,
             )
@@ -384,16 +395,6 @@ impl Store {
             }
             None => None,
         };
-        // The interval counts from the open: no automatic pass races the
-        // first minute's manual maintenance.
-        let gc = Arc::new(GcShared {
-            history: Mutex::new(GcHistory {
-                chunks_after_last: chunks.len(),
-                last_at: Some(opts.tasks.now()),
-                ..GcHistory::default()
-            }),
-            wake: OnceLock::new(),
-        });
         Ok(Arc::new_cyclic(|store| {
             let auto_gc = opts.gc_auto.enabled.then(|| {
                 let task = AutoGcTask {

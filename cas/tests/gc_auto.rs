@@ -1,13 +1,14 @@
 //! Automatic GC (cas::gc::auto): overwritten data is given back without
 //! an operator once the store has grown past the threshold, not before,
 //! not more often than the minimum interval (counted from the open too),
-//! and at once (after that interval) when an image is removed; what a
-//! pass did survives a power cut. Run on a `Stepper`, so the tasks see exactly the clock the test
+//! and at once (after that interval) when an image is removed or a
+//! compaction found the filesystem full; what a pass did survives a power
+//! cut. Run on a `Stepper`, so the tasks see exactly the clock the test
 //! moves.
 
 use cas::gc::AutoGcOptions;
 use cas::image::Image;
-use cas::storage::{CrashMode, MemStorage, Storage};
+use cas::storage::{CrashMode, Fault, FaultOp, MemStorage, Storage};
 use cas::tasks::{Stepper, Tasks};
 use cas::{Store, StoreOptions};
 use std::path::Path;
@@ -188,4 +189,45 @@ fn no_pass_below_the_threshold_nor_within_the_interval_and_a_removal_nudges_one(
     assert_eq!(auto_passes(&store), 3, "the removal did not start a pass at once");
     assert_eq!(store.chunk_stats().chunks, BLOCKS, "the removed image's chunks were swept");
     check_round(&image, 2, BLOCKS);
+}
+
+#[test]
+fn a_compaction_that_finds_the_filesystem_full_starts_a_pass() {
+    let stepper = Stepper::new();
+    let mem = MemStorage::new();
+    let storage: Arc<dyn Storage> = Arc::new(mem.clone());
+    let store = Store::create(storage, Path::new("/store"), options(&stepper)).unwrap();
+    store.create_image("vm", 64 << 20).unwrap();
+    let image = store.open_image("vm").unwrap();
+    write_round(&image, 0, BLOCKS);
+    until_compacted(&stepper, &store, &image);
+    until_auto_pass(&stepper, &store, 0, ticks(MIN_INTERVAL + CHECK) + 2);
+
+    // 100 overwritten blocks: below the growth threshold. The first pack
+    // write of their compaction finds no room.
+    mem.inject(Fault {
+        op: FaultOp::Write,
+        path_contains: Some("pack".into()),
+        skip: 0,
+        errno: libc::ENOSPC,
+        sticky: false,
+    });
+    write_round(&image, 1, 100);
+    for _ in 0..ticks(10 * CHECK) {
+        if store.image_stats(&image).compaction.errors > 0 {
+            break;
+        }
+        tick(&stepper);
+    }
+    assert_eq!(store.image_stats(&image).compaction.errors, 1, "the pack write did not fail");
+    // The retried compaction stores the 100; the pass the full filesystem
+    // asked for sweeps the blocks they replaced.
+    until_compacted(&stepper, &store, &image);
+    until_auto_pass(&stepper, &store, 1, ticks(MIN_INTERVAL + CHECK) + 2);
+    assert_eq!(store.chunk_stats().chunks, BLOCKS, "the replaced blocks were swept");
+    let mut got = vec![0u8; 4096];
+    for i in 0..BLOCKS {
+        image.read(i * 4096, &mut got).unwrap();
+        assert!(got == block(u64::from(i < 100), i), "block {i} reads wrong");
+    }
 }

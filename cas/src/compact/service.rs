@@ -36,7 +36,9 @@
 //! fail with EIO naming the cause, instead of waiting for space that cannot
 //! come back. Writes that fit, flushes and reads go on; the next pass that
 //! succeeds reopens the log. Memory-budget refusals only back off: budget
-//! comes back as other passes finish.
+//! comes back as other passes finish. A pass that failed because the
+//! filesystem is full also asks the store for a GC pass (cas::gc::auto),
+//! which gives back the space of dead chunks.
 
 use super::{lock, Compactor, ImageCompaction, PassControl};
 use crate::background::BackgroundCpu;
@@ -69,14 +71,20 @@ pub struct Service {
 }
 
 impl Service {
+    /// `no_space` is called when a pass fails because the filesystem is
+    /// full (the store then asks for a GC pass: cas::gc::auto).
     pub fn start(
         compactor: Arc<Compactor>,
         images: Compactable,
+        no_space: NoSpace,
         tasks: &Tasks,
         cpu: BackgroundCpu,
     ) -> Service {
-        let task =
-            tasks.spawn("cas-compactor", cpu, Box::new(ServiceTask { compactor, images, started: false }));
+        let task = tasks.spawn(
+            "cas-compactor",
+            cpu,
+            Box::new(ServiceTask { compactor, images, no_space, started: false }),
+        );
         Service { wake: task.waker(), _task: task }
     }
 
@@ -87,9 +95,13 @@ impl Service {
     }
 }
 
+/// What the service calls when a pass failed with ENOSPC.
+pub type NoSpace = Box<dyn Fn() + Send>;
+
 struct ServiceTask {
     compactor: Arc<Compactor>,
     images: Compactable,
+    no_space: NoSpace,
     /// The first round waits a tick (or a wake-up): the store is still
     /// being opened.
     started: bool,
@@ -115,7 +127,12 @@ impl Task for ServiceTask {
                     image.reopen_log();
                 }
                 Ok(None) => {}
-                Err(e) => failed(&image, &state, &e, cx.now()),
+                Err(e) => {
+                    if e.is_no_space() {
+                        (self.no_space)();
+                    }
+                    failed(&image, &state, &e, cx.now())
+                }
             }
         }
         if again {

@@ -8,6 +8,7 @@
 //!    a pass ran (by anyone), or the store opened, less than
 //!    min_interval_ms ago                                   -> wait
 //!    an image was removed since the last pass              -> pass
+//!    a compaction pass failed with ENOSPC since            -> pass
 //!    chunks stored since the last pass >= max(min_new_chunks,
 //!        growth_percent % of the chunks after it)          -> pass
 //!    else                                                  -> wait
@@ -88,6 +89,8 @@ pub(crate) struct GcHistory {
     pub last_at: Option<Instant>,
     /// An image was removed since the last pass.
     pub nudged: bool,
+    /// A compaction pass failed with ENOSPC since the last pass.
+    pub no_space: bool,
 }
 
 impl GcHistory {
@@ -99,6 +102,9 @@ impl GcHistory {
         }
         if self.nudged {
             return Some("an image was removed".into());
+        }
+        if self.no_space {
+            return Some("compaction found the filesystem full".into());
         }
         let new = chunks.saturating_sub(self.chunks_after_last);
         let need = opts.min_new_chunks.max(self.chunks_after_last.saturating_mul(opts.growth_percent) / 100);
@@ -113,6 +119,7 @@ impl GcHistory {
         self.chunks_after_last = chunks;
         self.last_at = Some(now);
         self.nudged = false;
+        self.no_space = false;
     }
 
     /// Records a failed automatic pass: the next try waits the interval.
@@ -134,6 +141,17 @@ impl GcShared {
     /// An image was removed: its chunks may be garbage now.
     pub fn nudge(&self) {
         lock(&self.history).nudged = true;
+        self.wake_task();
+    }
+
+    /// A compaction pass failed with ENOSPC: dead chunks may hold the room
+    /// it needs.
+    pub fn no_space(&self) {
+        lock(&self.history).no_space = true;
+        self.wake_task();
+    }
+
+    fn wake_task(&self) {
         if let Some(w) = self.wake.get() {
             w.wake();
         }
