@@ -346,7 +346,7 @@ impl Publisher {
     /// ranges are the earlier holder's; the first round after the open
     /// publishes a series of this store's and the sweep takes both.
     /// Best effort: without it, the first round's root fences.
-    /// Under the lease `hold` keeps for `name`.
+    /// Under the lease `acquire_held` keeps for `name`.
     pub fn fence(&self, name: &str, root: &RootObject) {
         let epoch = lock(&self.held).get(name).filter(|l| l.is_valid()).map(Lease::epoch);
         let put = match epoch {
@@ -373,13 +373,13 @@ impl Publisher {
         Ok(true)
     }
 
-    /// True while the lease `hold` keeps for `name` holds (the lease
+    /// True while the lease `acquire_held` keeps for `name` holds (the lease
     /// thread renews it meanwhile).
     pub fn holds(&self, name: &str) -> bool {
         lock(&self.held).get(name).is_some_and(Lease::is_valid)
     }
 
-    /// Gives up the lease `hold` keeps for `name`, if any.
+    /// Gives up the lease `acquire_held` keeps for `name`, if any.
     pub fn release_held(&self, name: &str) {
         let lease = lock(&self.held).remove(name);
         if let Some(l) = lease {
