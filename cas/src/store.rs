@@ -709,9 +709,9 @@ impl Store {
         self.gc_run(opts, false)
     }
 
-    /// A pass with the default options, as the automatic task runs it.
-    pub(crate) fn gc_pass(&self, auto: bool) -> Result<GcReport> {
-        self.gc_run(&GcOptions::default(), auto)
+    /// An automatic pass (cas::gc::auto), with the default options.
+    pub(crate) fn gc_auto_pass(&self) -> Result<GcReport> {
+        self.gc_run(&GcOptions::default(), true)
     }
 
     /// One pass, recorded in the GC history (the tasks' clock dates it)

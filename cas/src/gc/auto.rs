@@ -179,7 +179,7 @@ impl Task for AutoGcTask {
         // task) or not built yet (a wake-up during its construction).
         let Some(store) = self.store.upgrade() else { return check };
         tracing::info!(dir = %store.dir().display(), why = %why, "automatic GC pass starting");
-        match store.gc_pass(true) {
+        match store.gc_auto_pass() {
             Ok(r) => tracing::info!(
                 chunks_dead = r.chunks_dead,
                 packs_rewritten = r.packs_rewritten,
