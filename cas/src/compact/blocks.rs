@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!  batch map extents (sectors, in order)
-//!    |  whole 4 KiB block from one WRITE  -> hash it in place (no copy)
+//!    |  whole 4 KiB block from one WRITE  -> hash it in place (no copy), or
+//!    |                                       Whole { at }: the inserter hashes it
 //!    |  whole block of zeros / DISCARD    -> Holes { first, count } (runs)
 //!    |  block from several pieces         -> assembled, then hashed
 //!    |  block only partly in the batch    -> Partial { mask } (the inserter
@@ -13,6 +14,14 @@
 //! ```
 //!
 //! All-zero data blocks become holes, never chunks.
+//!
+//! Who hashes: the reading thread reads, checks and hashes, the inserting
+//! thread only looks up and writes, so with the reader busy the inserter
+//! waits for it. When the sink says the inserter has nothing queued at the
+//! start of a sub-batch, that sub-batch's whole blocks go unhashed
+//! (`Item::Whole`) and the inserter hashes them: the hashing moves to
+//! whichever side has time (`ci/bench compaction`, 2 cores: see
+//! docs/design.md, "Compaction").
 
 use super::budget::{GrowBuf, Lease};
 use super::reader::{Batch, BatchSrc, Cursor};
@@ -44,6 +53,9 @@ pub enum Item {
     Holes { first: u64, count: u64 },
     /// `block` is now chunk `hash`, whose bytes are at `at`.
     Chunk { block: u64, hash: ChunkHash, at: At },
+    /// `block` is now the chunk of the bytes at `at`, not yet hashed (the
+    /// inserter hashes it: see the module docs).
+    Whole { block: u64, at: At },
     /// Only the sectors in `mask` (bit i = sector i) are new; their bytes
     /// are in the extra buffer at `at` (the other sectors zero there).
     Partial { block: u64, mask: u8, at: usize },
@@ -86,8 +98,17 @@ pub enum Back<'b> {
     Extra(GrowBuf),
 }
 
-/// The emitter: sends a full sub-batch, returns an empty extra buffer.
-pub type Emit<'e, 'b> = dyn FnMut(SubBatch<'b>) -> Result<GrowBuf> + 'e;
+/// What the emitter returns after sending a sub-batch.
+pub struct Sent {
+    /// An empty extra buffer for the next sub-batch.
+    pub extra: GrowBuf,
+    /// The inserter has nothing queued: leave the next sub-batch's whole
+    /// blocks for it to hash.
+    pub inserter_idle: bool,
+}
+
+/// The emitter: sends a full sub-batch.
+pub type Emit<'e, 'b> = dyn FnMut(SubBatch<'b>) -> Result<Sent> + 'e;
 
 /// Walks one batch (see the module docs).
 pub struct Walker<'w, 'b> {
@@ -98,11 +119,19 @@ pub struct Walker<'w, 'b> {
     pending: Option<(u64, u8)>,
     scratch: Box<[u8; BLOCK]>,
     lease: &'w mut Lease<'b>,
+    /// The sub-batch being built leaves its whole blocks unhashed.
+    defer_hash: bool,
     pub work: CompactStats,
 }
 
 impl<'w, 'b> Walker<'w, 'b> {
-    pub fn new(batch: Arc<Batch<'b>>, extra: GrowBuf, lease: &'w mut Lease<'b>) -> Walker<'w, 'b> {
+    /// `defer_hash`: the first sub-batch leaves its whole blocks unhashed.
+    pub fn new(
+        batch: Arc<Batch<'b>>,
+        extra: GrowBuf,
+        lease: &'w mut Lease<'b>,
+        defer_hash: bool,
+    ) -> Walker<'w, 'b> {
         Walker {
             batch,
             items: Vec::with_capacity(SUB_BATCH_ITEMS),
@@ -110,6 +139,7 @@ impl<'w, 'b> Walker<'w, 'b> {
             pending: None,
             scratch: Box::new([0u8; BLOCK]),
             lease,
+            defer_hash,
             work: CompactStats { bytes_initialized: BLOCK as u64, ..CompactStats::default() },
         }
     }
@@ -163,8 +193,10 @@ impl<'w, 'b> Walker<'w, 'b> {
         }
         let items = std::mem::replace(&mut self.items, Vec::with_capacity(SUB_BATCH_ITEMS));
         let extra = std::mem::take(&mut self.extra);
-        self.extra = emit(SubBatch { batch: self.batch.clone(), items, extra })?;
+        let sent = emit(SubBatch { batch: self.batch.clone(), items, extra })?;
+        self.extra = sent.extra;
         self.extra.clear();
+        self.defer_hash = sent.inserter_idle;
         Ok(())
     }
 
@@ -179,16 +211,21 @@ impl<'w, 'b> Walker<'w, 'b> {
         self.push(Item::Holes { first, count }, emit)
     }
 
-    /// A block the batch rewrites whole from one WRITE: hashed in place.
+    /// A block the batch rewrites whole from one WRITE: hashed in place
+    /// (here, or by the inserter).
     fn whole_block(&mut self, block: u64, at: usize, emit: &mut Emit<'_, 'b>) -> Result<()> {
         let data = &self.batch.buf.as_slice()[at..at + BLOCK];
         if is_zero_block(data) {
             return self.push_holes(block, 1, emit);
         }
+        self.work.blocks_mapped += 1;
+        if self.defer_hash {
+            self.work.blocks_hashed_by_inserter += 1;
+            return self.push(Item::Whole { block, at: At::Batch(at) }, emit);
+        }
         let t = Instant::now();
         let hash = ChunkHash::of(data);
         self.work.hash_ns += t.elapsed().as_nanos() as u64;
-        self.work.blocks_mapped += 1;
         self.push(Item::Chunk { block, hash, at: At::Batch(at) }, emit)
     }
 

@@ -6,6 +6,7 @@
 //!  per sub-batch:  Partial -> base (manifest chunk or hole) + new sectors -> hash
 //!                  Holes   -> set None where the manifest maps something
 //!                  Chunk   -> set the chunk's ref, once inserted
+//!                  Whole   -> hash, then as Chunk (blocks.rs: who hashes)
 //!                  insert_located(pin, new chunks)          one writer lock hold
 //!                  -> the edits, in item order, with each chunk's location
 //!  per batch end:  CommitJob { edit, pin, covered, next } -> commit stage
@@ -78,7 +79,7 @@ impl<'s> Inserter<'s> {
 
     /// Applies one sub-batch: edits, merges and chunk inserts.
     pub fn blocks(&mut self, sb: &SubBatch<'_>) -> Result<Flow> {
-        let needs_manifest = sb.items.iter().any(|i| !matches!(i, Item::Chunk { .. }));
+        let needs_manifest = sb.items.iter().any(|i| !matches!(i, Item::Chunk { .. } | Item::Whole { .. }));
         if needs_manifest && self.stage.settle()? == Flow::Stopped {
             return Ok(Flow::Stopped);
         }
@@ -113,6 +114,13 @@ impl<'s> Inserter<'s> {
                     }
                 }
                 Item::Chunk { block, hash, at } => {
+                    self.sets.push((block, Some(new.len())));
+                    new.push((hash, Some(at)));
+                }
+                Item::Whole { block, at } => {
+                    let th = Instant::now();
+                    let hash = ChunkHash::of(sb.bytes(at));
+                    self.work.hash_ns += th.elapsed().as_nanos() as u64;
                     self.sets.push((block, Some(new.len())));
                     new.push((hash, Some(at)));
                 }

@@ -29,7 +29,7 @@
 //! depends on the state before a batch (partial blocks, holes) waits for
 //! the commits in flight (inserter.rs).
 
-use super::blocks::{Back, Msg, SubBatch, Walker};
+use super::blocks::{Back, Msg, Sent, SubBatch, Walker};
 use super::budget::{Budget, GrowBuf, Lease};
 use super::commit::{run_thread, CommitJob, CommitStage, Committer, Flow};
 use super::inserter::Inserter;
@@ -74,6 +74,10 @@ trait Sink<'b> {
     fn send(&mut self, msg: Msg<'b>) -> Result<()>;
     fn batch(&mut self) -> Result<Batch<'b>>;
     fn extra(&mut self) -> GrowBuf;
+    /// The inserting side has at most `queued` sub-batches waiting (it
+    /// will soon wait for the reader): the reader leaves hashing to it
+    /// (blocks.rs).
+    fn inserter_idle(&self, queued: usize) -> bool;
 }
 
 /// The channel to the inserting thread.
@@ -124,6 +128,10 @@ impl<'b> Sink<'b> for ChannelSink<'b> {
         }
         self.extras.pop().unwrap_or_default()
     }
+
+    fn inserter_idle(&self, queued: usize) -> bool {
+        self.tx.len() <= queued
+    }
 }
 
 /// The inserter on the same thread.
@@ -162,6 +170,11 @@ impl<'b> Sink<'b> for InlineSink<'_, 'b> {
 
     fn extra(&mut self) -> GrowBuf {
         self.extra.take().unwrap_or_default()
+    }
+
+    /// One thread does both sides: who hashes makes no difference.
+    fn inserter_idle(&self, _: usize) -> bool {
+        false
     }
 }
 
@@ -212,10 +225,10 @@ fn produce<'b>(
         };
         let (next, batch_covered) = (batch.next, batch.covered.max(covered));
         let batch = Arc::new(batch);
-        let walker = Walker::new(batch.clone(), sink.extra(), lease);
+        let walker = Walker::new(batch.clone(), sink.extra(), lease, sink.inserter_idle(0));
         let ww = walker.run(&mut |sb: SubBatch<'b>| {
             sink.send(Msg::Blocks(sb))?;
-            Ok(sink.extra())
+            Ok(Sent { extra: sink.extra(), inserter_idle: sink.inserter_idle(1) })
         })?;
         bw.add(&ww);
         sink.send(Msg::End { batch, covered: batch_covered, next, work: Box::new(bw) })?;

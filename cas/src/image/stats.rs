@@ -162,8 +162,11 @@ counters! {
         pub input_bytes,
         /// WRITE_ZEROES / DISCARD bytes compacted.
         pub zeroed_bytes,
-        /// Blocks mapped to a chunk.
+        /// Blocks mapped to a chunk, and those of them whose hash the
+        /// inserting thread computed because it had nothing queued
+        /// (`cas::compact::blocks`).
         pub blocks_mapped,
+        pub blocks_hashed_by_inserter,
         /// Blocks made holes (zero data, WRITE_ZEROES, DISCARD).
         pub blocks_holes,
         /// Blocks only partly rewritten in a batch, merged with their older
