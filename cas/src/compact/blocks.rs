@@ -1,6 +1,7 @@
 //! Phase 2 of a batch, on the reading thread: walk the batch map in block
-//! order, hash every block the batch rewrites whole, and hand the results
-//! to the inserting thread in sub-batches.
+//! order, hash the blocks the batch rewrites whole (or leave them to the
+//! inserting thread, below), and hand the results to the inserting thread
+//! in sub-batches.
 //!
 //! ```text
 //!  batch map extents (sectors, in order)
@@ -16,12 +17,13 @@
 //! All-zero data blocks become holes, never chunks.
 //!
 //! Who hashes: the reading thread reads, checks and hashes, the inserting
-//! thread only looks up and writes, so with the reader busy the inserter
-//! waits for it. When the sink says the inserter has nothing queued at the
-//! start of a sub-batch, that sub-batch's whole blocks go unhashed
-//! (`Item::Whole`) and the inserter hashes them: the hashing moves to
-//! whichever side has time (`ci/bench compaction`, 2 cores: see
-//! docs/design.md, "Compaction").
+//! thread merges partial blocks (hashing those), looks up and writes, so
+//! with the reader busy the inserter waits for it. A queue-length
+//! heuristic moves hashing to the side with time: when the channel to the
+//! inserter holds nothing at the start of a batch, or at most the
+//! sub-batch just sent at the start of the next one, that sub-batch's
+//! whole blocks go unhashed (`Item::Whole`) and the inserter hashes them
+//! (`ci/bench compaction`, 2 cores: see docs/design.md, "Compaction").
 
 use super::budget::{GrowBuf, Lease};
 use super::reader::{Batch, BatchSrc, Cursor};
@@ -102,8 +104,8 @@ pub enum Back<'b> {
 pub struct Sent {
     /// An empty extra buffer for the next sub-batch.
     pub extra: GrowBuf,
-    /// The inserter has nothing queued: leave the next sub-batch's whole
-    /// blocks for it to hash.
+    /// The inserter has at most the sub-batch just sent queued: leave the
+    /// next sub-batch's whole blocks for it to hash.
     pub inserter_idle: bool,
 }
 
@@ -145,7 +147,7 @@ impl<'w, 'b> Walker<'w, 'b> {
     }
 
     /// Walks the whole map. `emit` sends a sub-batch and returns a fresh
-    /// extra buffer.
+    /// extra buffer and whether to leave the next one's hashing (`Sent`).
     pub fn run(mut self, emit: &mut Emit<'_, 'b>) -> Result<CompactStats> {
         let batch = self.batch.clone();
         for (start, len, src) in batch.map.extents() {

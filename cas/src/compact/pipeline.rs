@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!  reader thread (scoped)                     pass thread (caller)              commit thread (scoped)
-//!   read_batch -> Walker: hash --SubBatch-->   Inserter::blocks (insert_missing)
+//!   read_batch -> Walker: hash --SubBatch-->   Inserter::blocks (hash what the
+//!                                              Walker left, insert_missing)
 //!                              --End------->   Inserter::end --CommitJob-->      sync, commit, reclaim
 //!   free batch / extra buffers <--Back-----    (buffers return for reuse)
 //! ```

@@ -69,7 +69,8 @@ mod x86 {
     /// crc from a zero register equals the data's.
     #[target_feature(enable = "pclmulqdq,sse4.1")]
     pub(super) fn fold(register: u32, data: &[u8]) -> [u8; 16] {
-        debug_assert!(!data.is_empty() && data.len().is_multiple_of(64));
+        // Once per call: chunks_exact would drop a tail silently.
+        assert!(!data.is_empty() && data.len().is_multiple_of(64), "fold takes whole 64-byte blocks");
         // Whole 64-byte blocks, loaded by pointer: no bounds check or
         // iterator arithmetic per lane. Under emulation every instruction
         // costs, and the loop body is all there is (4 KiB: 63 rounds).

@@ -162,8 +162,8 @@ counters! {
         pub input_bytes,
         /// WRITE_ZEROES / DISCARD bytes compacted.
         pub zeroed_bytes,
-        /// Blocks mapped to a chunk, and those of them whose hash the
-        /// inserting thread computed because it had nothing queued
+        /// Blocks mapped to a chunk, and those whole blocks of them whose
+        /// hash the inserting thread computed because its queue was short
         /// (`cas::compact::blocks`).
         pub blocks_mapped,
         pub blocks_hashed_by_inserter,
@@ -204,8 +204,9 @@ counters! {
         pub budget_waits,
         /// Passes that failed.
         pub errors,
-        /// Time (ns) reading and scanning the log, hashing, inserting chunks,
-        /// and committing (chunk sync, manifest commit, reclamation).
+        /// Time (ns) reading and scanning the log, hashing (on either
+        /// thread), inserting chunks (its hashing not included), and
+        /// committing (chunk sync, manifest commit, reclamation).
         pub read_ns,
         pub hash_ns,
         pub insert_ns,
