@@ -69,6 +69,7 @@ use open::{Begun, OpenImage, OpenImages};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -359,11 +360,13 @@ impl Store {
             ..ChunkStoreOptions::default()
         };
         let chunks = Arc::new(ChunkStore::open(storage.clone(), &dir.join("chunks"), chunk_opts)?);
+        let refs_dropped = Arc::new(AtomicU64::new(0));
         let compactor = Arc::new(Compactor {
             chunks: chunks.clone(),
             budget: Budget::new(opts.compaction_memory_bytes),
             cfg: opts.compact_config(),
             tasks: opts.tasks.clone(),
+            refs_dropped: refs_dropped.clone(),
         });
         let open: Arc<OpenImages> = Arc::default();
         // The interval counts from the open: no automatic pass races the
@@ -375,6 +378,7 @@ impl Store {
                 ..GcHistory::default()
             }),
             wake: OnceLock::new(),
+            refs_dropped,
         });
         let service = opts.background_compaction.then(|| {
             let (open, gc) = (open.clone(), gc.clone());
@@ -719,11 +723,14 @@ impl Store {
     /// the next one after this record, so its nudge is not lost.
     fn gc_run(&self, opts: &GcOptions, auto: bool) -> Result<GcReport> {
         let _maint = lock(&self.maint);
+        // Read before the mark: mappings dropped during the pass may hold
+        // chunks it does not sweep, so they count toward the next one.
+        let dropped = self.gc.refs_dropped.load(Ordering::Relaxed);
         let result = self.gc_marked_and_swept(opts);
         let (now, chunks) = (self.opts.tasks.now(), self.chunks.len());
         let mut history = lock(&self.gc.history);
         match &result {
-            Ok(report) => history.finished(report, chunks, now, auto),
+            Ok(report) => history.finished(report, chunks, dropped, now, auto),
             Err(_) if auto => history.failed(now),
             Err(_) => {}
         }

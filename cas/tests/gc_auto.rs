@@ -1,5 +1,6 @@
 //! Automatic GC (cas::gc::auto): overwritten data is given back without
-//! an operator once the store has grown past the threshold, not before,
+//! an operator once the store has grown past the threshold (or dropped
+//! that many block mappings without growing), not before,
 //! not more often than the minimum interval (counted from the open too),
 //! and at once (after that interval) when an image is removed or a
 //! compaction found the filesystem full; what a pass did survives a power
@@ -189,6 +190,52 @@ fn no_pass_below_the_threshold_nor_within_the_interval_and_a_removal_nudges_one(
     assert_eq!(auto_passes(&store), 3, "the removal did not start a pass at once");
     assert_eq!(store.chunk_stats().chunks, BLOCKS, "the removed image's chunks were swept");
     check_round(&image, 2, BLOCKS);
+}
+
+/// Garbage made without growth: overwrites with content the store already
+/// holds, and a guest's fstrim (DISCARD), drop block mappings but store no
+/// chunk. Below the threshold they start no pass; past it, one runs (after
+/// the interval) and sweeps what they left.
+#[test]
+fn deduplicated_overwrites_and_discards_start_a_pass_without_growth() {
+    let stepper = Stepper::new();
+    let storage: Arc<dyn Storage> = Arc::new(MemStorage::new());
+    let store = Store::create(storage, Path::new("/store"), options(&stepper)).unwrap();
+    store.create_image("vm", 64 << 20).unwrap();
+    let image = store.open_image("vm").unwrap();
+    write_round(&image, 0, BLOCKS);
+    until_compacted(&stepper, &store, &image);
+    until_auto_pass(&stepper, &store, 0, ticks(MIN_INTERVAL + CHECK) + 2);
+    assert_eq!(store.chunk_stats().chunks, BLOCKS);
+
+    // Blocks 0..200 take the content of blocks 300..500: no new chunk, 200
+    // dropped mappings, below the 256 threshold.
+    for i in 0..200 {
+        image.write(i * 4096, &block(0, 300 + i), false).unwrap();
+    }
+    image.flush().unwrap();
+    until_compacted(&stepper, &store, &image);
+    idle(&stepper, ticks(2 * MIN_INTERVAL));
+    assert_eq!(auto_passes(&store), 1, "200 dropped mappings are below the threshold");
+    assert_eq!(store.chunk_stats().chunks, BLOCKS, "no chunk stored, none swept");
+
+    // fstrim of blocks 200..300: 300 dropped in all, past the threshold.
+    image.discard(200 * 4096, 100 * 4096).unwrap();
+    image.flush().unwrap();
+    until_compacted(&stepper, &store, &image);
+    assert_eq!(store.image_stats(&image).compaction.refs_dropped, 300);
+    until_auto_pass(&stepper, &store, 1, ticks(CHECK) + 2);
+    assert_eq!(store.chunk_stats().chunks, BLOCKS - 300, "the overwritten and trimmed chunks were swept");
+    let mut got = vec![0u8; 4096];
+    for i in 0..BLOCKS {
+        image.read(i * 4096, &mut got).unwrap();
+        let want = match i {
+            0..200 => block(0, 300 + i),
+            200..300 => vec![0u8; 4096],
+            _ => block(0, i),
+        };
+        assert!(got == want, "block {i} reads wrong after the pass");
+    }
 }
 
 #[test]

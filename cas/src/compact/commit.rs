@@ -121,6 +121,7 @@ impl<'s> Committer<'s> {
             let cs = edit.commit(covered)?;
             self.work.manifest_pages_written += cs.pages_written;
             self.work.manifest_leaf_pages_touched += cs.leaf_pages_touched;
+            self.work.refs_dropped += cs.refs_dropped;
             self.work.bytes_initialized += cs.bytes_initialized;
             self.work.syncs += cs.syncs;
         }

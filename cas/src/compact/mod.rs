@@ -50,6 +50,7 @@ use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::manifest::Manifest;
 use crate::units::SECTOR_BYTES;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -181,6 +182,9 @@ pub struct Compactor {
     pub cfg: CompactConfig,
     /// The clock a pass's time is taken from (the store's task runner's).
     pub tasks: crate::tasks::Tasks,
+    /// Every pass's `refs_dropped`, summed over the store's life (shared
+    /// with automatic GC, cas::gc::auto).
+    pub refs_dropped: Arc<AtomicU64>,
 }
 
 impl Compactor {
@@ -206,6 +210,7 @@ impl Compactor {
             report.work.budget_waits += u64::from(matches!(e, Error::MemoryBudget(_)));
         }
         state.add_stats(&report.work);
+        self.refs_dropped.fetch_add(report.work.refs_dropped, Ordering::Relaxed);
         result.map(|()| report)
     }
 

@@ -11,6 +11,8 @@
 //!    a compaction pass failed with ENOSPC since            -> pass
 //!    chunks stored since the last pass >= max(min_new_chunks,
 //!        growth_percent % of the chunks after it)          -> pass
+//!    block mappings compaction dropped since the last pass
+//!        >= that same threshold                            -> pass
 //!    else                                                  -> wait
 //! ```
 //!
@@ -19,10 +21,19 @@
 //! store whose chunk count grew by a quarter since the last pass may hold
 //! up to that much garbage. A store that only fills (a guest installing)
 //! runs a pass at each quarter of growth: geometric, so the mark and
-//! sweep cost per stored chunk stays constant. Overwrites whose new
-//! content is already stored make garbage without growth; removal of an
-//! image is nudged directly, other such garbage waits for the next
-//! growth-driven or manual pass.
+//! sweep cost per stored chunk stays constant.
+//!
+//! Why dropped mappings: garbage is also made without growth, by
+//! overwrites whose new content is already stored, by DISCARD (a guest's
+//! fstrim) and by zeroing. Each manifest commit counts the blocks that
+//! mapped a chunk and now map none or another
+//! (`CommitStats::refs_dropped`), the compactor sums them for the store,
+//! and a quarter of the live chunks' worth starts a pass like growth
+//! does. The count is an upper bound on the chunks made dead (a chunk
+//! other blocks or snapshots still use stays), so a pass it starts may
+//! find less; the threshold keeps such passes geometric too. Removal of
+//! an image is nudged directly. Garbage left by an offline `casblk image
+//! rm` before the store opened waits for the next pass.
 //!
 //! A failed pass is logged and counted; the next try waits the minimum
 //! interval. The task decides from the history it shares with the store
@@ -35,6 +46,7 @@ use crate::chunk::{lock, ChunkStore};
 use crate::gc::GcReport;
 use crate::store::Store;
 use crate::tasks::{Context, Step, Task, Wake};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -84,6 +96,9 @@ pub(crate) struct GcHistory {
     pub reclaimed_bytes: u64,
     /// Live chunks when the last pass finished (or when the store opened).
     pub chunks_after_last: u64,
+    /// The store's dropped block mappings (`GcShared::refs_dropped`) as
+    /// the last pass began.
+    pub refs_dropped_at_last: u64,
     /// When the last pass (or automatic try) ended, or the store opened,
     /// on the tasks' clock.
     pub last_at: Option<Instant>,
@@ -94,8 +109,9 @@ pub(crate) struct GcHistory {
 }
 
 impl GcHistory {
-    /// Why a pass is due now, if it is: `chunks` live chunks at `now`.
-    pub fn due(&self, opts: &AutoGcOptions, chunks: u64, now: Instant) -> Option<String> {
+    /// Why a pass is due now, if it is: `chunks` live chunks and
+    /// `refs_dropped` dropped mappings (summed since the open) at `now`.
+    pub fn due(&self, opts: &AutoGcOptions, chunks: u64, refs_dropped: u64, now: Instant) -> Option<String> {
         let min_interval = Duration::from_millis(opts.min_interval_ms);
         if self.last_at.is_some_and(|t| now.saturating_duration_since(t) < min_interval) {
             return None;
@@ -108,15 +124,23 @@ impl GcHistory {
         }
         let new = chunks.saturating_sub(self.chunks_after_last);
         let need = opts.min_new_chunks.max(self.chunks_after_last.saturating_mul(opts.growth_percent) / 100);
-        (new >= need).then(|| format!("{new} chunks stored since the last pass (threshold {need})"))
+        if new >= need {
+            return Some(format!("{new} chunks stored since the last pass (threshold {need})"));
+        }
+        let dropped = refs_dropped.saturating_sub(self.refs_dropped_at_last);
+        (dropped >= need).then(|| {
+            format!("{dropped} block mappings dropped or replaced since the last pass (threshold {need})")
+        })
     }
 
-    /// Records a finished pass that left `chunks` live chunks.
-    pub fn finished(&mut self, report: &GcReport, chunks: u64, now: Instant, auto: bool) {
+    /// Records a finished pass that left `chunks` live chunks and began
+    /// when the store had dropped `refs_dropped` mappings.
+    pub fn finished(&mut self, report: &GcReport, chunks: u64, refs_dropped: u64, now: Instant, auto: bool) {
         self.passes += 1;
         self.auto_passes += u64::from(auto);
         self.reclaimed_bytes += report.bytes_reclaimed.max(0) as u64;
         self.chunks_after_last = chunks;
+        self.refs_dropped_at_last = refs_dropped;
         self.last_at = Some(now);
         self.nudged = false;
         self.no_space = false;
@@ -129,12 +153,14 @@ impl GcHistory {
     }
 }
 
-/// The GC state the store and its automatic task share: the history, and
-/// the task's waker once it runs (so a removal can wake it).
+/// The GC state the store and its automatic task share: the history,
+/// the task's waker once it runs (so a removal can wake it), and the
+/// compactor's count of dropped block mappings.
 #[derive(Default)]
 pub(crate) struct GcShared {
     pub history: Mutex<GcHistory>,
     pub wake: OnceLock<Wake>,
+    pub refs_dropped: Arc<AtomicU64>,
 }
 
 impl GcShared {
@@ -172,7 +198,8 @@ impl Task for AutoGcTask {
     fn step(&mut self, cx: &Context<'_>) -> Step {
         let check = Step::Wait(Some(Duration::from_millis(self.opts.check_interval_ms.max(1))));
         let chunks = self.chunks.len();
-        let Some(why) = lock(&self.shared.history).due(&self.opts, chunks, cx.now()) else {
+        let dropped = self.shared.refs_dropped.load(Ordering::Relaxed);
+        let Some(why) = lock(&self.shared.history).due(&self.opts, chunks, dropped, cx.now()) else {
             return check;
         };
         // Not upgradable: the store is being dropped (its handle stops this

@@ -172,6 +172,9 @@ counters! {
         /// Blocks only partly rewritten in a batch, merged with their older
         /// content (chunk or hole).
         pub blocks_merged,
+        /// Blocks whose chunk a commit unmapped or replaced (each may have
+        /// left a chunk for GC: cas::gc::auto counts them).
+        pub refs_dropped,
         /// Chunks stored new, and chunks found already stored.
         pub chunks_new,
         pub chunks_dup,

@@ -71,6 +71,10 @@ pub struct CommitStats {
     /// After the commit: pages the tree reaches, and garbage pages.
     pub live_pages: u64,
     pub garbage_pages: u64,
+    /// Blocks that mapped a chunk before the commit and now map none or
+    /// another one: each may have left a chunk unreferenced (what
+    /// automatic GC counts, cas::gc::auto).
+    pub refs_dropped: u64,
 }
 
 /// A batch of edits (see the module docs). Dropping it discards the edits.
@@ -391,6 +395,7 @@ impl Builder<'_> {
             }
             let old_count = match old_page.as_deref() {
                 Some(Page { body: Body::Leaf(l), .. }) => {
+                    self.stats.refs_dropped += refs_dropped(l, &body);
                     if *l == body {
                         self.live_delta += 1;
                         let Old::Page(p) = old else { unreachable!("an old leaf page came from a pointer") };
@@ -468,6 +473,19 @@ impl Builder<'_> {
 }
 
 const _: () = assert!(FIRST_TREE_PAGE == 2);
+
+/// Entries of `old` that mapped a chunk which `new` no longer maps there
+/// (unmapped, or another chunk).
+fn refs_dropped(old: &LeafBody, new: &LeafBody) -> u64 {
+    (0..LEAF_ENTRIES)
+        .filter(|&i| old.present >> i & 1 == 1)
+        .filter(|&i| match (old.get(i), new.get(i)) {
+            (Some(o), Some(n)) => o.tag != n.tag,
+            (Some(_), None) => true,
+            (None, _) => false,
+        })
+        .count() as u64
+}
 
 #[cfg(test)]
 mod tests {
