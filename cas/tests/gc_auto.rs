@@ -146,17 +146,24 @@ fn overwritten_data_is_reclaimed_without_an_operator_and_stays_reclaimed_after_a
     check_round(&image, 1, BLOCKS);
 }
 
-#[test]
-fn no_pass_below_the_threshold_nor_within_the_interval_and_a_removal_nudges_one() {
+/// A store on a stepper whose image "vm" holds round 0's `BLOCKS`
+/// blocks, compacted, after the first automatic pass (growth from empty).
+fn filled() -> (Arc<Stepper>, Arc<Store>, Arc<Image>) {
     let stepper = Stepper::new();
     let storage: Arc<dyn Storage> = Arc::new(MemStorage::new());
     let store = Store::create(storage, Path::new("/store"), options(&stepper)).unwrap();
     store.create_image("vm", 64 << 20).unwrap();
-    store.create_image("scratch", 64 << 20).unwrap();
     let image = store.open_image("vm").unwrap();
     write_round(&image, 0, BLOCKS);
     until_compacted(&stepper, &store, &image);
     until_auto_pass(&stepper, &store, 0, ticks(MIN_INTERVAL + CHECK) + 2);
+    (stepper, store, image)
+}
+
+#[test]
+fn no_pass_below_the_threshold_nor_within_the_interval_and_a_removal_nudges_one() {
+    let (stepper, store, image) = filled();
+    store.create_image("scratch", 64 << 20).unwrap();
 
     // Growth of less than the floor: no pass, however long the store waits.
     write_round(&image, 1, 200);
@@ -198,14 +205,7 @@ fn no_pass_below_the_threshold_nor_within_the_interval_and_a_removal_nudges_one(
 /// the interval) and sweeps what they left.
 #[test]
 fn deduplicated_overwrites_and_discards_start_a_pass_without_growth() {
-    let stepper = Stepper::new();
-    let storage: Arc<dyn Storage> = Arc::new(MemStorage::new());
-    let store = Store::create(storage, Path::new("/store"), options(&stepper)).unwrap();
-    store.create_image("vm", 64 << 20).unwrap();
-    let image = store.open_image("vm").unwrap();
-    write_round(&image, 0, BLOCKS);
-    until_compacted(&stepper, &store, &image);
-    until_auto_pass(&stepper, &store, 0, ticks(MIN_INTERVAL + CHECK) + 2);
+    let (stepper, store, image) = filled();
     assert_eq!(store.chunk_stats().chunks, BLOCKS);
 
     // Blocks 0..200 take the content of blocks 300..500: no new chunk, 200
