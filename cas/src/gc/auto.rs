@@ -32,8 +32,9 @@
 //! does. The count is an upper bound on the chunks made dead (a chunk
 //! other blocks or snapshots still use stays), so a pass it starts may
 //! find less; the threshold keeps such passes geometric too. Removal of
-//! an image is nudged directly. Garbage left by an offline `casblk image
-//! rm` before the store opened waits for the next pass.
+//! an image is nudged directly. The count is in memory: drops before a
+//! restart, and garbage left by an offline `casblk image rm` before the
+//! store opened, wait for the next pass.
 //!
 //! A failed pass is logged and counted; the next try waits the minimum
 //! interval. The task decides from the history it shares with the store

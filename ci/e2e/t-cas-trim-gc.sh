@@ -1,0 +1,61 @@
+# A guest's fstrim gives the space back without an operator: a file
+# deleted on ext4 over a store image, fstrim, and the daemon's automatic
+# GC sweeps its chunks. The store has not grown since the last pass, so
+# the dropped block mappings alone start it (cas::gc::auto).
+source "$(dirname "$0")/lib.sh"
+store=$(new_store trim 1G)
+dev=$(add_image "$store" trim)
+mnt=$SCRATCH/mnt-trim
+mkdir -p "$mnt"
+mkfs.ext4 -q "$dev"
+mount "$dev" "$mnt"
+# 320 MiB: 81,920 chunks, past the 65,536 floor of both GC rules.
+head -c $((320 << 20)) /dev/urandom >"$mnt/big"
+head -c $((8 << 20)) /dev/urandom >"$mnt/keep"
+(cd "$mnt" && sha256sum keep) >"$SCRATCH/keep.sum"
+sync
+wait_compacted "$store"
+
+# until_auto_pass N: until the daemon has run more than N automatic passes
+# (60 s after the last pass or the open, looked at every 10 s).
+until_auto_pass() {
+    local p deadline=$((SECONDS + 150))
+    while [ "$SECONDS" -lt "$deadline" ]; do
+        p=$(store_counter "$store" store gc_auto_passes)
+        [ "$p" -gt "$1" ] && return 0
+        sleep 2
+    done
+    fail "no automatic GC pass within 150 s (passes: $p)"
+}
+# The growth from empty starts the first pass; it finds nothing dead.
+until_auto_pass 0
+passes=$(store_counter "$store" store gc_auto_passes)
+before=$(store_counter "$store" store chunks)
+note "after writing: $before chunks, $passes automatic GC pass(es)"
+
+rm "$mnt/big"
+# The freed blocks reach ext4's free-space map when the unlink's journal
+# transaction commits: sync first, or fstrim skips them.
+sync
+trimmed=$(fstrim -v "$mnt" | grep -o '[0-9]* bytes' | grep -o '[0-9]*')
+[ "$trimmed" -ge $((320 << 20)) ] || fail "fstrim trimmed only $trimmed bytes"
+sync
+wait_compacted "$store"
+# The unlink's metadata writes store a few new chunks; nothing is swept
+# before the next pass (at least 60 s after the first).
+mid=$(store_counter "$store" store chunks)
+[ "$mid" -ge "$before" ] || fail "chunks were swept before a pass ($before -> $mid)"
+[ "$(store_counter "$store" store gc_auto_passes)" -eq "$passes" ] || fail "a pass ran within the interval"
+until_auto_pass "$passes"
+after=$(store_counter "$store" store chunks)
+note "after fstrim: $mid chunks; after the automatic pass: $after"
+[ "$after" -le $((mid - 81920 + 256)) ] || fail "the trimmed file's chunks were not swept ($mid -> $after)"
+(cd "$mnt" && sha256sum --quiet -c "$SCRATCH/keep.sum") || fail "the kept file changed"
+umount "$mnt"
+mount "$dev" "$mnt"
+(cd "$mnt" && sha256sum --quiet -c "$SCRATCH/keep.sum") || fail "the kept file changed after remount"
+umount "$mnt"
+"$CASBLK" del -a
+wait_no_devices
+sum=$(fsck_clean "$store") || exit 1
+note "after trim and GC: $sum"
