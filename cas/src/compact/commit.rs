@@ -39,6 +39,7 @@ use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::manifest::ManifestEdit;
 use crossbeam::channel::{Receiver, Sender};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Whether the pass goes on.
@@ -87,6 +88,9 @@ pub struct Committer<'s> {
     state: &'s ImageCompaction,
     chunks: &'s ChunkStore,
     stop_at: StopAt,
+    /// The store's dropped-mapping count (cas::gc::auto), added to as
+    /// each commit lands: a GC pass that begins after it sees it.
+    refs_dropped: &'s AtomicU64,
     /// The covered seq of the last commit, whose log reclamation (step 5)
     /// has not run yet: it runs beside the next job's chunk sync, or in
     /// [`Committer::finish`].
@@ -100,8 +104,17 @@ impl<'s> Committer<'s> {
         state: &'s ImageCompaction,
         chunks: &'s ChunkStore,
         stop_at: StopAt,
+        refs_dropped: &'s AtomicU64,
     ) -> Committer<'s> {
-        Committer { image, state, chunks, stop_at, reclaim_due: None, work: CompactStats::default() }
+        Committer {
+            image,
+            state,
+            chunks,
+            stop_at,
+            refs_dropped,
+            reclaim_due: None,
+            work: CompactStats::default(),
+        }
     }
 
     pub fn commit(&mut self, job: CommitJob<'s>) -> Result<Flow> {
@@ -122,6 +135,7 @@ impl<'s> Committer<'s> {
             self.work.manifest_pages_written += cs.pages_written;
             self.work.manifest_leaf_pages_touched += cs.leaf_pages_touched;
             self.work.refs_dropped += cs.refs_dropped;
+            self.refs_dropped.fetch_add(cs.refs_dropped, Ordering::Relaxed);
             self.work.bytes_initialized += cs.bytes_initialized;
             self.work.syncs += cs.syncs;
         }

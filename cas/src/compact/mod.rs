@@ -50,7 +50,7 @@ use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::manifest::Manifest;
 use crate::units::SECTOR_BYTES;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -182,8 +182,8 @@ pub struct Compactor {
     pub cfg: CompactConfig,
     /// The clock a pass's time is taken from (the store's task runner's).
     pub tasks: crate::tasks::Tasks,
-    /// Every pass's `refs_dropped`, summed over the store's life (shared
-    /// with automatic GC, cas::gc::auto).
+    /// Every commit's `refs_dropped`, summed over the store's life as the
+    /// commits land (shared with automatic GC, cas::gc::auto).
     pub refs_dropped: Arc<AtomicU64>,
 }
 
@@ -210,7 +210,6 @@ impl Compactor {
             report.work.budget_waits += u64::from(matches!(e, Error::MemoryBudget(_)));
         }
         state.add_stats(&report.work);
-        self.refs_dropped.fetch_add(report.work.refs_dropped, Ordering::Relaxed);
         result.map(|()| report)
     }
 
@@ -268,6 +267,7 @@ impl Compactor {
             budget: &self.budget,
             stop_at: ctl.stop_at,
             threads: self.cfg.threads,
+            refs_dropped: &self.refs_dropped,
         };
         let (work, result) = pipeline::run(&ctx, &plan);
         report.work.add(&work);

@@ -42,6 +42,7 @@ use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::wal::Log;
 use crossbeam::channel::{bounded, unbounded, Receiver, Sender};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 /// Sub-batches waiting in the channel, at most.
@@ -67,6 +68,8 @@ pub struct Ctx<'s> {
     pub budget: &'s Budget,
     pub stop_at: StopAt,
     pub threads: usize,
+    /// The store's dropped-mapping count (`Compactor::refs_dropped`).
+    pub refs_dropped: &'s AtomicU64,
 }
 
 /// Where the reader's sub-batches and batch ends go, and where it gets
@@ -255,7 +258,7 @@ fn invalid(log: &Log, why: String) -> Error {
 /// how it ended.
 pub fn run(ctx: &Ctx<'_>, plan: &Plan) -> (CompactStats, Result<()>) {
     let log = &**ctx.image.log();
-    let committer = Committer::new(ctx.image, ctx.state, ctx.chunks, ctx.stop_at);
+    let committer = Committer::new(ctx.image, ctx.state, ctx.chunks, ctx.stop_at, ctx.refs_dropped);
     if ctx.threads < 2 {
         let stage = CommitStage::Inline { committer: Box::new(committer), stopped: false };
         let mut ins = Inserter::new(ctx.state, ctx.chunks, ctx.budget.lease(), stage);

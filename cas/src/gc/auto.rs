@@ -27,9 +27,9 @@
 //! overwrites whose new content is already stored, by DISCARD (a guest's
 //! fstrim) and by zeroing. Each manifest commit counts the blocks that
 //! mapped a chunk and now map none or another
-//! (`CommitStats::refs_dropped`), the compactor sums them for the store,
-//! and a quarter of the live chunks' worth starts a pass like growth
-//! does. The count is an upper bound on the chunks made dead (a chunk
+//! (`CommitStats::refs_dropped`), the compactor sums them for the store
+//! as each commit lands, and as many as the growth threshold start a pass
+//! like growth does. The count is an upper bound on the chunks made dead (a chunk
 //! other blocks or snapshots still use stays), so a pass it starts may
 //! find less; the threshold keeps such passes geometric too. Removal of
 //! an image is nudged directly. The count is in memory: drops before a

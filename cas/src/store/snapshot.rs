@@ -158,6 +158,9 @@ impl Store {
         let mut manifests = lock(&self.manifests);
         manifests.remove(image);
         source.freeze_into(&dir.join(MANIFEST_FILE), covered)?;
+        // The replaced tree's chunks written since the snapshot may be
+        // garbage now, and no commit counted them (cas::gc::auto).
+        self.gc.nudge();
         Ok(())
     }
 
