@@ -29,9 +29,9 @@
 //! mapped a chunk and now map none or another
 //! (`CommitStats::refs_dropped`), the compactor sums them for the store
 //! as each commit lands, and as many as the growth threshold start a pass
-//! like growth does. The count is an upper bound on the chunks made dead (a chunk
-//! other blocks or snapshots still use stays), so a pass it starts may
-//! find less; the threshold keeps such passes geometric too. Removal of
+//! like growth does. The count is an upper bound on the chunks made dead
+//! (a chunk other blocks or snapshots still use stays), so a pass it
+//! starts may find less; the threshold keeps such passes geometric too. Removal of
 //! an image is nudged directly. The count is in memory: drops before a
 //! restart, and garbage left by an offline `casblk image rm` before the
 //! store opened, wait for the next pass.

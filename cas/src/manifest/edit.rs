@@ -478,7 +478,6 @@ const _: () = assert!(FIRST_TREE_PAGE == 2);
 /// (unmapped, or another chunk).
 fn refs_dropped(old: &LeafBody, new: &LeafBody) -> u64 {
     (0..LEAF_ENTRIES)
-        .filter(|&i| old.present >> i & 1 == 1)
         .filter(|&i| match (old.get(i), new.get(i)) {
             (Some(o), Some(n)) => o.tag != n.tag,
             (Some(_), None) => true,
