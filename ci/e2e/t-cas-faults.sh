@@ -36,6 +36,7 @@ head -c 8M /dev/urandom >"$SCRATCH/a"
 dd if="$SCRATCH/a" of="$dev" bs=1M oflag=direct conv=fsync status=none || fail "the flushed write before the fault failed"
 
 # The fault: every write to the store's device fails; reads still work.
+klog=$(kernel_log_mark)
 table "0 $sectors flakey $loopdev 0 0 3600 1 error_writes" || fail "loading the dm-flakey table failed"
 head -c 4M /dev/urandom >"$SCRATCH/b"
 if timeout 60 dd if="$SCRATCH/b" of="$dev" bs=1M seek=16 oflag=direct conv=fsync status=none 2>"$SCRATCH/dd.err"; then
@@ -51,7 +52,9 @@ if dd if="$dev" of="$SCRATCH/a.read" bs=1M count=8 iflag=direct status=none 2>/d
     cmp -s "$SCRATCH/a" "$SCRATCH/a.read" || fail "flushed data read back wrong during the fault"
     reads="flushed data reads back"
 else
-    dmesg | grep -qiE "EXT4-fs.*(shut|abort|error)" || fail "a read failed during a write fault, and ext4 did not shut down"
+    klog=$(kernel_log_since "$klog")
+    grep -qiE "EXT4-fs.*(shut|abort|error)" <<<"$klog" \
+        || { printf '%s\n' "$klog" | tail -n 20; tail -n 20 /run/casblk/casblk.log; fail "a read failed during a write fault, and ext4 did not shut down"; }
     reads="reads fail only as ext4 shut down"
 fi
 tally fault_eio_writes 1

@@ -21,7 +21,7 @@ qdev=$(add_image "$store" q)
 [ "$(readlink /dev/casblk/fs)" = "$dev" ] || fail "/dev/casblk/fs does not point at $dev"
 mkfs.ext4 -q "$dev"
 mkdir -p "$SCRATCH/mnt" && mount "$dev" "$SCRATCH/mnt"
-dmesg -c >/dev/null 2>&1 || true
+klog=$(kernel_log_mark)
 # The writer: a file at a time, fsynced, its checksum logged only after.
 ( i=0; while [ ! -e "$SCRATCH/stop" ]; do
       i=$((i + 1)); f=$SCRATCH/mnt/f$i
@@ -50,7 +50,9 @@ wait "$writer" || fail "the ext4 writer got an IO error across the recovery"
 wait "$qio" || { cat "$SCRATCH/qemu-io.txt"; fail "qemu-io failed across the recovery"; }
 ! grep -qiE "error|failed" "$SCRATCH/qemu-io.txt" || { cat "$SCRATCH/qemu-io.txt"; fail "qemu-io saw an error"; }
 grep -E "^/dev/ublkb$(dev_id "$dev") " /proc/mounts | grep -q " rw," || fail "ext4 was remounted read-only"
-! dmesg 2>/dev/null | grep -E "ublkb[0-9]+" | grep -qiE "error|fail" || { dmesg | tail -20; fail "the kernel logged IO errors"; }
+klog=$(kernel_log_since "$klog")
+errs=$(grep -E "ublkb[0-9]+" <<<"$klog" | grep -iE "error|fail" || true)
+[ -z "$errs" ] || { printf '%s\n' "$errs" | tail -n 20; fail "the kernel logged IO errors"; }
 n=$(wc -l <"$SCRATCH/synced")
 [ "$n" -gt 0 ] || fail "the writer synced no file"
 umount "$SCRATCH/mnt"
