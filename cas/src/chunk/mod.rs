@@ -74,6 +74,7 @@
 //! (maintenance.rs): epochs and pins (pin.rs) keep chunks a compaction
 //! batch relies on from being swept.
 
+mod admission;
 #[doc(hidden)]
 pub mod bench;
 mod cache;
@@ -207,6 +208,9 @@ pub struct ChunkStats {
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub cache_entries: u64,
+    /// Misses not admitted to the cache: a chunk enters it on its second
+    /// miss within a window, not its first (admission.rs).
+    pub cache_admits_deferred: u64,
     /// fdatasync and directory syncs the store has issued.
     pub syncs: u64,
     /// Chunk reads that had to find their chunk in the index: reads by
@@ -383,6 +387,9 @@ pub struct ChunkStore {
     pub(crate) pins: pin::Pins,
     pub(crate) gc_lock: Mutex<()>,
     pub(crate) cache: ClockCache<Key, Arc<[u8]>, PrefixBuild>,
+    /// Which misses enter `cache`.
+    pub(crate) admission: admission::Doorkeeper,
+    pub(crate) cache_admits_deferred: AtomicU64,
     pub(crate) syncs: AtomicU64,
     /// See [`ChunkStats::read_index_lookups`].
     pub(crate) read_index_lookups: AtomicU64,
@@ -501,6 +508,12 @@ impl ChunkStore {
         };
         crate::observe::end(IoSource::Chunk, begun);
         result?;
+        // A chunk read once is not worth a copy and an eviction: it enters
+        // the cache on its second miss (admission.rs).
+        if !self.admission.admit(&r.tag) {
+            self.cache_admits_deferred.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
         // Into the buffer of the entry it evicts when nobody else holds
         // it: no 4 KiB allocation and free per miss (the allocator's arena
         // locks were where reads stalled next).
@@ -647,6 +660,7 @@ impl ChunkStore {
             cache_hits: self.cache.hits(),
             cache_misses: self.cache.misses(),
             cache_entries: self.cache.len() as u64,
+            cache_admits_deferred: self.cache_admits_deferred.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
             read_index_lookups: self.read_index_lookups.load(Ordering::Relaxed),
             reads_forwarded: self.reads_forwarded.load(Ordering::Relaxed),

@@ -314,6 +314,8 @@ impl ChunkStore {
             pins: pin::Pins::new(),
             gc_lock: Mutex::new(()),
             cache: ClockCache::new(cache_entries, CACHE_SHARDS),
+            admission: super::admission::Doorkeeper::new(cache_entries),
+            cache_admits_deferred: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             read_index_lookups: AtomicU64::new(0),
             reads_forwarded: AtomicU64::new(0),
