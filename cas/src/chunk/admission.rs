@@ -29,17 +29,18 @@ pub(crate) struct Doorkeeper {
     /// Fingerprints of recent misses; 0 is an empty slot (a fingerprint
     /// is never 0).
     seen: Box<[AtomicU32]>,
-    /// `seen.len() - 1` (a power of two less one).
+    /// `seen.len() - 1` (a power of two less one); 0 for an empty table.
     mask: u64,
 }
 
 impl Doorkeeper {
-    /// A filter for a cache of `cache_entries` entries (none for 0: a
-    /// cache that stores nothing admits nothing anyway).
+    /// A filter for a cache of `cache_entries` entries. A cache of none
+    /// gets an empty table, which admits nothing.
     pub fn new(cache_entries: usize) -> Doorkeeper {
         let slots =
-            if cache_entries == 0 { 1 } else { (2 * cache_entries).max(MIN_SLOTS).next_power_of_two() };
-        Doorkeeper { seen: (0..slots).map(|_| AtomicU32::new(0)).collect(), mask: slots as u64 - 1 }
+            if cache_entries == 0 { 0 } else { (2 * cache_entries).max(MIN_SLOTS).next_power_of_two() };
+        let mask = (slots as u64).saturating_sub(1);
+        Doorkeeper { seen: (0..slots).map(|_| AtomicU32::new(0)).collect(), mask }
     }
 
     /// Whether chunk `tag`, which just missed the cache, should enter it:
@@ -52,7 +53,9 @@ impl Doorkeeper {
 
     /// [`Doorkeeper::admit`] for a uniformly distributed key.
     fn admit_key(&self, key: u64) -> bool {
-        let slot = &self.seen[(key & self.mask) as usize];
+        let Some(slot) = self.seen.get((key & self.mask) as usize) else {
+            return false; // no table: the cache holds nothing
+        };
         let fingerprint = ((key >> 32) as u32).max(1);
         slot.swap(fingerprint, Ordering::Relaxed) == fingerprint
     }
@@ -99,8 +102,16 @@ mod tests {
     }
 
     #[test]
+    fn a_cache_of_nothing_admits_nothing() {
+        let d = Doorkeeper::new(0);
+        let key = 0x1234_5678_9abc_def0;
+        assert!(!d.admit_key(key));
+        assert!(!d.admit_key(key), "no second miss admits either");
+    }
+
+    #[test]
     fn the_table_is_bounded_by_the_cache() {
-        assert_eq!(Doorkeeper::new(0).memory_bytes(), 4);
+        assert_eq!(Doorkeeper::new(0).memory_bytes(), 0);
         assert_eq!(Doorkeeper::new(4).memory_bytes(), MIN_SLOTS * 4);
         // The default 16 MiB cache: 4,096 entries, 8,192 slots, 32 KiB.
         assert_eq!(Doorkeeper::new(4096).memory_bytes(), 32 << 10);
