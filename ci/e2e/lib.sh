@@ -67,13 +67,19 @@ verify_tree() { (cd "$1" && sha256sum --quiet -c "$SCRATCH/tree.sums") || fail "
 
 # The kernel log's last timestamp now, for kernel_log_since (a line count
 # would not do: once the ring buffer is full, old lines drop as new come).
-kernel_log_mark() { dmesg 2>/dev/null | awk -F'[][]' '{ t = $2 } END { gsub(/ /, "", t); print (t == "" ? "0" : t) }'; }
+kernel_log_mark() { kernel_log | awk '/^\[ *[0-9]+\.[0-9]+\]/ { t = stamp($0) } END { print (t == "" ? "0" : t) }
+    function stamp(l) { sub(/^\[ */, "", l); sub(/\].*/, "", l); return l }'; }
 
 # The kernel log's lines stamped after MARK (from kernel_log_mark). Test
 # its text with grep on a here-string, never `dmesg | grep -q`: under
 # pipefail, grep -q exits at its first match, dmesg dies of SIGPIPE when it
 # has more to write, and the pipeline fails although the line was there.
-kernel_log_since() { dmesg 2>/dev/null | awk -F'[][]' -v t="$1" '$2 + 0 > t + 0'; }
+kernel_log_since() { kernel_log | awk -v t="$1" '/^\[ *[0-9]+\.[0-9]+\]/ { keep = (stamp($0) + 0 > t + 0) } keep
+    function stamp(l) { sub(/^\[ */, "", l); sub(/\].*/, "", l); return l }'; }
+# The whole kernel log (continuation lines of a message carry no stamp of
+# their own and go with the stamped line before them), or nothing where
+# dmesg cannot run: a missing log fails the test's own check, not set -e.
+kernel_log() { dmesg 2>/dev/null || true; }
 
 # True while PID runs (a zombie awaiting its reaper counts as gone).
 pid_alive() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1; [ -n "$st" ] && [[ $st != Z* ]]; }
