@@ -37,6 +37,28 @@ pub fn is_memory_fs(file: &File) -> bool {
 }
 
 impl FsFile {
+    /// `pwritev` until every byte of `bufs` is written from `offset`
+    /// (retrying on EINTR, going on after a short write).
+    fn pwritev_all(&self, bufs: &[&[u8]], offset: u64) -> std::io::Result<()> {
+        let mut slices: Vec<std::io::IoSlice<'_>> = bufs.iter().map(|b| std::io::IoSlice::new(b)).collect();
+        let mut rest = &mut slices[..];
+        std::io::IoSlice::advance_slices(&mut rest, 0); // drops leading empty pieces
+        let mut at = offset;
+        while !rest.is_empty() {
+            // rustix passes at most IOV_MAX pieces: the rest is a short write.
+            match rustix::io::pwritev(&self.file, rest, at) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    at += n as u64;
+                    std::io::IoSlice::advance_slices(&mut rest, n);
+                }
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
     /// One positional read; under `nowait_reads` with RWF_NOWAIT.
     fn read_once(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
         if self.in_memory || !super::reads_must_not_block() {
@@ -75,6 +97,10 @@ impl StorageFile for FsFile {
 
     fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.file.write_all_at(buf, offset).map_err(|e| Error::io(&self.path, e))
+    }
+
+    fn write_all_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> Result<()> {
+        self.pwritev_all(bufs, offset).map_err(|e| Error::io(&self.path, e))
     }
 
     fn sync_data(&self) -> Result<()> {

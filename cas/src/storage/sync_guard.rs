@@ -63,6 +63,10 @@ impl<F: StorageFile> StorageFile for SyncGuard<F> {
         self.inner.write_all_at(buf, offset)
     }
 
+    fn write_all_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> Result<()> {
+        self.inner.write_all_vectored_at(bufs, offset)
+    }
+
     fn sync_data(&self) -> Result<()> {
         let mut failed = self.lock();
         if let Some(why) = &*failed {

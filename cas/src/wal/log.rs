@@ -281,16 +281,19 @@ impl Log {
         Ok(())
     }
 
-    /// Writes a record into its slot: payload first, then the header whose
-    /// checksum covers both.
+    /// Writes a record into its slot: the header and the payload after it
+    /// (`Slot::payload_position`), in one write (one system call on a
+    /// local filesystem). The header's checksum covers both, so a record
+    /// torn by a crash at any point (a header without its payload, part of
+    /// either) fails it and is a bad slot to recovery; it was not
+    /// acknowledged, because a write completes only once its records and
+    /// every earlier one are whole.
     pub fn write_record(&self, slot: &Slot, header: &RecordHeader, payload: &[u8]) -> Result<()> {
         assert_eq!(header.seq, slot.seq, "header must match its slot");
         assert_eq!(header.record_bytes, slot.record_bytes(), "header must match its slot");
         let encoded = header.encode(payload);
-        if !payload.is_empty() {
-            slot.segment.file.write_all_at(payload, slot.payload_position())?;
-        }
-        slot.segment.file.write_all_at(&encoded, slot.position)
+        debug_assert_eq!(slot.position + encoded.len() as u64, slot.payload_position());
+        slot.segment.file.write_all_vectored_at(&[&encoded, payload], slot.position)
     }
 
     /// Voids a slot whose write failed with a PAD record, so the log keeps
