@@ -40,7 +40,9 @@ impl FsFile {
     /// `pwritev` until every byte of `bufs` is written from `offset`
     /// (retrying on EINTR, going on after a short write).
     fn pwritev_all(&self, bufs: &[&[u8]], offset: u64) -> std::io::Result<()> {
-        let mut slices: Vec<std::io::IoSlice<'_>> = bufs.iter().map(|b| std::io::IoSlice::new(b)).collect();
+        // A log record is two pieces: no allocation per write.
+        let mut slices: smallvec::SmallVec<[std::io::IoSlice<'_>; 4]> =
+            bufs.iter().map(|b| std::io::IoSlice::new(b)).collect();
         let mut rest = &mut slices[..];
         std::io::IoSlice::advance_slices(&mut rest, 0); // drops leading empty pieces
         let mut at = offset;
