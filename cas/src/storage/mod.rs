@@ -141,10 +141,11 @@ pub trait StorageFile: Send + Sync {
     /// log record's header and payload). Nothing is promised about the
     /// order in which the pieces reach the file or survive a crash; a
     /// caller that needs to detect a torn write checksums the whole. This
-    /// default writes the pieces one at a time, the last first.
+    /// default writes the pieces one at a time, the last first, and skips
+    /// empty ones (the log wrote no empty payload before this existed).
     fn write_all_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> Result<()> {
         let mut end = offset + bufs.iter().map(|b| b.len() as u64).sum::<u64>();
-        for buf in bufs.iter().rev() {
+        for buf in bufs.iter().rev().filter(|b| !b.is_empty()) {
             end -= buf.len() as u64;
             self.write_all_at(buf, end)?;
         }
@@ -228,7 +229,8 @@ mod tests {
         assert_eq!(&*f.read_whole().unwrap(), b"\0\0\0helABcde");
         f.write_all_vectored_at(&[], 2).unwrap();
         f.write_all_vectored_at(&[b"", b"e", b""], 10).unwrap();
-        assert_eq!(f.len().unwrap(), 11);
+        f.write_all_vectored_at(&[b""], 50).unwrap();
+        assert_eq!(f.len().unwrap(), 11, "an empty piece writes nothing, past the end neither");
         // More pieces than one pwritev takes (1,024): the local backend
         // goes on after the short write.
         let many: Vec<[u8; 1]> = (0..2500u32).map(|i| [(i % 251) as u8]).collect();
