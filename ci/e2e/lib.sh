@@ -77,9 +77,10 @@ kernel_log_mark() { kernel_log | awk '/^\[ *[0-9]+\.[0-9]+\]/ { t = stamp($0) } 
 kernel_log_since() { kernel_log | awk -v t="$1" '/^\[ *[0-9]+\.[0-9]+\]/ { keep = (stamp($0) + 0 > t + 0) } keep
     function stamp(l) { sub(/^\[ */, "", l); sub(/\].*/, "", l); return l }'; }
 # The whole kernel log (continuation lines of a message carry no stamp of
-# their own and go with the stamped line before them), or nothing where
-# dmesg cannot run: a missing log fails the test's own check, not set -e.
-kernel_log() { dmesg 2>/dev/null || true; }
+# their own and go with the stamped line before them). A dmesg that cannot
+# run fails the test with a FAIL line: a check that a line is absent must
+# not pass on an empty log.
+kernel_log() { dmesg 2>/dev/null || fail "dmesg cannot run: the kernel log cannot be checked"; }
 
 # True while PID runs (a zombie awaiting its reaper counts as gone).
 pid_alive() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1; [ -n "$st" ] && [[ $st != Z* ]]; }
