@@ -65,22 +65,27 @@ make_tree() {
 
 verify_tree() { (cd "$1" && sha256sum --quiet -c "$SCRATCH/tree.sums") || fail "file tree checksums differ under $1"; }
 
+# The whole kernel log. A dmesg that cannot run fails the test with a FAIL
+# line: a check that a line is absent must not pass on an empty log.
+kernel_log() { dmesg 2>/dev/null || fail "dmesg cannot run: the kernel log cannot be checked"; }
+
+# awk, with `stamped` (the line carries a [seconds.micros] stamp) and
+# stamp(line) (its seconds). Continuation lines of a message carry no stamp
+# and go with the stamped line before them.
+kernel_log_awk() {
+    awk -v t="${2:-0}" 'function stamp(l) { sub(/^\[ */, "", l); sub(/\].*/, "", l); return l }
+        { stamped = ($0 ~ /^\[ *[0-9]+\.[0-9]+\]/) } '"$1"
+}
+
 # The kernel log's last timestamp now, for kernel_log_since (a line count
 # would not do: once the ring buffer is full, old lines drop as new come).
-kernel_log_mark() { kernel_log | awk '/^\[ *[0-9]+\.[0-9]+\]/ { t = stamp($0) } END { print (t == "" ? "0" : t) }
-    function stamp(l) { sub(/^\[ */, "", l); sub(/\].*/, "", l); return l }'; }
+kernel_log_mark() { kernel_log | kernel_log_awk 'stamped { m = stamp($0) } END { print (m == "" ? "0" : m) }'; }
 
 # The kernel log's lines stamped after MARK (from kernel_log_mark). Test
 # its text with grep on a here-string, never `dmesg | grep -q`: under
 # pipefail, grep -q exits at its first match, dmesg dies of SIGPIPE when it
 # has more to write, and the pipeline fails although the line was there.
-kernel_log_since() { kernel_log | awk -v t="$1" '/^\[ *[0-9]+\.[0-9]+\]/ { keep = (stamp($0) + 0 > t + 0) } keep
-    function stamp(l) { sub(/^\[ */, "", l); sub(/\].*/, "", l); return l }'; }
-# The whole kernel log (continuation lines of a message carry no stamp of
-# their own and go with the stamped line before them). A dmesg that cannot
-# run fails the test with a FAIL line: a check that a line is absent must
-# not pass on an empty log.
-kernel_log() { dmesg 2>/dev/null || fail "dmesg cannot run: the kernel log cannot be checked"; }
+kernel_log_since() { kernel_log | kernel_log_awk 'stamped { keep = (stamp($0) + 0 > t + 0) } keep' "$1"; }
 
 # True while PID runs (a zombie awaiting its reaper counts as gone).
 pid_alive() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1; [ -n "$st" ] && [[ $st != Z* ]]; }
