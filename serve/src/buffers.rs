@@ -1,8 +1,15 @@
 //! The per-tag payload buffers of one queue, as the request path sees
-//! them. The frontend owns the memory (ublk: libublk's `IoBuf`s it
-//! registers with the kernel; a benchmark: plain vectors); workers read a
-//! WRITE's data from, and write a READ's data into, the buffer of the
-//! request's tag, so payloads never move.
+//! them. The frontend owns the memory (ublk: per-tag buffers the kernel
+//! copies into and out of, or which the daemon fills itself with user
+//! copy; a benchmark: plain vectors); workers read a WRITE's data from, and
+//! write a READ's data into, the buffer of the request's tag.
+//!
+//! Where the data meets the kernel is the frontend's: a buffer the kernel
+//! fills before delivery and drains at the commit needs nothing more; with
+//! ublk user copy the request path calls [`TagBuffers::load_write`] just
+//! before a write executes and [`TagBuffers::store_read`] just after a read
+//! filled its buffer, so a request waiting for admission or log capacity
+//! holds no payload in the daemon.
 
 /// One queue's buffers, one per tag.
 pub trait TagBuffers: Send + Sync + 'static {
@@ -23,6 +30,30 @@ pub trait TagBuffers: Send + Sync + 'static {
     /// their accesses.
     #[allow(clippy::mut_from_ref)]
     unsafe fn request_bytes(&self, tag: u16, len: usize) -> &mut [u8];
+
+    /// Makes the data of `tag`'s WRITE of `len` bytes readable through
+    /// [`TagBuffers::request_bytes`]; called once, as the write executes.
+    /// A frontend whose kernel filled the buffer before delivery has
+    /// nothing to do (the default).
+    ///
+    /// # Safety
+    /// As [`TagBuffers::request_bytes`]: the caller serves `tag`.
+    unsafe fn load_write(&self, tag: u16, len: usize) -> std::io::Result<()> {
+        let _ = (tag, len);
+        Ok(())
+    }
+
+    /// Hands the kernel the first `len` bytes of `tag`'s buffer, the data
+    /// of a READ that filled it; called once, before its result is posted
+    /// or committed. A frontend whose kernel copies the buffer out at the
+    /// commit has nothing to do (the default).
+    ///
+    /// # Safety
+    /// As [`TagBuffers::request_bytes`]: the caller serves `tag`.
+    unsafe fn store_read(&self, tag: u16, len: usize) -> std::io::Result<()> {
+        let _ = (tag, len);
+        Ok(())
+    }
 
     /// How many tags have a buffer.
     fn tags(&self) -> usize;

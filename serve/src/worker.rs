@@ -136,7 +136,12 @@ pub fn read_in_place<B: TagBuffers>(
     let (read, io) =
         if core.traced { cas::observe::observed(read_nowait) } else { (read_nowait(), Default::default()) };
     let result = match read {
-        Ok(true) => len as i32,
+        // SAFETY: as for `buf` above; the queue thread commits only after
+        // this returns.
+        Ok(true) => match unsafe { core.queues[usize::from(qid)].bufs.store_read(tag, len) } {
+            Ok(()) => len as i32,
+            Err(e) => handing_failed(core, "read", d.offset_bytes, len, e),
+        },
         Ok(false) => match sched.requeue(d.image, d.request) {
             Ok(()) => return None,
             Err(e) => {
@@ -215,10 +220,23 @@ fn execute<B: TagBuffers>(
             // kernel wait for that post. (Writes in place: the queue thread
             // itself, which commits only after this returns.)
             let buf = unsafe { bufs.request_bytes(tag, len as usize) };
-            image.read(offset, buf).map(|()| len as i32)
+            match image.read(offset, buf) {
+                // SAFETY: as above.
+                Ok(()) => match unsafe { bufs.store_read(tag, len as usize) } {
+                    Ok(()) => Ok(len as i32),
+                    Err(e) => return handing_failed(core, "read", offset, len as usize, e),
+                },
+                Err(e) => Err(e),
+            }
         }
         Op::Write => {
-            // SAFETY: as above; the kernel filled the buffer before delivery.
+            // SAFETY: as above; the data is the kernel's until loaded here.
+            if let Err(e) = unsafe { bufs.load_write(tag, len as usize) } {
+                // Not executed: its log reservation goes back unused as
+                // it drops.
+                return handing_failed(core, "write", offset, len as usize, e);
+            }
+            // SAFETY: as above.
             let buf = unsafe { bufs.request_bytes(tag, len as usize) };
             image.write_reserved(reserved(), offset, buf, fua).map(|()| len as i32)
         }
@@ -233,6 +251,14 @@ fn execute<B: TagBuffers>(
         tracing::warn!(image = %core.name, ?op, offset, len, "request failed: {e}");
         e.errno()
     })
+}
+
+/// The result of a request whose data could not pass between the kernel
+/// and its buffer (`TagBuffers::load_write`, `store_read`): the frontend's
+/// device is going away or broken. Logged; the request fails with EIO.
+fn handing_failed<B>(core: &DeviceCore<B>, op: &str, offset: u64, len: usize, e: std::io::Error) -> i32 {
+    tracing::warn!(image = %core.name, offset, len, "moving a {op}'s data to or from the kernel failed: {e}");
+    -libc::EIO
 }
 
 /// Completes a request in the scheduler; a refusal (the image went away)

@@ -15,7 +15,11 @@
 //! written after that FLUSH arrived; a sector a completed FUA request
 //! wrote after that FLUSH holds that request's data or something later.
 //! Read buffers are poisoned before each read, so a read that copies
-//! nothing fails.
+//! nothing fails. Half the seeds play a frontend with user copy
+//! ([`TestBuffers`]): the request data lives on the "kernel" side, the
+//! path must load a write's data and store a read's, and the daemon-side
+//! buffer is poisoned after every request, so a missed load writes poison
+//! and a missed store leaves a read's poison for the check.
 //!
 //! `SERVE_PATH_SEEDS` (default 3) seeds of `SERVE_PATH_REQUESTS` (default
 //! 1200) requests per image per round, two rounds each. A failure names its
@@ -29,6 +33,7 @@ use rand::{Rng, SeedableRng};
 use sched::{ImageId, Op};
 use serve::{DeviceCore, HeapBuffers, Request, Server, Submitted, TagBuffers};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -147,12 +152,90 @@ enum Expect {
     Zero,
 }
 
+/// Tag buffers with an optional user-copy frontend: with `kernel`, the
+/// request data lives there (as in the kernel's request pages) and passes
+/// to and from `heap`, the daemon's buffers, only through `load_write` and
+/// `store_read`, which count what they move.
+struct TestBuffers {
+    heap: HeapBuffers,
+    kernel: Option<HeapBuffers>,
+    loads: AtomicU64,
+    stores: AtomicU64,
+}
+
+impl TestBuffers {
+    fn new(user_copy: bool) -> TestBuffers {
+        let bufs = || HeapBuffers::new(usize::from(DEPTH), IO_BUF_BYTES as usize);
+        TestBuffers {
+            heap: bufs(),
+            kernel: user_copy.then(bufs),
+            loads: AtomicU64::new(0),
+            stores: AtomicU64::new(0),
+        }
+    }
+
+    /// The request's data as the frontend sees it.
+    ///
+    /// # Safety
+    /// The frontend serves `tag`: no request of it is in flight.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn frontend_bytes(&self, tag: u16, len: usize) -> &mut [u8] {
+        // SAFETY: the caller's contract, as request_bytes'.
+        unsafe { self.kernel.as_ref().unwrap_or(&self.heap).request_bytes(tag, len) }
+    }
+
+    /// After a request: with user copy, the daemon-side buffer is poisoned,
+    /// so the next request finds none of this one's data there.
+    ///
+    /// # Safety
+    /// As [`TestBuffers::frontend_bytes`].
+    unsafe fn poison_daemon_side(&self, tag: u16) {
+        if self.kernel.is_some() {
+            // SAFETY: the caller's contract.
+            unsafe { self.heap.request_bytes(tag, IO_BUF_BYTES as usize) }.fill(0x5A);
+        }
+    }
+}
+
+impl TagBuffers for TestBuffers {
+    unsafe fn request_bytes(&self, tag: u16, len: usize) -> &mut [u8] {
+        // SAFETY: forwarded contract.
+        unsafe { self.heap.request_bytes(tag, len) }
+    }
+
+    unsafe fn load_write(&self, tag: u16, len: usize) -> std::io::Result<()> {
+        if let Some(kernel) = &self.kernel {
+            // SAFETY: forwarded contract; the two sets are distinct memory.
+            unsafe { self.heap.request_bytes(tag, len).copy_from_slice(kernel.request_bytes(tag, len)) };
+            self.loads.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    unsafe fn store_read(&self, tag: u16, len: usize) -> std::io::Result<()> {
+        if let Some(kernel) = &self.kernel {
+            // SAFETY: forwarded contract; the two sets are distinct memory.
+            unsafe { kernel.request_bytes(tag, len).copy_from_slice(self.heap.request_bytes(tag, len)) };
+            self.stores.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn tags(&self) -> usize {
+        self.heap.tags()
+    }
+
+    fn min_bytes(&self) -> usize {
+        self.heap.min_bytes()
+    }
+}
+
 /// What a write-kind request's completion tells the model: a FUA
 /// request's `log` index.
 type FuaAt = Option<usize>;
 
 struct Frontend {
-    core: Arc<DeviceCore<HeapBuffers>>,
+    core: Arc<DeviceCore<TestBuffers>>,
     model: Model,
     /// By `qid * DEPTH + tag`.
     expect: Vec<Option<(Request, Expect, FuaAt)>>,
@@ -186,7 +269,7 @@ impl Frontend {
                 // Poison the buffer: a read that copies nothing must not
                 // find the tag's last payload there and pass.
                 // SAFETY: the tag is free: no one else serves it until submit.
-                unsafe { bufs.request_bytes(tag, len_bytes as usize) }.fill(0xA5);
+                unsafe { bufs.frontend_bytes(tag, len_bytes as usize) }.fill(0xA5);
                 Expect::Data {
                     first,
                     tokens: Some(self.model.current[first as usize..(first + sectors) as usize].to_vec()),
@@ -196,7 +279,7 @@ impl Frontend {
                 self.tokens += 1;
                 let token = self.tokens;
                 // SAFETY: the tag is free: no one else serves it until submit.
-                let buf = unsafe { bufs.request_bytes(tag, len_bytes as usize) };
+                let buf = unsafe { bufs.frontend_bytes(tag, len_bytes as usize) };
                 for (i, s) in buf.chunks_mut(SECTOR as usize).enumerate() {
                     fill_sector(s, token, first + i as u64);
                 }
@@ -224,14 +307,15 @@ impl Frontend {
             "seed {seed}: {} {:?} at {}+{} (fua {})",
             self.core.name, r.op, r.offset_bytes, r.len_bytes, r.fua
         );
+        let bufs = &self.core.queues[usize::from(qid)].bufs;
+        // SAFETY: completed: the queue thread serves the tag again.
+        unsafe { bufs.poison_daemon_side(tag) };
         match expect {
             Expect::Data { first, tokens } => {
                 assert_eq!(result, r.len_bytes as i32, "{what}");
                 if let Some(tokens) = tokens {
                     // SAFETY: completed: the queue thread serves the tag again.
-                    let buf = unsafe {
-                        self.core.queues[usize::from(qid)].bufs.request_bytes(tag, r.len_bytes as usize)
-                    };
+                    let buf = unsafe { bufs.frontend_bytes(tag, r.len_bytes as usize) };
                     for (i, (s, want)) in buf.chunks(SECTOR as usize).zip(tokens).enumerate() {
                         let sector = first + i as u64;
                         let got = decode_sector(s, sector);
@@ -260,7 +344,7 @@ fn slot(qid: u16, tag: u16) -> usize {
 /// Runs `requests` random requests on one image through the path, at most
 /// `DEPTH` in flight on each of its queues, like the image's ublk queue
 /// threads (here one thread, so that arrival order is the model's order).
-fn drive(server: &Server<HeapBuffers>, f: &mut Frontend, requests: usize, seed: u64) {
+fn drive(server: &Server<TestBuffers>, f: &mut Frontend, requests: usize, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed ^ u64::from(f.core.sched_id.0) << 32);
     let mut free: Vec<(u16, u16)> = (0..QUEUES).flat_map(|q| (0..DEPTH).map(move |t| (q, t))).collect();
     let (mut submitted, mut pending) = (0usize, 0usize);
@@ -302,13 +386,15 @@ fn drive(server: &Server<HeapBuffers>, f: &mut Frontend, requests: usize, seed: 
     }
 }
 
-fn attach(server: &Server<HeapBuffers>, store: &Store, i: usize, seed: u64) -> Arc<DeviceCore<HeapBuffers>> {
+fn attach(server: &Server<TestBuffers>, store: &Store, i: usize, seed: u64) -> Arc<DeviceCore<TestBuffers>> {
     let image = store.open_image(&name(i)).unwrap();
     let bytes = serve::tag_buffer_bytes(QUEUES, DEPTH, IO_BUF_BYTES);
     let loan = store.lend_memory(bytes, "test tag buffers").unwrap();
     // Half the seeds serve small writes in place, as for a log on tmpfs.
     let log_in_memory = (seed + i as u64).is_multiple_of(2);
-    let bufs = (0..QUEUES).map(|_| HeapBuffers::new(usize::from(DEPTH), IO_BUF_BYTES as usize)).collect();
+    // Half the seeds play a frontend with user copy.
+    let user_copy = (seed / 2).is_multiple_of(2);
+    let bufs = (0..QUEUES).map(|_| TestBuffers::new(user_copy)).collect();
     let id = ImageId(u32::try_from(seed * 16 + i as u64).expect("small seeds"));
     let core = Arc::new(
         DeviceCore::new(id, &name(i), image, log_in_memory, bufs, DEPTH, IO_BUF_BYTES, loan).unwrap(),
@@ -343,7 +429,7 @@ fn check_after_crash(store: &Store, i: usize, model: &Model, seed: u64) -> Vec<u
 
 /// Runs one seed; returns the write turns refused for capacity, and the
 /// reads and writes served in place.
-fn run_seed(seed: u64, requests: usize) -> [u64; 3] {
+fn run_seed(seed: u64, requests: usize) -> [u64; 5] {
     let mem = MemStorage::new();
     let storage: Arc<dyn Storage> = Arc::new(mem.clone());
     let store = Store::create(storage, &store_dir(), opts()).unwrap();
@@ -354,8 +440,9 @@ fn run_seed(seed: u64, requests: usize) -> [u64; 3] {
         (0..IMAGES).map(|_| Model::new(vec![0; (IMAGE_BYTES / SECTOR) as usize])).collect();
     let mut store = store;
     let (mut refused_turns, mut reads_in_place, mut writes_in_place) = (0, 0, 0);
+    let (mut loads, mut stores) = (0, 0);
     for round in 0..2u64 {
-        let server = Server::<HeapBuffers>::start(sched::Config::default(), 4, 2).unwrap();
+        let server = Server::<TestBuffers>::start(sched::Config::default(), 4, 2).unwrap();
         let round_seed = seed * 2 + round;
         let frontends: Vec<Frontend> = models
             .drain(..)
@@ -386,6 +473,10 @@ fn run_seed(seed: u64, requests: usize) -> [u64; 3] {
             refused_turns += c.refused_turns;
             reads_in_place += c.reads_in_place;
             writes_in_place += c.writes_in_place;
+            for q in &f.core.queues {
+                loads += q.bufs.loads.load(Ordering::Relaxed);
+                stores += q.bufs.stores.load(Ordering::Relaxed);
+            }
             let waiting = server.detach(&f.core).unwrap();
             assert!(waiting.is_empty(), "seed {seed}: {} requests left waiting", waiting.len());
         }
@@ -401,9 +492,10 @@ fn run_seed(seed: u64, requests: usize) -> [u64; 3] {
     }
     println!(
         "seed {seed}: {refused_turns} write turns refused for log capacity, \
-         {reads_in_place} reads and {writes_in_place} writes in place"
+         {reads_in_place} reads and {writes_in_place} writes in place, \
+         {loads} writes and {stores} reads through user copy"
     );
-    [refused_turns, reads_in_place, writes_in_place]
+    [refused_turns, reads_in_place, writes_in_place, loads, stores]
 }
 
 #[test]
@@ -413,14 +505,15 @@ fn random_streams_through_the_request_path_match_the_model() {
         return;
     }
     let seeds: u64 = std::env::var("SERVE_PATH_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let mut ran = [0u64; 3];
+    let mut ran = [0u64; 5];
     for seed in 1..=seeds {
         let r = run_seed(seed, requests());
         ran.iter_mut().zip(r).for_each(|(a, b)| *a += b);
     }
     // The paths under test ran: writers held for log capacity, reads and
     // (on logs "in memory") small writes served in place.
-    let [refused_turns, reads_in_place, writes_in_place] = ran;
+    let [refused_turns, reads_in_place, writes_in_place, loads, stores] = ran;
+    assert!(loads > 0 && stores > 0, "no request's data passed through user copy");
     assert!(refused_turns > 0, "no writer was held for log capacity");
     assert!(reads_in_place > 0, "no read was served in place");
     assert!(writes_in_place > 0, "no write was served in place");
