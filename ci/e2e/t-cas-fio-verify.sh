@@ -5,6 +5,14 @@ source "$(dirname "$0")/lib.sh"
 store=$(new_store vm 256M)
 dev=$(add_image "$store" vm -q 2 -d 32)
 cd "$SCRATCH"
+# Where the driver offers user copy, the device has it: the daemon moves
+# request data through the char device itself (every run below).
+features=$("$CASBLK" features)
+if [[ $features == *USER_COPY* ]]; then
+    flags=$("$CASBLK" list --json | python3 -c "import json,sys; print(*[d['flags'] for d in json.load(sys.stdin) if d['bdev']=='$dev'])")
+    [[ $flags == *USER_COPY* ]] || fail "$dev was added without USER_COPY (its flags: $flags)"
+    note "user copy: on"
+fi
 run_fio() {
     local name=$1; shift
     fio --name="$name" --filename="$dev" --ioengine=io_uring --direct=1 --verify=crc32c \

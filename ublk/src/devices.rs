@@ -236,6 +236,9 @@ struct DeviceRow {
     size_bytes: u64,
     max_io_bytes: u32,
     daemon_pid: i32,
+    /// The driver flags the device was added with (`USER_RECOVERY`,
+    /// `USER_COPY`, ...), named as `casblk features` names them.
+    flags: Vec<String>,
     target: Option<serde_json::Value>,
 }
 
@@ -259,6 +262,7 @@ fn describe(id: u32) -> Result<DeviceRow> {
         size_bytes,
         max_io_bytes: info.max_io_buf_bytes,
         daemon_pid: info.ublksrv_pid,
+        flags: feature_names(info.flags),
         target: ctrl.get_target_data_from_json(),
     })
 }

@@ -73,6 +73,18 @@ pub fn recovery_flags() -> u64 {
     }
 }
 
+/// `UBLK_F_USER_COPY` where the driver has it (Linux 6.5+), else 0: the
+/// daemon moves request data through the char device itself, when it
+/// serves the request, instead of the kernel copying it into a buffer per
+/// tag before delivery.
+pub fn user_copy_flag() -> u64 {
+    let flag = u64::from(libublk::sys::UBLK_F_USER_COPY);
+    match driver_features() {
+        Ok(mask) if mask & flag != 0 => flag,
+        Ok(_) | Err(_) => 0,
+    }
+}
+
 /// Takes over device `id`, whose daemon died, for a new daemon
 /// (START_USER_RECOVERY). The device must be QUIESCED: added with user
 /// recovery, and its daemon gone.

@@ -1,13 +1,13 @@
 //! The device layer every target shares: a ublk device's shape, its
 //! lifecycle from ADD (or START_USER_RECOVERY) to its deletion, and the
 //! pieces around it: the driver (`driver`), device parameters (`params`),
-//! the per-queue ring (`ring`), launching a daemon (`launch`) and its
-//! memory settings (`memory`), and what a
+//! the per-queue ring (`ring`), launching a daemon (`launch`), and what a
 //! device leaves in /run for recovery (`state`, `recovering`).
 //!
 //! ```text
-//!  Device::create(id, shape, start, state)   ADD_DEV with user recovery, or
-//!        │                                   START_USER_RECOVERY; state file saved
+//!  Device::create(id, shape, start, ..)      ADD_DEV with user recovery (and user
+//!        │                                   copy, if asked), or START_USER_RECOVERY;
+//!        │                                   state file saved
 //!  Device::serve(setup, queue_fn, ready)     params + target JSON, one thread per
 //!        │                                   queue (the target's queue_fn), START_DEV
 //!        │                                   (END_USER_RECOVERY), ready(path)
@@ -106,7 +106,17 @@ impl Device {
     /// Adds device `id` (-1: the driver picks) for `target` (the name the
     /// driver shows), or takes it over for recovery; then records it in its
     /// state file, so `casblk recover` can serve it again if this daemon dies.
-    pub fn create(target: &str, id: i32, shape: Shape, start: Start, state: state::Target) -> Result<Device> {
+    /// `user_copy`: a new device asks for user copy where the driver has
+    /// it (the target's queue threads then pass request data through the
+    /// char device); one taken over keeps what it has.
+    pub fn create(
+        target: &str,
+        id: i32,
+        shape: Shape,
+        start: Start,
+        state: state::Target,
+        user_copy: bool,
+    ) -> Result<Device> {
         let builder = UblkCtrlBuilder::default()
             .name(target)
             .id(id)
@@ -115,7 +125,7 @@ impl Device {
             .io_buf_bytes(shape.io_buf_bytes);
         let ctrl = match start {
             Start::Add => builder
-                .ctrl_flags(driver::recovery_flags())
+                .ctrl_flags(driver::recovery_flags() | if user_copy { driver::user_copy_flag() } else { 0 })
                 .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
                 .build()
                 .map_err(|e| driver::ctrl_error(id, e))?,

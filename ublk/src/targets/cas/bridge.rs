@@ -16,26 +16,60 @@
 //!                                         LocalSlots::fill(tag) -> wake tag task
 //! ```
 //!
-//! Request payloads never move: the per-tag io buffers ([`TagBuffers`]) are
-//! shared with the workers, who read a WRITE's data from, and write a READ's
-//! data into, the buffer the kernel filled or will copy from.
+//! The per-tag io buffers ([`TagBuffers`]) are shared with the workers, who
+//! read a WRITE's data from, and write a READ's data into, the buffer of the
+//! request's tag. Where the driver has user copy (`UBLK_F_USER_COPY`, Linux
+//! 6.5+) the kernel never touches them: the thread that executes a write
+//! reads its data from the char device then, and the thread that served a
+//! read writes its data there, so a write waiting for log capacity holds
+//! none of its data in the daemon. Without user copy the kernel fills a
+//! write's buffer before delivering it and copies a read's out at the
+//! commit.
 
 use libublk::helpers::IoBuf;
 use serve::Done;
 use std::cell::RefCell;
+use std::fs::File;
 use std::future::Future;
+use std::mem::ManuallyDrop;
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::fs::FileExt;
 use std::pin::Pin;
+use std::sync::RwLock;
 use std::task::{Context, Poll, Waker};
 
-/// The io buffers of one queue, one per tag, registered with the kernel
-/// and shared with the workers (`serve::TagBuffers`).
+/// The io buffers of one queue, one per tag, shared with the workers
+/// (`serve::TagBuffers`): registered with the kernel, or filled and
+/// drained through the char device with user copy.
 pub struct TagBuffers {
+    qid: u16,
     bufs: Vec<IoBuf<u8>>,
+    /// How request data meets the kernel. The queue thread of a device
+    /// with user copy sets `User` before its first request and `Stopped`
+    /// before it returns (the fd is libublk's and closes after that), so a
+    /// worker still finishing a request of a stopped queue gets an error
+    /// instead of a closed or reused fd.
+    copy: RwLock<DataCopy>,
+}
+
+/// How a queue's request data passes between the kernel and its buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataCopy {
+    /// The kernel copies into and out of the registered buffers.
+    Kernel,
+    /// Through this char device (user copy), by whoever serves the request.
+    User(RawFd),
+    /// User copy, and the queue has stopped: nothing passes any more.
+    Stopped,
 }
 
 impl TagBuffers {
-    pub fn new(tags: usize, bytes: usize) -> TagBuffers {
-        TagBuffers { bufs: (0..tags).map(|_| IoBuf::new(bytes)).collect() }
+    pub fn new(qid: u16, tags: usize, bytes: usize) -> TagBuffers {
+        TagBuffers {
+            qid,
+            bufs: (0..tags).map(|_| IoBuf::new(bytes)).collect(),
+            copy: RwLock::new(DataCopy::Kernel),
+        }
     }
 
     /// The buffer of `tag`, for registering with and committing to the kernel.
@@ -43,15 +77,60 @@ impl TagBuffers {
         &self.bufs[usize::from(tag)]
     }
 
+    /// From now on request data passes as `copy` says (the queue thread
+    /// sets it as it starts and ends).
+    pub fn set_copy(&self, copy: DataCopy) {
+        *self.copy.write().unwrap_or_else(|p| p.into_inner()) = copy;
+    }
+
+    fn current_copy(&self) -> DataCopy {
+        *self.copy.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves `tag`'s first `len` bytes between its buffer and the request
+    /// (`to_kernel`: a read's data; else a write's), through the char
+    /// device; nothing without user copy.
+    fn pass_data(&self, tag: u16, len: usize, to_kernel: bool) -> std::io::Result<()> {
+        // Held across the copy: the fd stays open meanwhile (see the `copy` field).
+        let guard = self.copy.read().unwrap_or_else(|p| p.into_inner());
+        let fd = match *guard {
+            DataCopy::Kernel => return Ok(()),
+            DataCopy::Stopped => return Err(std::io::Error::other("the device's queue has stopped")),
+            DataCopy::User(fd) => fd,
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        let buf = &self.bufs[usize::from(tag)];
+        assert!(len <= buf.len(), "request of {len} bytes exceeds the {} byte io buffer", buf.len());
+        // The kernel's name for this request's data (ublk_cmd.h).
+        let pos = libublk::io::UblkIOCtx::ublk_user_copy_pos(self.qid, tag, 0);
+        // SAFETY: `fd` is open while the guard is held;
+        // ManuallyDrop keeps this File from closing it.
+        let cdev = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
+        // SAFETY: the buffer is a live allocation of at least `len` bytes;
+        // the caller serves `tag` (serve::TagBuffers' contract).
+        let bytes = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), len) };
+        if to_kernel {
+            cdev.write_all_at(bytes, pos)
+        } else {
+            cdev.read_exact_at(bytes, pos)
+        }
+    }
+
     /// Returns to the kernel the pages of `tag`'s buffer past its first
-    /// [`RESIDENT_BYTES_PER_TAG`], after a write of `len_bytes` whose data
-    /// the engine has consumed, before the tag is committed (after the
-    /// commit the kernel may already be filling the buffer with the next
-    /// request). Without it every tag that ever took a large write keeps
+    /// [`RESIDENT_BYTES_PER_TAG`], after a request of `len_bytes` whose
+    /// data has moved on, before the tag is committed (after the commit
+    /// the kernel may already be filling the buffer with the next
+    /// request). Without it every tag that ever took a large request keeps
     /// its whole buffer resident: 64 MiB per device at the defaults.
-    /// Small writes, and reads (whose data the kernel copies out during
-    /// the commit), keep their pages.
-    pub fn release_after_write(&self, tag: u16, len_bytes: u64) {
+    /// `wrote`: the request was a write; without user copy a read's data
+    /// is still to be copied out by the kernel at the commit, so its pages
+    /// stay.
+    pub fn release_after(&self, tag: u16, len_bytes: u64, wrote: bool) {
+        if !wrote && self.current_copy() == DataCopy::Kernel {
+            return;
+        }
         const PAGE_BYTES: usize = 4096;
         let buf = &self.bufs[usize::from(tag)];
         // Whole pages only, and none past the allocation's end.
@@ -66,8 +145,9 @@ impl TagBuffers {
         // SAFETY: [RESIDENT_BYTES_PER_TAG, end) is whole pages inside the
         // tag's live allocation (IoBuf aligns it to 4096; `end` is at most
         // its length rounded down to a page). Nothing reads the range now:
-        // the worker is done with this write and the kernel fills the
-        // buffer again only after the commit. MADV_DONTNEED leaves the
+        // the request's data has moved on (into the engine, or to the
+        // kernel with user copy), and the buffer is filled again only for
+        // the tag's next request, after the commit. MADV_DONTNEED leaves the
         // range mapped, reading as zeros until written.
         let rc = unsafe {
             libc::madvise(
@@ -87,6 +167,14 @@ impl TagBuffers {
 pub const RESIDENT_BYTES_PER_TAG: usize = 64 << 10;
 
 impl serve::TagBuffers for TagBuffers {
+    unsafe fn load_write(&self, tag: u16, len: usize) -> std::io::Result<()> {
+        self.pass_data(tag, len, false)
+    }
+
+    unsafe fn store_read(&self, tag: u16, len: usize) -> std::io::Result<()> {
+        self.pass_data(tag, len, true)
+    }
+
     unsafe fn request_bytes(&self, tag: u16, len: usize) -> &mut [u8] {
         let buf = &self.bufs[usize::from(tag)];
         assert!(len <= buf.len(), "request of {len} bytes exceeds the {} byte io buffer", buf.len());

@@ -9,7 +9,7 @@
 //! the image's log is in memory (tmpfs); the queue thread never waits for
 //! a device or a capacity wait.
 
-use super::bridge::LocalSlots;
+use super::bridge::{DataCopy, LocalSlots};
 use super::{DeviceCore, Sched};
 use crate::device::params::SECTOR_SHIFT;
 use crate::device::ring;
@@ -32,6 +32,12 @@ pub fn queue_thread(qid: u16, dev: &UblkDev, core: &Arc<DeviceCore>, sched: &Arc
             return;
         }
     };
+    let bufs = &core.queues[usize::from(qid)].bufs;
+    let user_copy = dev.dev_info.flags & u64::from(libublk::sys::UBLK_F_USER_COPY) != 0;
+    if user_copy {
+        // Fixed file 0 of every queue ring is the device's char device.
+        bufs.set_copy(DataCopy::User(dev.tgt.fds[0]));
+    }
     let slots = Rc::new(LocalSlots::new(usize::from(core.depth)));
     let stop = Rc::new(Cell::new(false));
     let exe = smol::LocalExecutor::new();
@@ -39,7 +45,7 @@ pub fn queue_thread(qid: u16, dev: &UblkDev, core: &Arc<DeviceCore>, sched: &Arc
     for tag in queue.tags() {
         let (q, c, s, l) = (queue.clone(), core.clone(), sched.clone(), slots.clone());
         tags.push(exe.spawn(async move {
-            match serve_tag(&q, tag, &c, &s, &l).await {
+            match serve_tag(&q, tag, user_copy, &c, &s, &l).await {
                 Err(UblkError::QueueIsDown) | Ok(()) => {}
                 Err(e) => tracing::error!(qid, tag, image = %c.name, "io task failed: {e}"),
             }
@@ -61,6 +67,9 @@ pub fn queue_thread(qid: u16, dev: &UblkDev, core: &Arc<DeviceCore>, sched: &Arc
         }
         efd_task.is_finished()
     });
+    if user_copy {
+        bufs.set_copy(DataCopy::Stopped);
+    }
 }
 
 /// Keeps a read of the queue's eventfd in flight and hands posted results
@@ -88,20 +97,28 @@ async fn deliver_results(qid: u16, core: &DeviceCore, slots: &LocalSlots, stop: 
 async fn serve_tag(
     q: &UblkQueue<'_>,
     tag: u16,
+    user_copy: bool,
     core: &DeviceCore,
     sched: &Sched,
     slots: &LocalSlots,
 ) -> Result<(), UblkError> {
     let bufs = &core.queues[usize::from(q.get_qid())].bufs;
-    let buf = bufs.buf(tag);
-    q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(buf)).await?;
+    // With user copy the kernel is given no buffer: data passes through
+    // the char device (see `bridge`).
+    let (desc, registered) = if user_copy {
+        (BufDesc::Slice(&[]), None)
+    } else {
+        let buf = bufs.buf(tag);
+        (BufDesc::Slice(buf.as_slice()), Some(buf))
+    };
+    q.submit_io_prep_cmd(tag, desc.clone(), 0, registered).await?;
     loop {
         let res = handle(q, tag, core, sched, slots).await;
         let iod = q.get_iod(tag);
-        if classify(iod.op_flags & 0xff) == Some(sched::Op::Write) {
-            bufs.release_after_write(tag, u64::from(iod.nr_sectors) << SECTOR_SHIFT);
+        if let Some(op @ (sched::Op::Write | sched::Op::Read)) = classify(iod.op_flags & 0xff) {
+            bufs.release_after(tag, u64::from(iod.nr_sectors) << SECTOR_SHIFT, op == sched::Op::Write);
         }
-        q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res).await?;
+        q.submit_io_commit_cmd(tag, desc.clone(), res).await?;
     }
 }
 

@@ -68,7 +68,7 @@ pub fn recover(state: &state::DeviceState, backing: &Path, foreground: bool) -> 
 fn serve(id: i32, shape: Shape, backing: Backing, ready: Ready, start: Start) -> Result<()> {
     let backing_path = backing.path.canonicalize().unwrap_or_else(|_| backing.path.clone());
     let device =
-        Device::create("casblk-raw", id, shape, start, state::Target::Raw { backing: backing_path })?;
+        Device::create("casblk-raw", id, shape, start, state::Target::Raw { backing: backing_path }, false)?;
     crate::device::stop_on_signals(device.id())?;
 
     let inline = match backing.in_memory {

@@ -95,7 +95,9 @@ impl Daemon {
         let log_dir = self.store.log_dir(&args.image)?;
         let log_in_memory = std::fs::File::open(&log_dir).is_ok_and(|d| cas::storage::is_memory_fs(&d));
         let bufs = (0..args.shape.queues)
-            .map(|_| bridge::TagBuffers::new(usize::from(args.shape.depth), args.shape.io_buf_bytes as usize))
+            .map(|qid| {
+                bridge::TagBuffers::new(qid, usize::from(args.shape.depth), args.shape.io_buf_bytes as usize)
+            })
             .collect();
         let core = Arc::new(
             DeviceCore::new(
@@ -165,7 +167,8 @@ impl Daemon {
             image: core.name.clone(),
             settings: self.settings.clone(),
         };
-        let device = Device::create("casblk", args.id, args.shape, start, state)?;
+        // User copy: a write's data stays in the kernel until it executes.
+        let device = Device::create("casblk", args.id, args.shape, start, state, true)?;
         let dev_id = device.id();
         let setup = Setup {
             size_bytes: core.image.size_bytes(),
