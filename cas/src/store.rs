@@ -105,8 +105,14 @@ pub struct StoreOptions {
     /// A pass holds two batch buffers (one read while the other is
     /// inserted), so this sets most of compaction's resident memory: at
     /// 16 MiB the daemon's peak in a one-repetition cas run of
-    /// `ci/bench device` was 154 MiB instead of 177 at 32, with the same
-    /// drain rate there and natively.
+    /// `ci/bench device` was 154 MiB instead of 177 at 32. At 8 MiB (with
+    /// user copy) the device bench's cas phases peaked at 97 MiB in the VM
+    /// against 107 at 16, while natively `ci/bench compaction` drained at
+    /// 0.64x blake3 against 0.65x, with 1.07x the manifest pages the
+    /// commits touched and 0.38 syncs per MiB (0.27 at 16). 4 MiB peaked at
+    /// 86 but drained at 0.56x, wrote 1.11x the pages (over the bench's
+    /// 1.1x target) and synced 0.66 times per MiB: too many commits for a
+    /// slow disk.
     pub compaction_batch_bytes: u64,
     /// When the store runs GC by itself (cas::gc::auto); on by default.
     pub gc_auto: AutoGcOptions,
@@ -160,7 +166,7 @@ impl Default for StoreOptions {
             compaction_memory_bytes: 128 << 20,
             background_compaction: true,
             compaction_threads: 3,
-            compaction_batch_bytes: 16 << 20,
+            compaction_batch_bytes: 8 << 20,
             gc_auto: AutoGcOptions::default(),
             compaction_trigger_percent: 50,
             compaction_interval_ms: 1000,

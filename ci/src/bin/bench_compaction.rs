@@ -18,7 +18,8 @@
 //! blake3_4k_mib_s`, `stored_over_unique <= 1.02`, manifest pages written
 //! within 1.1x of the leaf pages the commits touched; exits 1 if missed.
 //! `CAS_BENCH_COMPACTION_MIB` (default 1024), `..._ROUNDS` (default 3) and
-//! `..._THREADS` (the store's `compaction_threads`, default 3).
+//! `..._THREADS` (the store's `compaction_threads`, default 3) and
+//! `..._BATCH_MIB` (its `compaction_batch_bytes`, default the store's).
 
 use cas::storage::{FsStorage, Storage};
 use cas::{CompactReport, Store, StoreOptions};
@@ -70,6 +71,10 @@ fn round(storage: &Arc<dyn Storage>, dir: &std::path::Path, total_mib: u64) -> R
         background_compaction: false,
         gc_auto: cas::gc::AutoGcOptions::off(),
         compaction_threads: env("CAS_BENCH_COMPACTION_THREADS", 3),
+        compaction_batch_bytes: env(
+            "CAS_BENCH_COMPACTION_BATCH_MIB",
+            StoreOptions::default().compaction_batch_bytes / MIB,
+        ) * MIB,
         ..StoreOptions::default()
     };
     let store = Store::create(storage.clone(), dir, opts).expect("create store");
