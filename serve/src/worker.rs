@@ -230,15 +230,20 @@ fn execute<B: TagBuffers>(
             }
         }
         Op::Write => {
-            // SAFETY: as above; the data is the kernel's until loaded here.
-            if let Err(e) = unsafe { bufs.load_write(tag, len as usize) } {
-                // Not executed: its log reservation goes back unused as
-                // it drops.
-                return handing_failed(core, "write", offset, len as usize, e);
+            let reservation = reserved();
+            // A refused reservation fails the write without its data: not
+            // loaded, and the refusal is the error.
+            if reservation.refusal().is_none() {
+                // SAFETY: as above; the data is the kernel's until loaded here.
+                if let Err(e) = unsafe { bufs.load_write(tag, len as usize) } {
+                    // Not executed: its log reservation goes back unused as
+                    // it drops.
+                    return handing_failed(core, "write", offset, len as usize, e);
+                }
             }
             // SAFETY: as above.
             let buf = unsafe { bufs.request_bytes(tag, len as usize) };
-            image.write_reserved(reserved(), offset, buf, fua).map(|()| len as i32)
+            image.write_reserved(reservation, offset, buf, fua).map(|()| len as i32)
         }
         Op::WriteZeroes => image.write_zeroes_reserved(reserved(), offset, len, fua).map(|()| 0),
         Op::Discard => image

@@ -15,7 +15,7 @@
 //! written after that FLUSH arrived; a sector a completed FUA request
 //! wrote after that FLUSH holds that request's data or something later.
 //! Read buffers are poisoned before each read, so a read that copies
-//! nothing fails. Half the seeds play a frontend with user copy
+//! nothing fails. The second round of each seed plays a frontend with user copy
 //! ([`TestBuffers`]): the request data lives on the "kernel" side, the
 //! path must load a write's data and store a read's, and the daemon-side
 //! buffer is poisoned after every request, so a missed load writes poison
@@ -161,6 +161,23 @@ struct TestBuffers {
     kernel: Option<HeapBuffers>,
     loads: AtomicU64,
     stores: AtomicU64,
+    /// Of those, made on the frontend's own thread (served in place).
+    loads_in_place: AtomicU64,
+    stores_in_place: AtomicU64,
+}
+
+thread_local! {
+    /// This thread drives a frontend (`drive`): requests it serves itself
+    /// are served in place.
+    static FRONTEND_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Counts one copy, and whether it was made in place.
+fn count(all: &AtomicU64, in_place: &AtomicU64) {
+    all.fetch_add(1, Ordering::Relaxed);
+    if FRONTEND_THREAD.with(|f| f.get()) {
+        in_place.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl TestBuffers {
@@ -171,6 +188,8 @@ impl TestBuffers {
             kernel: user_copy.then(bufs),
             loads: AtomicU64::new(0),
             stores: AtomicU64::new(0),
+            loads_in_place: AtomicU64::new(0),
+            stores_in_place: AtomicU64::new(0),
         }
     }
 
@@ -207,7 +226,7 @@ impl TagBuffers for TestBuffers {
         if let Some(kernel) = &self.kernel {
             // SAFETY: forwarded contract; the two sets are distinct memory.
             unsafe { self.heap.request_bytes(tag, len).copy_from_slice(kernel.request_bytes(tag, len)) };
-            self.loads.fetch_add(1, Ordering::Relaxed);
+            count(&self.loads, &self.loads_in_place);
         }
         Ok(())
     }
@@ -216,7 +235,7 @@ impl TagBuffers for TestBuffers {
         if let Some(kernel) = &self.kernel {
             // SAFETY: forwarded contract; the two sets are distinct memory.
             unsafe { kernel.request_bytes(tag, len).copy_from_slice(self.heap.request_bytes(tag, len)) };
-            self.stores.fetch_add(1, Ordering::Relaxed);
+            count(&self.stores, &self.stores_in_place);
         }
         Ok(())
     }
@@ -345,6 +364,7 @@ fn slot(qid: u16, tag: u16) -> usize {
 /// `DEPTH` in flight on each of its queues, like the image's ublk queue
 /// threads (here one thread, so that arrival order is the model's order).
 fn drive(server: &Server<TestBuffers>, f: &mut Frontend, requests: usize, seed: u64) {
+    FRONTEND_THREAD.with(|t| t.set(true));
     let mut rng = StdRng::seed_from_u64(seed ^ u64::from(f.core.sched_id.0) << 32);
     let mut free: Vec<(u16, u16)> = (0..QUEUES).flat_map(|q| (0..DEPTH).map(move |t| (q, t))).collect();
     let (mut submitted, mut pending) = (0usize, 0usize);
@@ -392,8 +412,8 @@ fn attach(server: &Server<TestBuffers>, store: &Store, i: usize, seed: u64) -> A
     let loan = store.lend_memory(bytes, "test tag buffers").unwrap();
     // Half the seeds serve small writes in place, as for a log on tmpfs.
     let log_in_memory = (seed + i as u64).is_multiple_of(2);
-    // Half the seeds play a frontend with user copy.
-    let user_copy = (seed / 2).is_multiple_of(2);
+    // The second round of each seed plays a frontend with user copy.
+    let user_copy = seed % 2 == 1;
     let bufs = (0..QUEUES).map(|_| TestBuffers::new(user_copy)).collect();
     let id = ImageId(u32::try_from(seed * 16 + i as u64).expect("small seeds"));
     let core = Arc::new(
@@ -429,7 +449,7 @@ fn check_after_crash(store: &Store, i: usize, model: &Model, seed: u64) -> Vec<u
 
 /// Runs one seed; returns the write turns refused for capacity, and the
 /// reads and writes served in place.
-fn run_seed(seed: u64, requests: usize) -> [u64; 5] {
+fn run_seed(seed: u64, requests: usize) -> [u64; 7] {
     let mem = MemStorage::new();
     let storage: Arc<dyn Storage> = Arc::new(mem.clone());
     let store = Store::create(storage, &store_dir(), opts()).unwrap();
@@ -440,7 +460,7 @@ fn run_seed(seed: u64, requests: usize) -> [u64; 5] {
         (0..IMAGES).map(|_| Model::new(vec![0; (IMAGE_BYTES / SECTOR) as usize])).collect();
     let mut store = store;
     let (mut refused_turns, mut reads_in_place, mut writes_in_place) = (0, 0, 0);
-    let (mut loads, mut stores) = (0, 0);
+    let [mut loads, mut stores, mut loads_in_place, mut stores_in_place] = [0; 4];
     for round in 0..2u64 {
         let server = Server::<TestBuffers>::start(sched::Config::default(), 4, 2).unwrap();
         let round_seed = seed * 2 + round;
@@ -476,6 +496,8 @@ fn run_seed(seed: u64, requests: usize) -> [u64; 5] {
             for q in &f.core.queues {
                 loads += q.bufs.loads.load(Ordering::Relaxed);
                 stores += q.bufs.stores.load(Ordering::Relaxed);
+                loads_in_place += q.bufs.loads_in_place.load(Ordering::Relaxed);
+                stores_in_place += q.bufs.stores_in_place.load(Ordering::Relaxed);
             }
             let waiting = server.detach(&f.core).unwrap();
             assert!(waiting.is_empty(), "seed {seed}: {} requests left waiting", waiting.len());
@@ -493,9 +515,10 @@ fn run_seed(seed: u64, requests: usize) -> [u64; 5] {
     println!(
         "seed {seed}: {refused_turns} write turns refused for log capacity, \
          {reads_in_place} reads and {writes_in_place} writes in place, \
-         {loads} writes and {stores} reads through user copy"
+         {loads} writes and {stores} reads through user copy \
+         ({loads_in_place} and {stores_in_place} of them in place)"
     );
-    [refused_turns, reads_in_place, writes_in_place, loads, stores]
+    [refused_turns, reads_in_place, writes_in_place, loads, stores, loads_in_place, stores_in_place]
 }
 
 #[test]
@@ -505,15 +528,18 @@ fn random_streams_through_the_request_path_match_the_model() {
         return;
     }
     let seeds: u64 = std::env::var("SERVE_PATH_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let mut ran = [0u64; 5];
+    let mut ran = [0u64; 7];
     for seed in 1..=seeds {
         let r = run_seed(seed, requests());
         ran.iter_mut().zip(r).for_each(|(a, b)| *a += b);
     }
     // The paths under test ran: writers held for log capacity, reads and
     // (on logs "in memory") small writes served in place.
-    let [refused_turns, reads_in_place, writes_in_place, loads, stores] = ran;
-    assert!(loads > 0 && stores > 0, "no request's data passed through user copy");
+    let [refused_turns, reads_in_place, writes_in_place, loads, stores, loads_in_place, stores_in_place] =
+        ran;
+    // User copy ran on both sides, in place and on the workers.
+    assert!(loads_in_place > 0 && stores_in_place > 0, "no user copy in place");
+    assert!(loads > loads_in_place && stores > stores_in_place, "no user copy on a worker");
     assert!(refused_turns > 0, "no writer was held for log capacity");
     assert!(reads_in_place > 0, "no read was served in place");
     assert!(writes_in_place > 0, "no write was served in place");
