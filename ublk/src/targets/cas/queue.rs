@@ -34,10 +34,13 @@ pub fn queue_thread(qid: u16, dev: &UblkDev, core: &Arc<DeviceCore>, sched: &Arc
     };
     let bufs = &core.queues[usize::from(qid)].bufs;
     let user_copy = dev.dev_info.flags & u64::from(libublk::sys::UBLK_F_USER_COPY) != 0;
-    if user_copy {
+    // Marks the buffers stopped however this thread ends (a panic too):
+    // libublk closes the fd after its queue threads are gone.
+    let _stopped_at_exit = user_copy.then(|| {
         // Fixed file 0 of every queue ring is the device's char device.
         bufs.set_copy(DataCopy::User(dev.tgt.fds[0]));
-    }
+        StopCopyOnDrop(bufs)
+    });
     let slots = Rc::new(LocalSlots::new(usize::from(core.depth)));
     let stop = Rc::new(Cell::new(false));
     let exe = smol::LocalExecutor::new();
@@ -67,8 +70,14 @@ pub fn queue_thread(qid: u16, dev: &UblkDev, core: &Arc<DeviceCore>, sched: &Arc
         }
         efd_task.is_finished()
     });
-    if user_copy {
-        bufs.set_copy(DataCopy::Stopped);
+}
+
+/// Sets a queue's buffers to `DataCopy::Stopped` when dropped.
+struct StopCopyOnDrop<'a>(&'a super::bridge::TagBuffers);
+
+impl Drop for StopCopyOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.set_copy(DataCopy::Stopped);
     }
 }
 
