@@ -31,9 +31,9 @@ use cas::{Store, StoreOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sched::{ImageId, Op};
-use serve::{DeviceCore, HeapBuffers, Request, Server, Submitted, TagBuffers};
+use serve::{DeviceCore, HeapBuffers, ReadStandIn, Request, Server, Submitted, TagBuffers};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -164,6 +164,10 @@ struct TestBuffers {
     /// Of those, made on the frontend's own thread (served in place).
     loads_in_place: AtomicU64,
     stores_in_place: AtomicU64,
+    /// Every copy fails, as when the frontend's device goes away.
+    fail_copies: AtomicBool,
+    failed: AtomicU64,
+    failed_in_place: AtomicU64,
 }
 
 thread_local! {
@@ -190,6 +194,9 @@ impl TestBuffers {
             stores: AtomicU64::new(0),
             loads_in_place: AtomicU64::new(0),
             stores_in_place: AtomicU64::new(0),
+            fail_copies: AtomicBool::new(false),
+            failed: AtomicU64::new(0),
+            failed_in_place: AtomicU64::new(0),
         }
     }
 
@@ -201,6 +208,14 @@ impl TestBuffers {
     unsafe fn frontend_bytes(&self, tag: u16, len: usize) -> &mut [u8] {
         // SAFETY: the caller's contract, as request_bytes'.
         unsafe { self.kernel.as_ref().unwrap_or(&self.heap).request_bytes(tag, len) }
+    }
+
+    fn refuse_if_failing(&self) -> std::io::Result<()> {
+        if self.fail_copies.load(Ordering::Relaxed) {
+            count(&self.failed, &self.failed_in_place);
+            return Err(std::io::Error::from_raw_os_error(libc::ENODEV));
+        }
+        Ok(())
     }
 
     /// After a request: with user copy, the daemon-side buffer is poisoned,
@@ -224,6 +239,7 @@ impl TagBuffers for TestBuffers {
 
     unsafe fn load_write(&self, tag: u16, len: usize) -> std::io::Result<()> {
         if let Some(kernel) = &self.kernel {
+            self.refuse_if_failing()?;
             // SAFETY: forwarded contract; the two sets are distinct memory.
             unsafe { self.heap.request_bytes(tag, len).copy_from_slice(kernel.request_bytes(tag, len)) };
             count(&self.loads, &self.loads_in_place);
@@ -233,6 +249,7 @@ impl TagBuffers for TestBuffers {
 
     unsafe fn store_read(&self, tag: u16, len: usize) -> std::io::Result<()> {
         if let Some(kernel) = &self.kernel {
+            self.refuse_if_failing()?;
             // SAFETY: forwarded contract; the two sets are distinct memory.
             unsafe { kernel.request_bytes(tag, len).copy_from_slice(self.heap.request_bytes(tag, len)) };
             count(&self.stores, &self.stores_in_place);
@@ -407,6 +424,17 @@ fn drive(server: &Server<TestBuffers>, f: &mut Frontend, requests: usize, seed: 
 }
 
 fn attach(server: &Server<TestBuffers>, store: &Store, i: usize, seed: u64) -> Arc<DeviceCore<TestBuffers>> {
+    attach_with(server, store, i, seed, None)
+}
+
+/// [`attach`], with reads in place answered by `read_stand_in`.
+fn attach_with(
+    server: &Server<TestBuffers>,
+    store: &Store,
+    i: usize,
+    seed: u64,
+    read_stand_in: Option<ReadStandIn>,
+) -> Arc<DeviceCore<TestBuffers>> {
     let image = store.open_image(&name(i)).unwrap();
     let bytes = serve::tag_buffer_bytes(QUEUES, DEPTH, IO_BUF_BYTES);
     let loan = store.lend_memory(bytes, "test tag buffers").unwrap();
@@ -416,9 +444,10 @@ fn attach(server: &Server<TestBuffers>, store: &Store, i: usize, seed: u64) -> A
     let user_copy = seed % 2 == 1;
     let bufs = (0..QUEUES).map(|_| TestBuffers::new(user_copy)).collect();
     let id = ImageId(u32::try_from(seed * 16 + i as u64).expect("small seeds"));
-    let core = Arc::new(
-        DeviceCore::new(id, &name(i), image, log_in_memory, bufs, DEPTH, IO_BUF_BYTES, loan).unwrap(),
-    );
+    let mut core =
+        DeviceCore::new(id, &name(i), image, log_in_memory, bufs, DEPTH, IO_BUF_BYTES, loan).unwrap();
+    core.read_stand_in = read_stand_in;
+    let core = Arc::new(core);
     server.attach(core.clone()).unwrap();
     core
 }
@@ -566,4 +595,80 @@ fn tag_buffers_smaller_than_the_device_are_refused_up_front() {
         }));
         assert!(made.is_err(), "{tags} buffers of {bytes} bytes were accepted");
     }
+}
+
+/// Serves one request on `core` and waits for its result.
+fn serve_one(server: &Server<TestBuffers>, core: &DeviceCore<TestBuffers>, r: Request) -> i32 {
+    match serve::submit(&server.sched, core, r) {
+        Submitted::Completed(result) => result,
+        Submitted::Pending => {
+            let waited = Instant::now();
+            loop {
+                if let Some(d) = core.queues[usize::from(r.qid)].completions.drain().into_iter().next() {
+                    assert_eq!(d.tag, r.tag);
+                    return serve::finish(core, &d);
+                }
+                assert!(waited.elapsed() < COMPLETION_TIMEOUT, "the request never completed");
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+}
+
+/// With user copy, a request whose data cannot pass to or from the kernel
+/// (the device went away) fails with EIO: a write is not applied, a read
+/// does not report success. Both ways, on a log in memory (small requests
+/// served in place) and on one that is not (on the workers); image 0's
+/// reads all find their data "on a device", so they go to the workers.
+#[test]
+fn a_user_copy_that_fails_fails_its_request_with_eio() {
+    let storage: Arc<dyn Storage> = Arc::new(MemStorage::new());
+    let store = Store::create(storage, &store_dir(), opts()).unwrap();
+    let server = Server::<TestBuffers>::start(sched::Config::default(), 4, 2).unwrap();
+    FRONTEND_THREAD.with(|t| t.set(true));
+    let (mut failed, mut failed_in_place) = (0, 0);
+    // Seed 1: user copy; image 0's log is on disk, image 1's in memory.
+    for i in 0..2 {
+        store.create_image(&name(i), IMAGE_BYTES).unwrap();
+        let on_device: ReadStandIn = Box::new(|_, _| Ok(false));
+        let core = attach_with(&server, &store, i, 1, (i == 0).then_some(on_device));
+        let bufs = &core.queues[0].bufs;
+        assert!(bufs.kernel.is_some());
+        for len_bytes in [4096u64, 64 << 10] {
+            let at = |op, tag| Request {
+                qid: 0,
+                tag,
+                op,
+                offset_bytes: 1 << 20,
+                len_bytes,
+                fua: false,
+                seen_ns: 0,
+            };
+            let len = len_bytes as usize;
+            // SAFETY: tag 0 is free between requests.
+            unsafe { bufs.frontend_bytes(0, len) }.fill(0x11);
+            assert_eq!(serve_one(&server, &core, at(Op::Write, 0)), len_bytes as i32);
+
+            bufs.fail_copies.store(true, Ordering::Relaxed);
+            // SAFETY: as above.
+            unsafe { bufs.frontend_bytes(0, len) }.fill(0x22);
+            assert_eq!(serve_one(&server, &core, at(Op::Write, 0)), -libc::EIO, "{}: a write", name(i));
+            assert_eq!(serve_one(&server, &core, at(Op::Read, 1)), -libc::EIO, "{}: a read", name(i));
+
+            bufs.fail_copies.store(false, Ordering::Relaxed);
+            // SAFETY: as above, for tag 1.
+            unsafe { bufs.frontend_bytes(1, len) }.fill(0xA5);
+            assert_eq!(serve_one(&server, &core, at(Op::Read, 1)), len_bytes as i32);
+            // SAFETY: as above.
+            let read = unsafe { bufs.frontend_bytes(1, len) };
+            assert!(read.iter().all(|&b| b == 0x11), "{}: the failed write was applied", name(i));
+        }
+        failed += bufs.failed.load(Ordering::Relaxed);
+        failed_in_place += bufs.failed_in_place.load(Ordering::Relaxed);
+        assert!(server.detach(&core).unwrap().is_empty());
+    }
+    server.shutdown();
+    // Per image and size: a write and a read; image 0's on the workers,
+    // image 1's in place.
+    assert_eq!((failed, failed_in_place), (8, 4), "failed copies (all, in place)");
 }
