@@ -83,10 +83,6 @@ impl TagBuffers {
         *self.copy.write().unwrap_or_else(|p| p.into_inner()) = copy;
     }
 
-    fn current_copy(&self) -> DataCopy {
-        *self.copy.read().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Moves `tag`'s first `len` bytes between its buffer and the request
     /// (`to_kernel`: a read's data; else a write's), through the char
     /// device; nothing without user copy.
@@ -101,16 +97,13 @@ impl TagBuffers {
         if len == 0 {
             return Ok(());
         }
-        let buf = &self.bufs[usize::from(tag)];
-        assert!(len <= buf.len(), "request of {len} bytes exceeds the {} byte io buffer", buf.len());
         // The kernel's name for this request's data (ublk_cmd.h).
         let pos = libublk::io::UblkIOCtx::ublk_user_copy_pos(self.qid, tag, 0);
         // SAFETY: `fd` is open while the guard is held;
         // ManuallyDrop keeps this File from closing it.
         let cdev = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
-        // SAFETY: the buffer is a live allocation of at least `len` bytes;
-        // the caller serves `tag` (serve::TagBuffers' contract).
-        let bytes = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), len) };
+        // SAFETY: the caller serves `tag` (serve::TagBuffers' contract).
+        let bytes = unsafe { serve::TagBuffers::request_bytes(self, tag, len) };
         if to_kernel {
             cdev.write_all_at(bytes, pos)
         } else {
@@ -124,13 +117,9 @@ impl TagBuffers {
     /// the kernel may already be filling the buffer with the next
     /// request). Without it every tag that ever took a large request keeps
     /// its whole buffer resident: 64 MiB per device at the defaults.
-    /// `wrote`: the request was a write; without user copy a read's data
-    /// is still to be copied out by the kernel at the commit, so its pages
-    /// stay.
-    pub fn release_after(&self, tag: u16, len_bytes: u64, wrote: bool) {
-        if !wrote && self.current_copy() == DataCopy::Kernel {
-            return;
-        }
+    /// Without user copy a read's data is still to be copied out by the
+    /// kernel at the commit: the caller releases only after writes then.
+    pub fn release_after(&self, tag: u16, len_bytes: u64) {
         const PAGE_BYTES: usize = 4096;
         let buf = &self.bufs[usize::from(tag)];
         // Whole pages only, and none past the allocation's end.

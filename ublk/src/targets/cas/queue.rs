@@ -124,8 +124,16 @@ async fn serve_tag(
     loop {
         let res = handle(q, tag, core, sched, slots).await;
         let iod = q.get_iod(tag);
-        if let Some(op @ (sched::Op::Write | sched::Op::Read)) = classify(iod.op_flags & 0xff) {
-            bufs.release_after(tag, u64::from(iod.nr_sectors) << SECTOR_SHIFT, op == sched::Op::Write);
+        // Whether the request's data has left the buffer: a write's, into
+        // the engine; a read's, with user copy (without it the kernel
+        // copies it out at the commit below).
+        let moved_on = match classify(iod.op_flags & 0xff) {
+            Some(sched::Op::Write) => true,
+            Some(sched::Op::Read) => user_copy,
+            _ => false,
+        };
+        if moved_on {
+            bufs.release_after(tag, u64::from(iod.nr_sectors) << SECTOR_SHIFT);
         }
         q.submit_io_commit_cmd(tag, desc.clone(), res).await?;
     }
