@@ -12,6 +12,7 @@ pub mod error;
 pub mod format;
 pub mod fsck;
 pub mod gc;
+pub mod heap;
 pub mod image;
 pub mod manifest;
 pub mod objects;

@@ -734,6 +734,8 @@ impl Store {
         let dropped = self.gc.refs_dropped.load(Ordering::Relaxed);
         let result = self.gc_marked_and_swept(opts);
         let (now, chunks) = (self.opts.tasks.now(), self.chunks.len());
+        // The pass's mark sets are freed: hand their pages back.
+        crate::heap::PROCESS.release_free(now);
         let mut history = lock(&self.gc.history);
         match &result {
             Ok(report) => history.finished(report, chunks, dropped, now, auto),

@@ -83,7 +83,7 @@ impl Service {
         let task = tasks.spawn(
             "cas-compactor",
             cpu,
-            Box::new(ServiceTask { compactor, images, no_space, started: false }),
+            Box::new(ServiceTask { compactor, images, no_space, started: false, worked: false }),
         );
         Service { wake: task.waker(), _task: task }
     }
@@ -105,6 +105,9 @@ struct ServiceTask {
     /// The first round waits a tick (or a wake-up): the store is still
     /// being opened.
     started: bool,
+    /// A pass ran since the service last went idle: when it next does, the
+    /// memory the passes freed goes back to the kernel (`crate::heap`).
+    worked: bool,
 }
 
 impl Task for ServiceTask {
@@ -123,6 +126,7 @@ impl Task for ServiceTask {
             match step(&self.compactor, &image, &state, cx.now()) {
                 Ok(Some(more)) => {
                     again |= more;
+                    self.worked = true;
                     *lock(&state.failures_in_a_row) = 0;
                     image.reopen_log();
                 }
@@ -138,6 +142,9 @@ impl Task for ServiceTask {
         if again {
             Step::Again
         } else {
+            if std::mem::take(&mut self.worked) {
+                crate::heap::PROCESS.release_free(cx.now());
+            }
             Step::Wait(Some(Duration::from_millis(TICK_MS)))
         }
     }
