@@ -223,7 +223,7 @@ impl<'m> ManifestEdit<'m> {
             sink: PageSink::new(file.clone(), old.file_pages),
             generation,
             keep: Vec::new(),
-            keep_max: (m.opts.page_cache_bytes / PAGE_BYTES as u64) as usize,
+            keep_max: (m.opts.page_cache_bytes / PAGE_BYTES as u64) as usize / KEEP_LEAVES_CACHE_FRACTION,
             stats: &mut stats,
             live_delta: 0,
             mapped_delta: 0,
@@ -336,12 +336,22 @@ enum Old {
     AboveRoot,
 }
 
+/// The new leaves a commit seeds the page cache with are at most this
+/// fraction of the cache. They are held until the commit installs them,
+/// beside the cached pages they replace: an edit of every leaf once held
+/// twice the cache (natively, 3 passes of 80 MiB of 4 KiB random writes
+/// over 512 MiB: 66-68 MiB peak with the whole cache, 59-61 with a
+/// quarter). A leaf not kept is read again on its next lookup. Interior
+/// pages, which every lookup walks, are always kept: one per 338 leaves.
+pub(super) const KEEP_LEAVES_CACHE_FRACTION: usize = 4;
+
 struct Builder<'a> {
     m: &'a Manifest,
     snap: &'a Snapshot,
     sink: PageSink,
     generation: u64,
-    /// New pages to seed the cache with, up to its capacity.
+    /// New pages to seed the cache with: every interior page, and leaves
+    /// while fewer than `keep_max` pages are kept.
     keep: Vec<(u64, Arc<Page>)>,
     keep_max: usize,
     stats: &'a mut CommitStats,
@@ -355,7 +365,7 @@ impl Builder<'_> {
         self.stats.pages_written += 1;
         self.stats.bytes_initialized += PAGE_BYTES as u64;
         self.live_delta += 1;
-        if self.keep.len() < self.keep_max {
+        if level > 0 || self.keep.len() < self.keep_max {
             let p = Page { level, first_block, generation: self.generation, crc: ptr.crc, body };
             self.keep.push((ptr.page, Arc::new(p)));
         }

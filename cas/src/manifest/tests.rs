@@ -1,3 +1,4 @@
+use super::edit::KEEP_LEAVES_CACHE_FRACTION;
 use super::*;
 use crate::storage::{CrashMode, MemStorage};
 
@@ -256,4 +257,29 @@ fn an_appended_edit_applies_after_the_first() {
     let all: Vec<_> = m.iter().collect::<Result<_>>().unwrap();
     assert_eq!(all, vec![(1, h(1)), (2, h(22)), (9000, h(9000))]);
     assert_eq!(m.covered(), 9);
+}
+
+#[test]
+fn a_commit_seeds_the_cache_with_interior_pages_and_a_quarter_of_it_in_leaves() {
+    let s = setup();
+    let opts = ManifestOptions { page_cache_bytes: 1024 * PAGE_BYTES as u64, ..ManifestOptions::default() };
+    let m = Manifest::open(Arc::new(s.clone()), Path::new("/img/manifest"), opts).unwrap();
+    let keep_leaves = 1024 / KEEP_LEAVES_CACHE_FRACTION;
+    let leaf_block = |leaf: u64| leaf * LEAF_ENTRIES as u64;
+    // 600 leaves: a root and two interior pages above them.
+    let mut e = m.begin();
+    for leaf in 0..600 {
+        e.set(leaf_block(leaf), Some(h(leaf)));
+    }
+    e.commit(1).unwrap();
+    assert_eq!(m.stats().height, 3);
+    let misses = |m: &Manifest| m.stats().cache_misses;
+    let before = misses(&m);
+    for leaf in 0..keep_leaves as u64 {
+        assert_eq!(m.lookup(leaf_block(leaf)).unwrap(), Some(h(leaf)));
+    }
+    assert_eq!(misses(&m) - before, 0, "the first leaves and every page above them were kept");
+    let before = misses(&m);
+    assert_eq!(m.lookup(leaf_block(400)).unwrap(), Some(h(400)));
+    assert_eq!(misses(&m) - before, 1, "a leaf past the quarter is read again, alone");
 }
