@@ -59,7 +59,7 @@ use crate::compact::{Budget, CompactConfig, CompactReport, Compactor, ImageCompa
 use crate::error::{Error, Result};
 use crate::gc::{AutoGcOptions, AutoGcTask, GcHistory, GcOptions, GcReport, GcShared};
 use crate::image::{Image, ImageConfig, ImageStats, ManifestView, MAX_WRITE_BYTES};
-use crate::manifest::{CompactedView, Manifest, ManifestOptions};
+use crate::manifest::{CompactedView, Manifest, ManifestOptions, PageCache};
 use crate::publish::Publisher;
 use crate::storage::{Storage, StorageLock};
 use crate::tasks::{TaskHandle, Tasks};
@@ -85,6 +85,9 @@ pub struct StoreOptions {
     pub log_quota_bytes: u64,
     /// Clean chunk cache on the read path (cas::chunk), shared by all images.
     pub chunk_cache_bytes: u64,
+    /// Decoded manifest pages kept for lookups, shared by all images
+    /// (cas::manifest::PageCache): one bound however many are open.
+    pub manifest_cache_bytes: u64,
     /// Chunk index plus compaction preparation: the index may take
     /// `memory_budget_bytes - compaction_memory_bytes`, beyond which its
     /// summary samples the hashes (fewer duplicates are found; writes
@@ -162,6 +165,7 @@ impl Default for StoreOptions {
             log_segment_bytes: 8 << 20,
             log_quota_bytes: 256 << 20,
             chunk_cache_bytes: 16 << 20,
+            manifest_cache_bytes: 8 << 20,
             memory_budget_bytes: 1 << 30,
             compaction_memory_bytes: 128 << 20,
             background_compaction: true,
@@ -295,6 +299,8 @@ pub struct Store {
     compactor: Arc<Compactor>,
     open: Arc<OpenImages>,
     manifests: Mutex<HashMap<String, Weak<Manifest>>>,
+    /// The page cache every manifest above looks pages up through.
+    manifest_pages: Arc<PageCache>,
     /// Held by `gc`, `create_image` and `remove_image`.
     maint: Mutex<()>,
     /// The GC passes so far, for automatic GC and the counters.
@@ -422,6 +428,7 @@ impl Store {
                 publisher,
                 storage,
                 dir: dir.to_path_buf(),
+                manifest_pages: PageCache::new(opts.manifest_cache_bytes),
                 opts,
                 chunks,
                 compactor,
@@ -498,10 +505,22 @@ impl Store {
         if let Some(m) = map.get(name).and_then(Weak::upgrade) {
             return Ok(m);
         }
-        let m = Arc::new(Manifest::open(self.storage.clone(), &path, ManifestOptions::default())?);
+        let m = Arc::new(Manifest::open(self.storage.clone(), &path, self.manifest_options())?);
         map.retain(|_, w| w.strong_count() > 0);
         map.insert(name.to_string(), Arc::downgrade(&m));
         Ok(m)
+    }
+
+    /// The decoded manifest pages every open image looks up through
+    /// (`StoreOptions::manifest_cache_bytes`).
+    pub fn manifest_cache(&self) -> &PageCache {
+        &self.manifest_pages
+    }
+
+    /// Options for the manifests of this store's images: its shared page
+    /// cache.
+    pub(crate) fn manifest_options(&self) -> ManifestOptions {
+        ManifestOptions { page_cache: self.manifest_pages.clone(), ..ManifestOptions::default() }
     }
 
     /// Lends `bytes` of the store's memory budget for `what` (a device's

@@ -401,3 +401,42 @@ fn long_unaligned_reads_of_compacted_data_match_sector_reads() {
     }
     assert!(image.stats().read_chunk_bytes > 0 && image.stats().read_hole_bytes > 0);
 }
+
+#[test]
+fn every_image_looks_up_through_the_stores_one_page_cache() {
+    let mem = MemStorage::new();
+    let cache_pages = 4;
+    let opts = StoreOptions {
+        manifest_cache_bytes: cache_pages * cas::manifest::PAGE_BYTES as u64,
+        log_quota_bytes: 32 << 20,
+        ..opts()
+    };
+    let store = Store::create(Arc::new(mem.clone()), &store_dir(), opts).unwrap();
+    // Three images of 8 MiB: 2048 blocks, 17 leaves each.
+    let images: Vec<_> = (0..3u64)
+        .map(|i| {
+            store.create_image(&format!("i{i}"), 8 << 20).unwrap();
+            let image = store.open_image(&format!("i{i}")).unwrap();
+            for mib in 0..8u64 {
+                image.write(mib << 20, &payload(i * 100 + mib + 1, mib * 2048, 2048), false).unwrap();
+            }
+            image.flush().unwrap();
+            store.compact_once(&image).unwrap();
+            image
+        })
+        .collect();
+    let cache = store.manifest_cache();
+    assert_eq!(cache.capacity_pages(), cache_pages as usize);
+    for (i, image) in images.iter().enumerate() {
+        let mut buf = vec![0u8; 1 << 20];
+        for mib in 0..8u64 {
+            image.read(mib << 20, &mut buf).unwrap();
+            assert_eq!(buf, payload(i as u64 * 100 + mib + 1, mib * 2048, 2048), "image {i} MiB {mib}");
+        }
+        assert!(image.stats().log_segments <= 2, "image {i} was compacted");
+    }
+    // Every image's pages went through the one cache, which held no more
+    // than its bound.
+    assert!(!cache.is_empty(), "the images' lookups did not use the store's cache");
+    assert!(cache.len() <= cache_pages as usize, "{} pages in a cache of {cache_pages}", cache.len());
+}

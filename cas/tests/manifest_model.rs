@@ -8,14 +8,14 @@
 mod chunk_support;
 
 use cas::chunk::{ChunkHash, ChunkLoc, ChunkRef};
-use cas::manifest::{Manifest, ManifestOptions};
+use cas::manifest::{Manifest, ManifestOptions, PageCache};
 use cas::storage::{CrashMode, MemStorage, Storage};
 use chunk_support::{crashing, seeds, with_seed};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 type Model = BTreeMap<u64, ChunkRef>;
 
@@ -29,9 +29,13 @@ fn fresh_storage() -> MemStorage {
 }
 
 fn opts() -> ManifestOptions {
-    // A small cache and an eager rewrite limit exercise both paths.
+    // A small cache and an eager rewrite limit exercise both paths. The
+    // cache is shared by every manifest these tests open, as a store's
+    // images share one: a manifest reopened after a crash, on the same file
+    // names, must never find the pages its previous instance cached.
+    static CACHE: OnceLock<Arc<PageCache>> = OnceLock::new();
     ManifestOptions {
-        page_cache_bytes: 64 << 10,
+        page_cache: CACHE.get_or_init(|| PageCache::new(64 << 10)).clone(),
         rewrite_garbage_fraction: 0.5,
         rewrite_min_garbage_pages: 8,
     }

@@ -278,6 +278,10 @@ pub struct StoreSettings {
     #[arg(long = "chunk-cache", value_name = "SIZE", value_parser = parse_size, conflicts_with = "backing")]
     pub chunk_cache_bytes: Option<u64>,
 
+    /// Decoded manifest pages kept for lookups, shared by all images [default: 8M].
+    #[arg(long = "manifest-cache", value_name = "SIZE", value_parser = parse_size, conflicts_with = "backing")]
+    pub manifest_cache_bytes: Option<u64>,
+
     /// Write-ahead log quota per image; writes wait when it is full [default: 256M].
     #[arg(long = "log-quota", value_name = "SIZE", value_parser = parse_size, conflicts_with = "backing")]
     pub log_quota_bytes: Option<u64>,

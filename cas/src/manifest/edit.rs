@@ -223,7 +223,7 @@ impl<'m> ManifestEdit<'m> {
             sink: PageSink::new(file.clone(), old.file_pages),
             generation,
             keep: Vec::new(),
-            keep_max: (m.opts.page_cache_bytes / PAGE_BYTES as u64) as usize / KEEP_LEAVES_CACHE_FRACTION,
+            keep_max: m.opts.page_cache.capacity_pages() / KEEP_LEAVES_CACHE_FRACTION,
             stats: &mut stats,
             live_delta: 0,
             mapped_delta: 0,
@@ -292,7 +292,7 @@ impl<'m> ManifestEdit<'m> {
         stats.garbage_pages = root.garbage_pages();
         let file_id = if fresh { m.new_file_id() } else { snap.file_id };
         for (page_no, p) in keep {
-            m.cache.insert((file_id, page_no), p);
+            m.opts.page_cache.insert(file_id, page_no, p);
         }
         m.install(Snapshot { file: Some(file), file_id, root, shared: false });
         Ok(stats)

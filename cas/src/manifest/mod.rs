@@ -50,6 +50,7 @@ mod edit;
 mod file;
 mod iter;
 mod page;
+mod page_cache;
 mod publish;
 mod rewrite;
 mod root;
@@ -63,16 +64,15 @@ pub use page::{
     fuzz_decode_page, fuzz_encode_page, Body, ChildRef, InteriorBody, LeafBody, Page, FANOUT, LEAF_ENTRIES,
     PAGE_BYTES,
 };
+pub use page_cache::PageCache;
 pub use publish::{build_from_pages, Committed};
 pub use rewrite::RewriteStats;
 pub use root::{fuzz_decode_root, RootRecord, FIRST_TREE_PAGE};
 pub use view::CompactedView;
 
-use crate::chunk::ClockCache;
 use crate::error::{Error, Result};
 use crate::storage::{OpenMode, Storage, StorageFile};
 use page::Expect;
-use rustc_hash::FxBuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -83,8 +83,10 @@ pub use crate::units::BLOCK_BYTES;
 /// Tunables of a manifest.
 #[derive(Clone, Debug)]
 pub struct ManifestOptions {
-    /// Bytes of decoded pages the lookup cache may hold (default 8 MiB).
-    pub page_cache_bytes: u64,
+    /// The decoded pages lookups go through: a store passes the one all
+    /// its images share (`StoreOptions::manifest_cache_bytes`); the default
+    /// is a private cache of 8 MiB.
+    pub page_cache: Arc<PageCache>,
     /// `compact_if_needed` rewrites the file when garbage pages exceed this
     /// fraction of live pages (default 1.0) ...
     pub rewrite_garbage_fraction: f64,
@@ -95,7 +97,7 @@ pub struct ManifestOptions {
 impl Default for ManifestOptions {
     fn default() -> Self {
         ManifestOptions {
-            page_cache_bytes: 8 << 20,
+            page_cache: PageCache::new(8 << 20),
             rewrite_garbage_fraction: 1.0,
             rewrite_min_garbage_pages: 256,
         }
@@ -157,8 +159,10 @@ pub struct Manifest {
     pub(crate) opts: ManifestOptions,
     current: RwLock<Arc<Snapshot>>,
     pub(crate) commit_state: Mutex<CommitState>,
-    pub(crate) cache: ClockCache<(u64, u64), Arc<Page>, FxBuildHasher>,
-    next_file_id: AtomicU64,
+    /// This manifest's lookups that found their page in the (shared) cache,
+    /// and those that read it.
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
 }
 
 /// A file shorter than the pages its root spans is damage.
@@ -196,25 +200,29 @@ impl Manifest {
             // A rollback or an unsharing rewrite that stopped after its
             // switch; removed only once the own file proved readable.
             base::remove_leftovers(storage.as_ref(), path, None)?;
-            Snapshot { file: Some(file), file_id: 1, root, shared: false }
+            Snapshot { file: Some(file), file_id: opts.page_cache.new_file_id(), root, shared: false }
         } else if let Some(b) = base::read(storage.as_ref(), path)? {
             base::remove_leftovers(storage.as_ref(), path, Some(&b.link))?;
             let file = storage.open(&b.link, OpenMode::Existing)?;
             check_len(file.as_ref(), &b.root, &b.link)?;
-            Snapshot { file: Some(file), file_id: 1, root: b.root, shared: true }
+            Snapshot { file: Some(file), file_id: opts.page_cache.new_file_id(), root: b.root, shared: true }
         } else {
             base::remove_leftovers(storage.as_ref(), path, None)?;
-            Snapshot { file: None, file_id: 0, root: RootRecord::empty(), shared: false }
+            Snapshot {
+                file: None,
+                file_id: opts.page_cache.new_file_id(),
+                root: RootRecord::empty(),
+                shared: false,
+            }
         };
-        let cache_entries = (opts.page_cache_bytes / PAGE_BYTES as u64) as usize;
         let m = Manifest {
             storage,
             path: path.to_path_buf(),
             opts,
             current: RwLock::new(Arc::new(snapshot)),
             commit_state: Mutex::new(CommitState { poisoned: None }),
-            cache: ClockCache::new(cache_entries, 16),
-            next_file_id: AtomicU64::new(2),
+            cache_hits: AtomicU64::new(0),
+            cache_misses: AtomicU64::new(0),
         };
         // Check the root page now, so a damaged manifest fails at open.
         let snap = m.snapshot();
@@ -233,7 +241,7 @@ impl Manifest {
     }
 
     pub(crate) fn new_file_id(&self) -> u64 {
-        self.next_file_id.fetch_add(1, Ordering::Relaxed)
+        self.opts.page_cache.new_file_id()
     }
 
     /// A page through the cache.
@@ -244,12 +252,14 @@ impl Manifest {
         level: u8,
         first_block: u64,
     ) -> Result<Arc<Page>> {
-        let key = (snap.file_id, ptr.page);
-        if let Some(p) = self.cache.get(&key) {
+        let cache = &self.opts.page_cache;
+        if let Some(p) = cache.get(snap.file_id, ptr.page) {
+            self.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(p);
         }
+        self.cache_misses.fetch_add(1, Ordering::Relaxed);
         let p = Arc::new(snap.read_page(ptr, level, first_block)?);
-        self.cache.insert(key, p.clone());
+        cache.insert(snap.file_id, ptr.page, p.clone());
         Ok(p)
     }
 
@@ -343,8 +353,8 @@ impl Manifest {
             live_pages: r.live_pages,
             garbage_pages: r.garbage_pages(),
             file_pages: r.file_pages,
-            cache_hits: self.cache.hits(),
-            cache_misses: self.cache.misses(),
+            cache_hits: self.cache_hits.load(Ordering::Relaxed),
+            cache_misses: self.cache_misses.load(Ordering::Relaxed),
         }
     }
 

@@ -262,7 +262,10 @@ fn an_appended_edit_applies_after_the_first() {
 #[test]
 fn a_commit_seeds_the_cache_with_interior_pages_and_a_quarter_of_it_in_leaves() {
     let s = setup();
-    let opts = ManifestOptions { page_cache_bytes: 1024 * PAGE_BYTES as u64, ..ManifestOptions::default() };
+    let opts = ManifestOptions {
+        page_cache: PageCache::new(1024 * PAGE_BYTES as u64),
+        ..ManifestOptions::default()
+    };
     let m = Manifest::open(Arc::new(s.clone()), Path::new("/img/manifest"), opts).unwrap();
     let keep_leaves = 1024 / KEEP_LEAVES_CACHE_FRACTION;
     let leaf_block = |leaf: u64| leaf * LEAF_ENTRIES as u64;
@@ -282,4 +285,42 @@ fn a_commit_seeds_the_cache_with_interior_pages_and_a_quarter_of_it_in_leaves() 
     let before = misses(&m);
     assert_eq!(m.lookup(leaf_block(400)).unwrap(), Some(h(400)));
     assert_eq!(misses(&m) - before, 1, "a leaf past the quarter is read again, alone");
+}
+
+#[test]
+fn manifests_sharing_a_page_cache_never_see_each_others_pages() {
+    let s = setup();
+    s.create_dir_all(Path::new("/img2")).unwrap();
+    s.sync_dir(Path::new("/")).unwrap();
+    let paths = [Path::new("/img/manifest"), Path::new("/img2/manifest")];
+    // The same blocks in both, mapped differently: the same page numbers
+    // in two files hold different refs.
+    for (i, path) in paths.iter().enumerate() {
+        let m = Manifest::open(Arc::new(s.clone()), path, ManifestOptions::default()).unwrap();
+        let mut e = m.begin();
+        for b in 0..2000u64 {
+            e.set(b, Some(h(b * 2 + i as u64)));
+        }
+        e.commit(1).unwrap();
+    }
+    // Reopened from their files onto one cache of 8 pages.
+    let cache = PageCache::new(8 * PAGE_BYTES as u64);
+    let opts = || ManifestOptions { page_cache: cache.clone(), ..ManifestOptions::default() };
+    let ms = paths.map(|p| Manifest::open(Arc::new(s.clone()), p, opts()).unwrap());
+    for round in 0..3 {
+        for b in (0..2000u64).step_by(97) {
+            for (i, m) in ms.iter().enumerate() {
+                assert_eq!(
+                    m.lookup(b).unwrap(),
+                    Some(h(b * 2 + i as u64)),
+                    "round {round} block {b} image {i}"
+                );
+            }
+        }
+        assert!(cache.len() <= cache.capacity_pages(), "{} pages in a cache of {}", cache.len(), 8);
+    }
+    // Each manifest counts its own lookups.
+    let (a, b) = (ms[0].stats(), ms[1].stats());
+    assert!(a.cache_hits + a.cache_misses > 0 && b.cache_hits + b.cache_misses > 0);
+    assert_eq!(a.cache_hits + a.cache_misses, b.cache_hits + b.cache_misses, "the same walks");
 }

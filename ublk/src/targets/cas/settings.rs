@@ -15,6 +15,9 @@ impl StoreSettings {
         if let Some(v) = self.chunk_cache_bytes {
             o.chunk_cache_bytes = v;
         }
+        if let Some(v) = self.manifest_cache_bytes {
+            o.manifest_cache_bytes = v;
+        }
         if let Some(v) = self.log_quota_bytes {
             if v < 2 * o.log_segment_bytes {
                 bail!(
@@ -54,6 +57,7 @@ impl StoreSettings {
     pub fn conflict(&self, running: &cas::StoreOptions) -> Option<String> {
         let sizes = [
             ("--chunk-cache", self.chunk_cache_bytes, running.chunk_cache_bytes),
+            ("--manifest-cache", self.manifest_cache_bytes, running.manifest_cache_bytes),
             ("--log-quota", self.log_quota_bytes, running.log_quota_bytes),
             ("--memory-budget", self.memory_budget_bytes, running.memory_budget_bytes),
             ("--compaction-threads", self.compaction_threads, running.compaction_threads),
@@ -84,6 +88,7 @@ mod tests {
     fn flags_land_in_the_options() {
         let s = StoreSettings {
             chunk_cache_bytes: Some(1 << 20),
+            manifest_cache_bytes: Some(2 << 20),
             log_quota_bytes: Some(64 << 20),
             memory_budget_bytes: Some(256 << 20),
             compaction_threads: Some(1),
@@ -91,6 +96,7 @@ mod tests {
         };
         let o = s.options().unwrap();
         assert_eq!(o.chunk_cache_bytes, 1 << 20);
+        assert_eq!(o.manifest_cache_bytes, 2 << 20);
         assert_eq!(o.log_quota_bytes, 64 << 20);
         assert_eq!(o.memory_budget_bytes, 256 << 20);
         assert_eq!(o.compaction_memory_bytes, 64 << 20, "a quarter of the budget");
