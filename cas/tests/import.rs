@@ -98,3 +98,15 @@ fn a_fault_or_crash_anywhere_leaves_the_image_whole_or_absent() {
     }
     assert!(whole > 0 && absent > 0, "whole {whole}, absent {absent}: the faults missed the import");
 }
+
+#[test]
+fn an_import_goes_through_the_stores_page_cache() {
+    // No image is open, so only the import can put pages in the store's
+    // cache: a private cache per import would be memory no budget counts.
+    let (_mem, store) = mem_store(small_opts());
+    assert!(store.manifest_cache().is_empty());
+    let src = source();
+    let size = (src.len() as u64).div_ceil(4096) * 4096;
+    store.import_image("b", size, &mut &src[..], &mut |_| {}).unwrap();
+    assert!(!store.manifest_cache().is_empty(), "the import's manifest used a cache of its own");
+}

@@ -132,8 +132,10 @@ fn a_store_takes_over_an_image_another_stopped_and_the_first_is_then_refused() {
     let (_mem_b, b) = new_store(shared.clone());
     let started = Instant::now();
     let (_, root_a) = newest_root(&bucket, "vm").unwrap().unwrap();
+    assert!(b.manifest_cache().is_empty());
     b.fetch_image("vm", FetchAs::Owner).unwrap();
     assert!(started.elapsed() < LEASE.lease, "released: taken without waiting it out");
+    assert!(!b.manifest_cache().is_empty(), "the fetch read its manifest through a cache of its own");
     // The take-over fences: A's root again under B's epoch, so a root of
     // A's that lands late is never the newest.
     let (fence_key, fence) = newest_root(&bucket, "vm").unwrap().unwrap();

@@ -2,7 +2,8 @@
 //! store, shared by every image the store opens, so that its memory is
 //! one bound however many images are open (each manifest had its own
 //! 8 MiB, so 100 open images could hold 800 MiB of pages). A manifest
-//! opened on its own (fsck, import, tests) gets a private one.
+//! opened on its own (fsck, tests) gets a private one; an import or a
+//! fetch goes through its store's.
 //!
 //! Entries are keyed by `(file_id, page)`. File ids come from the cache,
 //! so no two files that share it (one per manifest, and a new one after

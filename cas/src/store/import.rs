@@ -19,7 +19,7 @@
 use super::{lock, Store, MANIFEST_FILE};
 use crate::chunk::{is_zero_block, ChunkHash};
 use crate::error::{Error, Result};
-use crate::manifest::{Manifest, ManifestOptions};
+use crate::manifest::Manifest;
 use crate::units::BLOCK_BYTES;
 use std::io::Read;
 
@@ -79,8 +79,10 @@ impl Store {
         src: &mut dyn Read,
         progress: &mut dyn FnMut(u64),
     ) -> Result<ImportReport> {
+        // Through the store's page cache: an import's pages count against
+        // the one bound, however many imports run.
         let manifest =
-            Manifest::open(self.storage.clone(), &dir.join(MANIFEST_FILE), ManifestOptions::default())?;
+            Manifest::open(self.storage.clone(), &dir.join(MANIFEST_FILE), self.manifest_options())?;
         let pin = self.chunks.pin();
         let mut report = ImportReport::default();
         let mut buf = vec![0u8; BATCH_BYTES];

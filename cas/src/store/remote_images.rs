@@ -17,7 +17,7 @@
 use super::files::{ImageHeader, ImageKind};
 use super::{Store, IMAGE_FILE, MANIFEST_FILE};
 use crate::error::{Error, Result};
-use crate::manifest::{Manifest, ManifestOptions, FIRST_TREE_PAGE};
+use crate::manifest::{Manifest, FIRST_TREE_PAGE};
 use crate::publish::unpublish::{self, Unpublished};
 use crate::publish::{fetch, PublishStats, Publisher};
 use crate::sync::lock;
@@ -218,7 +218,7 @@ impl Store {
         let (dir, header) = self.prepare_dir(name, root.size_bytes)?;
         let path = dir.join(MANIFEST_FILE);
         fetch::build_manifest(objects, self.storage.as_ref(), &path, name, &root)?;
-        let m = Manifest::open(self.storage.clone(), &path, ManifestOptions::default())?;
+        let m = Manifest::open(self.storage.clone(), &path, self.manifest_options())?;
         let mut packs = BTreeSet::new();
         let mut unlocated = 0u64;
         m.committed().refs_since(FIRST_TREE_PAGE, &mut |r| match r.at {
