@@ -24,11 +24,12 @@ run_fio rand --rw=randwrite --bsrange=4k-64k --size=48M --iodepth=16 --fsync=32 
 note "random writes with fsync + verify: ok"
 run_fio fua --rw=write --bs=16k --size=16M --offset=64M --iodepth=4 --sync=dsync --do_verify=1
 note "O_DSYNC (FUA) writes + verify: ok"
-# Writes past the 64 KiB each tag keeps resident: their buffer's tail is
-# handed back to the kernel after each one, then refilled by the next
-# request (read or write) on the same tag.
+# Writes past the 64 KiB an io buffer keeps resident (with user copy the
+# serving thread's staging buffer, without it the tag's): the buffer's tail
+# is handed back to the kernel after each one, then refilled by the next
+# request that buffer serves.
 run_fio big --rw=randwrite --bsrange=64k-512k --size=64M --offset=96M --iodepth=32 --do_verify=1 --randseed=11
-note "large writes (tag buffers released after each) + verify: ok"
+note "large writes (io buffers released after each) + verify: ok"
 "$CASBLK" del -a
 wait_no_devices
 dev=$(add_image "$store" vm)

@@ -55,6 +55,20 @@ pub trait TagBuffers: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The serving party is done with the data of `tag`'s request of `len`
+    /// bytes: a write's went into the engine, a read's to the kernel (or
+    /// is left for the kernel to copy out at the commit). Called once per
+    /// data request, on the thread that served it, before its result is
+    /// posted or committed, so that a frontend can return the memory a
+    /// long request used. Nothing by default.
+    ///
+    /// # Safety
+    /// As [`TagBuffers::request_bytes`]: the caller serves `tag`; no slice
+    /// it got from `request_bytes` is alive any more.
+    unsafe fn finished(&self, tag: u16, len: usize) {
+        let _ = (tag, len);
+    }
+
     /// How many tags have a buffer.
     fn tags(&self) -> usize;
 

@@ -143,7 +143,12 @@ pub fn read_in_place<B: TagBuffers>(
             Err(e) => handing_failed(core, "read", d.offset_bytes, len, e),
         },
         Ok(false) => match sched.requeue(d.image, d.request) {
-            Ok(()) => return None,
+            Ok(()) => {
+                // SAFETY: the queue thread still serves (qid, tag) until the
+                // hand-off below is seen; `buf` is no longer used.
+                unsafe { core.queues[usize::from(qid)].bufs.finished(tag, len) };
+                return None;
+            }
             Err(e) => {
                 tracing::error!(image = %core.name, "handing a read back to the workers failed: {e}");
                 -libc::EIO
@@ -154,6 +159,8 @@ pub fn read_in_place<B: TagBuffers>(
             e.errno()
         }
     };
+    // SAFETY: as for `buf` above, which is no longer used.
+    unsafe { core.queues[usize::from(qid)].bufs.finished(tag, len) };
     let end = core.traced.then(trace::now_ns);
     complete(sched, &core.name, d.image, d.request);
     let mut job = core.take_job(qid, tag).expect("a request served in place has its job");
@@ -199,6 +206,9 @@ pub fn write_in_place<B: TagBuffers>(
     result
 }
 
+/// Executes one request on the calling thread (a worker, a sync thread, or
+/// the queue thread for a write in place) and returns the result to post or
+/// commit.
 #[allow(clippy::too_many_arguments)]
 fn execute<B: TagBuffers>(
     core: &DeviceCore<B>,
@@ -210,52 +220,61 @@ fn execute<B: TagBuffers>(
     reservation: Option<cas::image::LogReservation>,
     fua: bool,
 ) -> i32 {
-    let image = &core.image;
     let bufs = &core.queues[usize::from(qid)].bufs;
-    let reserved = || reservation.expect("write-kind requests are dispatched with a log reservation");
-    let result = match op {
-        Op::Read => {
-            // SAFETY: this thread (a worker or a sync thread) alone serves
-            // (qid, tag) until it posts the result; the queue thread and the
-            // kernel wait for that post. (Writes in place: the queue thread
-            // itself, which commits only after this returns.)
-            let buf = unsafe { bufs.request_bytes(tag, len as usize) };
-            match image.read(offset, buf) {
-                // SAFETY: as above.
-                Ok(()) => match unsafe { bufs.store_read(tag, len as usize) } {
-                    Ok(()) => Ok(len as i32),
-                    Err(e) => return handing_failed(core, "read", offset, len as usize, e),
-                },
-                Err(e) => Err(e),
-            }
-        }
-        Op::Write => {
-            let reservation = reserved();
-            // A refused reservation fails the write without its data: not
-            // loaded, and the refusal is the error.
-            if reservation.refusal().is_none() {
-                // SAFETY: as above; the data is the kernel's until loaded here.
-                if let Err(e) = unsafe { bufs.load_write(tag, len as usize) } {
-                    // Not executed: its log reservation goes back unused as
-                    // it drops.
-                    return handing_failed(core, "write", offset, len as usize, e);
+    // A closure, so that a failed hand-over returns from it alone.
+    let result = (move || {
+        let image = &core.image;
+        let reserved = || reservation.expect("write-kind requests are dispatched with a log reservation");
+        let result = match op {
+            Op::Read => {
+                // SAFETY: this thread (a worker or a sync thread) alone serves
+                // (qid, tag) until it posts the result; the queue thread and the
+                // kernel wait for that post. (Writes in place: the queue thread
+                // itself, which commits only after this returns.)
+                let buf = unsafe { bufs.request_bytes(tag, len as usize) };
+                match image.read(offset, buf) {
+                    // SAFETY: as above.
+                    Ok(()) => match unsafe { bufs.store_read(tag, len as usize) } {
+                        Ok(()) => Ok(len as i32),
+                        Err(e) => return handing_failed(core, "read", offset, len as usize, e),
+                    },
+                    Err(e) => Err(e),
                 }
             }
-            // SAFETY: as above.
-            let buf = unsafe { bufs.request_bytes(tag, len as usize) };
-            image.write_reserved(reservation, offset, buf, fua).map(|()| len as i32)
-        }
-        Op::WriteZeroes => image.write_zeroes_reserved(reserved(), offset, len, fua).map(|()| 0),
-        Op::Discard => image
-            .discard_reserved(reserved(), offset, len)
-            .and_then(|()| if fua { image.flush() } else { Ok(()) })
-            .map(|()| 0),
-        Op::Flush => image.flush().map(|()| 0),
-    };
-    result.unwrap_or_else(|e| {
-        tracing::warn!(image = %core.name, ?op, offset, len, "request failed: {e}");
-        e.errno()
-    })
+            Op::Write => {
+                let reservation = reserved();
+                // A refused reservation fails the write without its data: not
+                // loaded, and the refusal is the error.
+                if reservation.refusal().is_none() {
+                    // SAFETY: as above; the data is the kernel's until loaded here.
+                    if let Err(e) = unsafe { bufs.load_write(tag, len as usize) } {
+                        // Not executed: its log reservation goes back unused as
+                        // it drops.
+                        return handing_failed(core, "write", offset, len as usize, e);
+                    }
+                }
+                // SAFETY: as above.
+                let buf = unsafe { bufs.request_bytes(tag, len as usize) };
+                image.write_reserved(reservation, offset, buf, fua).map(|()| len as i32)
+            }
+            Op::WriteZeroes => image.write_zeroes_reserved(reserved(), offset, len, fua).map(|()| 0),
+            Op::Discard => image
+                .discard_reserved(reserved(), offset, len)
+                .and_then(|()| if fua { image.flush() } else { Ok(()) })
+                .map(|()| 0),
+            Op::Flush => image.flush().map(|()| 0),
+        };
+        result.unwrap_or_else(|e| {
+            tracing::warn!(image = %core.name, ?op, offset, len, "request failed: {e}");
+            e.errno()
+        })
+    })();
+    if matches!(op, Op::Read | Op::Write) {
+        // SAFETY: this thread served (qid, tag) and holds none of its data
+        // any more; the result is not posted yet.
+        unsafe { bufs.finished(tag, len as usize) };
+    }
+    result
 }
 
 /// The result of a request whose data could not pass between the kernel

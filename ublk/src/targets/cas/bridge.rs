@@ -16,15 +16,17 @@
 //!                                         LocalSlots::fill(tag) -> wake tag task
 //! ```
 //!
-//! The per-tag io buffers ([`TagBuffers`]) are shared with the workers, who
-//! read a WRITE's data from, and write a READ's data into, the buffer of the
-//! request's tag. Where the driver has user copy (`UBLK_F_USER_COPY`, Linux
-//! 6.5+) the kernel never touches them: the thread that executes a write
-//! reads its data from the char device then, and the thread that served a
-//! read writes its data there, so a write waiting for log capacity holds
-//! none of its data in the daemon. Without user copy the kernel fills a
-//! write's buffer before delivering it and copies a read's out at the
-//! commit.
+//! Request data ([`TagBuffers`]): without user copy, the per-tag io buffers
+//! registered with the kernel, shared with the workers, who read a WRITE's
+//! data from, and write a READ's data into, the buffer of the request's tag;
+//! the kernel fills a write's buffer before delivering it and copies a
+//! read's out at the commit. Where the driver has user copy
+//! (`UBLK_F_USER_COPY`, Linux 6.5+) the kernel is given no buffer: the
+//! thread that executes a write reads its data from the char device into
+//! its own staging buffer (`staging`), and the thread that serves a read
+//! writes its data there from its staging buffer, so a write waiting for
+//! log capacity holds none of its data in the daemon, and the resident
+//! bytes follow the serving threads, not the tags.
 
 use libublk::helpers::IoBuf;
 use serve::Done;
@@ -35,6 +37,7 @@ use std::mem::ManuallyDrop;
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::RwLock;
 use std::task::{Context, Poll, Waker};
 
@@ -50,6 +53,9 @@ pub struct TagBuffers {
     /// worker still finishing a request of a stopped queue gets an error
     /// instead of a closed or reused fd.
     copy: RwLock<DataCopy>,
+    /// Set with `DataCopy::User` (and kept when stopped): request data is
+    /// staged in the serving thread's buffer, never in `bufs`.
+    staged: AtomicBool,
 }
 
 /// How a queue's request data passes between the kernel and its buffers.
@@ -69,6 +75,7 @@ impl TagBuffers {
             qid,
             bufs: (0..tags).map(|_| IoBuf::new(bytes)).collect(),
             copy: RwLock::new(DataCopy::Kernel),
+            staged: AtomicBool::new(false),
         }
     }
 
@@ -80,7 +87,16 @@ impl TagBuffers {
     /// From now on request data passes as `copy` says (the queue thread
     /// sets it as it starts and ends).
     pub fn set_copy(&self, copy: DataCopy) {
-        *self.copy.write().unwrap_or_else(|p| p.into_inner()) = copy;
+        let mut mode = self.copy.write().unwrap_or_else(|p| p.into_inner());
+        if copy != DataCopy::Kernel {
+            self.staged.store(true, Ordering::Release);
+        }
+        *mode = copy;
+    }
+
+    /// Whether request data is staged per thread (user copy).
+    fn staged(&self) -> bool {
+        self.staged.load(Ordering::Acquire)
     }
 
     /// Moves `tag`'s first `len` bytes between its buffer and the request
@@ -112,48 +128,21 @@ impl TagBuffers {
     }
 
     /// Returns to the kernel the pages of `tag`'s buffer past its first
-    /// [`RESIDENT_BYTES_PER_TAG`], after a request of `len_bytes` whose
-    /// data has moved on, before the tag is committed (after the commit
-    /// the kernel may already be filling the buffer with the next
-    /// request). Without it every tag that ever took a large request keeps
-    /// its whole buffer resident: 64 MiB per device at the defaults.
-    /// Without user copy a read's data is still to be copied out by the
-    /// kernel at the commit: the caller releases only after writes then.
+    /// [`super::staging::RESIDENT_BYTES`], after a write of `len_bytes` whose data has
+    /// moved on into the engine, before the tag is committed (after the
+    /// commit the kernel may already be filling the buffer with the next
+    /// request). Without it every tag that ever took a large write keeps
+    /// its whole buffer resident: 64 MiB per device at the defaults. Only
+    /// without user copy (with it the tag buffers stay untouched) and after
+    /// writes: a read's data is still to be copied out at the commit.
     pub fn release_after(&self, tag: u16, len_bytes: u64) {
-        const PAGE_BYTES: usize = 4096;
-        let buf = &self.bufs[usize::from(tag)];
-        // Whole pages only, and none past the allocation's end.
-        let whole_pages = buf.len() / PAGE_BYTES * PAGE_BYTES;
-        let end = usize::try_from(len_bytes).unwrap_or(usize::MAX).saturating_add(PAGE_BYTES - 1)
-            / PAGE_BYTES
-            * PAGE_BYTES;
-        let end = end.min(whole_pages);
-        if end <= RESIDENT_BYTES_PER_TAG {
-            return;
-        }
-        // SAFETY: [RESIDENT_BYTES_PER_TAG, end) is whole pages inside the
-        // tag's live allocation (IoBuf aligns it to 4096; `end` is at most
-        // its length rounded down to a page). Nothing reads the range now:
-        // the request's data has moved on (into the engine, or to the
-        // kernel with user copy), and the buffer is filled again only for
-        // the tag's next request, after the commit. MADV_DONTNEED leaves the
-        // range mapped, reading as zeros until written.
-        let rc = unsafe {
-            libc::madvise(
-                buf.as_mut_ptr().add(RESIDENT_BYTES_PER_TAG).cast(),
-                end - RESIDENT_BYTES_PER_TAG,
-                libc::MADV_DONTNEED,
-            )
-        };
-        if rc != 0 {
-            tracing::debug!(error = %std::io::Error::last_os_error(), "madvise of a tag buffer failed");
-        }
+        let len = usize::try_from(len_bytes).unwrap_or(usize::MAX);
+        // SAFETY: nothing uses the tag's buffer now: the write's data has
+        // moved on into the engine, and the buffer is filled again only
+        // for the tag's next request, after the commit.
+        unsafe { super::staging::release_tail(&self.bufs[usize::from(tag)], len) }
     }
 }
-
-/// Bytes of each tag buffer kept resident between requests: enough for
-/// the small requests that dominate random IO, so those never fault.
-pub const RESIDENT_BYTES_PER_TAG: usize = 64 << 10;
 
 impl serve::TagBuffers for TagBuffers {
     unsafe fn load_write(&self, tag: u16, len: usize) -> std::io::Result<()> {
@@ -166,11 +155,26 @@ impl serve::TagBuffers for TagBuffers {
 
     unsafe fn request_bytes(&self, tag: u16, len: usize) -> &mut [u8] {
         let buf = &self.bufs[usize::from(tag)];
+        if self.staged() {
+            assert!(len <= buf.len(), "request of {len} bytes exceeds the {} byte io buffer", buf.len());
+            // SAFETY: the caller serves `tag` on this thread, and uses the
+            // bytes only while it does (serve::TagBuffers::request_bytes),
+            // which is `staging::bytes`' contract.
+            return unsafe { super::staging::bytes(len, buf.len()) };
+        }
         assert!(len <= buf.len(), "request of {len} bytes exceeds the {} byte io buffer", buf.len());
         // SAFETY: the buffer is a live allocation of at least `len` bytes
         // owned by `self`; exclusivity is the caller's contract
         // (serve::TagBuffers::request_bytes).
         unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), len) }
+    }
+
+    unsafe fn finished(&self, _tag: u16, len: usize) {
+        if self.staged() {
+            // SAFETY: the caller is done with the request's bytes
+            // (serve::TagBuffers::finished).
+            unsafe { super::staging::finished(len) }
+        }
     }
 
     fn tags(&self) -> usize {

@@ -24,6 +24,7 @@ mod control;
 mod links;
 mod queue;
 mod settings;
+mod staging;
 
 pub use control::{serve_store, socket_path, AddImageArgs, Serve};
 pub use settings::StoreSettings;

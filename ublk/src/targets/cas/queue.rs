@@ -124,15 +124,11 @@ async fn serve_tag(
     loop {
         let res = handle(q, tag, core, sched, slots).await;
         let iod = q.get_iod(tag);
-        // Whether the request's data has left the buffer: a write's, into
-        // the engine; a read's, with user copy (without it the kernel
-        // copies it out at the commit below).
-        let moved_on = match classify(iod.op_flags & 0xff) {
-            Some(sched::Op::Write) => true,
-            Some(sched::Op::Read) => user_copy,
-            _ => false,
-        };
-        if moved_on {
+        // Without user copy a write's data has left its tag buffer (into
+        // the engine); a read's leaves at the commit below. With user copy
+        // the tag buffers stay untouched: the serving thread's staging
+        // buffer held the data and was released as it finished.
+        if !user_copy && classify(iod.op_flags & 0xff) == Some(sched::Op::Write) {
             bufs.release_after(tag, u64::from(iod.nr_sectors) << SECTOR_SHIFT);
         }
         q.submit_io_commit_cmd(tag, desc.clone(), res).await?;
