@@ -33,7 +33,7 @@ use rand::{Rng, SeedableRng};
 use sched::{ImageId, Op};
 use serve::{DeviceCore, HeapBuffers, ReadStandIn, Request, Server, Submitted, TagBuffers};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -168,6 +168,8 @@ struct TestBuffers {
     fail_copies: AtomicBool,
     failed: AtomicU64,
     failed_in_place: AtomicU64,
+    /// `finished` calls per tag since its last completion.
+    finished: Vec<AtomicU32>,
 }
 
 thread_local! {
@@ -197,6 +199,7 @@ impl TestBuffers {
             fail_copies: AtomicBool::new(false),
             failed: AtomicU64::new(0),
             failed_in_place: AtomicU64::new(0),
+            finished: (0..DEPTH).map(|_| AtomicU32::new(0)).collect(),
         }
     }
 
@@ -255,6 +258,10 @@ impl TagBuffers for TestBuffers {
             count(&self.stores, &self.stores_in_place);
         }
         Ok(())
+    }
+
+    unsafe fn finished(&self, tag: u16, _len: usize) {
+        self.finished[usize::from(tag)].fetch_add(1, Ordering::Relaxed);
     }
 
     fn tags(&self) -> usize {
@@ -346,6 +353,15 @@ impl Frontend {
         let bufs = &self.core.queues[usize::from(qid)].bufs;
         // SAFETY: completed: the queue thread serves the tag again.
         unsafe { bufs.poison_daemon_side(tag) };
+        // The party that served a READ or WRITE said when it was done with
+        // its data (twice for a read handed from in place to a worker);
+        // nothing else touches request data.
+        let finished = bufs.finished[usize::from(tag)].swap(0, Ordering::Relaxed);
+        if !matches!(r.op, Op::Read | Op::Write) {
+            assert_eq!(finished, 0, "{what}: finished {finished} times");
+        } else if result >= 0 {
+            assert!((1..=2).contains(&finished), "{what}: finished {finished} times");
+        }
         match expect {
             Expect::Data { first, tokens } => {
                 assert_eq!(result, r.len_bytes as i32, "{what}");
