@@ -54,7 +54,9 @@ pub struct TagBuffers {
     /// instead of a closed or reused fd.
     copy: RwLock<DataCopy>,
     /// Set with `DataCopy::User` (and kept when stopped): request data is
-    /// staged in the serving thread's buffer, never in `bufs`.
+    /// staged in the serving thread's buffer, never in `bufs`. Not read
+    /// from `copy`: `pass_data` holds that lock while it asks for the
+    /// bytes, and a second read of it could wait behind a queued writer.
     staged: AtomicBool,
 }
 
@@ -128,10 +130,10 @@ impl TagBuffers {
     }
 
     /// Returns to the kernel the pages of `tag`'s buffer past its first
-    /// [`super::staging::RESIDENT_BYTES`], after a write of `len_bytes` whose data has
-    /// moved on into the engine, before the tag is committed (after the
-    /// commit the kernel may already be filling the buffer with the next
-    /// request). Without it every tag that ever took a large write keeps
+    /// [`super::staging::RESIDENT_BYTES`], after a write of `len_bytes`
+    /// whose data has moved on into the engine, before the tag is committed
+    /// (after the commit the kernel may already be filling the buffer with
+    /// the next request). Without it every tag that ever took a large write keeps
     /// its whole buffer resident: 64 MiB per device at the defaults. Only
     /// without user copy (with it the tag buffers stay untouched) and after
     /// writes: a read's data is still to be copied out at the commit.
@@ -155,14 +157,13 @@ impl serve::TagBuffers for TagBuffers {
 
     unsafe fn request_bytes(&self, tag: u16, len: usize) -> &mut [u8] {
         let buf = &self.bufs[usize::from(tag)];
+        assert!(len <= buf.len(), "request of {len} bytes exceeds the {} byte io buffer", buf.len());
         if self.staged() {
-            assert!(len <= buf.len(), "request of {len} bytes exceeds the {} byte io buffer", buf.len());
             // SAFETY: the caller serves `tag` on this thread, and uses the
             // bytes only while it does (serve::TagBuffers::request_bytes),
             // which is `staging::bytes`' contract.
             return unsafe { super::staging::bytes(len, buf.len()) };
         }
-        assert!(len <= buf.len(), "request of {len} bytes exceeds the {} byte io buffer", buf.len());
         // SAFETY: the buffer is a live allocation of at least `len` bytes
         // owned by `self`; exclusivity is the caller's contract
         // (serve::TagBuffers::request_bytes).
