@@ -1,10 +1,10 @@
 //! The commit stage of a pass: the protocol that makes a batch count.
 //!
 //! ```text
-//!  CommitJob { edit, pin, covered, next }
+//!  CommitJob { edit, pins, covered, next }
 //!   1. chunks.sync()                 every chunk the edit names is durable
 //!   2. edit.commit(covered)          manifest pages, then root, synced
-//!   3. drop the pin                  GC may sweep again
+//!   3. drop the pins                 GC may sweep again
 //!   4. cursor := next                the validated hint for the next batch
 //!   5. image.reclaim_log(covered)    overlay extents, segment files, quota
 //!                                    (no further than the image's reclaim
@@ -39,6 +39,7 @@ use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::manifest::ManifestEdit;
 use crossbeam::channel::{Receiver, Sender};
+use smallvec::SmallVec;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -53,8 +54,9 @@ pub enum Flow {
 /// One batch, ready to commit.
 pub struct CommitJob<'s> {
     pub edit: ManifestEdit<'s>,
-    /// The pin its chunks were inserted under (None: it inserted nothing).
-    pub pin: Option<ChunkPin<'s>>,
+    /// The pins its chunks were inserted under (none: it inserted
+    /// nothing; more than one: batches joined into one job).
+    pub pins: SmallVec<[ChunkPin<'s>; 2]>,
     pub covered: u64,
     pub next: Cursor,
 }
@@ -67,18 +69,13 @@ pub const GROUP_JOBS_MAX: usize = 1 + JOBS_QUEUED_MAX;
 pub const JOBS_QUEUED_MAX: usize = 2;
 
 impl<'s> CommitJob<'s> {
-    /// Takes `later`'s edits and position into this job (see
-    /// `ManifestEdit::append`); returns `later`'s pin, which the caller
-    /// holds until the grouped commit returns.
-    fn absorb(&mut self, later: CommitJob<'s>) -> Option<ChunkPin<'s>> {
+    /// Takes `later`'s edits, pins and position into this job (see
+    /// `ManifestEdit::append`).
+    pub fn absorb(&mut self, later: CommitJob<'s>) {
         self.edit.append(later.edit);
+        self.pins.extend(later.pins);
         self.covered = self.covered.max(later.covered);
         self.next = later.next;
-        if self.pin.is_none() {
-            self.pin = later.pin;
-            return None;
-        }
-        later.pin
     }
 }
 
@@ -119,7 +116,7 @@ impl<'s> Committer<'s> {
 
     pub fn commit(&mut self, job: CommitJob<'s>) -> Result<Flow> {
         let t = Instant::now();
-        let CommitJob { edit, pin, covered, next } = job;
+        let CommitJob { edit, pins, covered, next } = job;
         if self.stop_at == StopAt::AfterInsert {
             return Ok(Flow::Stopped);
         }
@@ -139,7 +136,7 @@ impl<'s> Committer<'s> {
             self.work.bytes_initialized += cs.bytes_initialized;
             self.work.syncs += cs.syncs;
         }
-        drop(pin);
+        drop(pins);
         *super::lock(&self.state.cursor) = Some(next);
         self.work.batches += 1;
         self.work.commit_ns += t.elapsed().as_nanos() as u64;
@@ -311,17 +308,15 @@ pub fn run_thread<'s>(
         let Ok(mut job) = jobs.recv() else { break };
         // Jobs that queued while the last group committed join this one:
         // one chunk sync and one manifest commit for all of them.
-        let mut pins = Vec::new();
         let mut grouped = 1;
         // A test's stop point names one batch: no grouping then.
         let group_max = if committer.stop_at == StopAt::Never { GROUP_JOBS_MAX } else { 1 };
         while grouped < group_max {
             let Ok(later) = jobs.try_recv() else { break };
-            pins.extend(job.absorb(later));
+            job.absorb(later);
             grouped += 1;
         }
         let r = committer.commit(job);
-        drop(pins);
         match r {
             Ok(Flow::Continue) => {
                 committer.work.batches += grouped as u64 - 1;

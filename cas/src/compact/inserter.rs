@@ -9,8 +9,18 @@
 //!                  Whole   -> hash, then as Chunk (blocks.rs: who hashes)
 //!                  insert_located(pin, new chunks)          one writer lock hold
 //!                  -> the edits, in item order, with each chunk's location
-//!  per batch end:  CommitJob { edit, pin, covered, next } -> commit stage
+//!  per batch end:  CommitJob { edit, pins, covered, next } -> commit stage
+//!                  (with `PerCommit::reads` 2: every second batch end,
+//!                  the two batches' jobs as one)
 //! ```
+//!
+//! The pipeline reads in batches of half the commit size, so the two
+//! batch buffers it circulates hold half as much, and the inserter holds
+//! the first batch's job until the second ends: one chunk sync and one
+//! manifest commit per `compaction_batch_bytes`, as before. A held job is
+//! handed on alone as soon as a sub-batch must look at the manifest (the
+//! lookups see the held blocks only once they are committed), and when
+//! the pass ends.
 //!
 //! The pin is taken before the batch's first insert and travels with the
 //! edit until its commit returned, so a concurrent GC never sweeps a chunk
@@ -33,6 +43,14 @@ use std::time::Instant;
 
 const BLOCK: usize = BLOCK_BYTES as usize;
 
+/// How many read batches, and log record bytes, one commit job takes at
+/// most (`reads` 1: a job per batch).
+#[derive(Clone, Copy, Debug)]
+pub struct PerCommit {
+    pub reads: u64,
+    pub bytes: u64,
+}
+
 /// The inserting side of one pass.
 pub struct Inserter<'s> {
     state: &'s ImageCompaction,
@@ -49,8 +67,14 @@ pub struct Inserter<'s> {
     refs: Vec<ChunkRef>,
     stage: CommitStage<'s>,
     pub work: CompactStats,
-    /// The covered seq of the last batch handed on.
+    /// The covered seq of the last batch ended.
     covered: u64,
+    per_commit: PerCommit,
+    /// Batches ended but not yet handed on, as one job; how many batches
+    /// and log record bytes it holds.
+    held: Option<CommitJob<'s>>,
+    held_batches: u64,
+    held_bytes: u64,
 }
 
 impl<'s> Inserter<'s> {
@@ -59,6 +83,7 @@ impl<'s> Inserter<'s> {
         chunks: &'s ChunkStore,
         lease: Lease<'s>,
         stage: CommitStage<'s>,
+        per_commit: PerCommit,
     ) -> Inserter<'s> {
         Inserter {
             state,
@@ -74,13 +99,18 @@ impl<'s> Inserter<'s> {
             stage,
             work: CompactStats { bytes_initialized: BLOCK as u64, ..CompactStats::default() },
             covered: state.manifest.covered(),
+            per_commit,
+            held: None,
+            held_batches: 0,
+            held_bytes: 0,
         }
     }
 
     /// Applies one sub-batch: edits, merges and chunk inserts.
     pub fn blocks(&mut self, sb: &SubBatch<'_>) -> Result<Flow> {
         let needs_manifest = sb.items.iter().any(|i| !matches!(i, Item::Chunk { .. } | Item::Whole { .. }));
-        if needs_manifest && self.stage.settle()? == Flow::Stopped {
+        if needs_manifest && (self.hand_on_held()? == Flow::Stopped || self.stage.settle()? == Flow::Stopped)
+        {
             return Ok(Flow::Stopped);
         }
         let t = Instant::now();
@@ -189,17 +219,51 @@ impl<'s> Inserter<'s> {
         Ok(Flow::Continue)
     }
 
-    /// Ends a batch: hands its edit and pin to the commit stage.
-    pub fn end(&mut self, covered: u64, next: Cursor, batch_work: &CompactStats) -> Result<Flow> {
+    /// Ends a batch of `record_bytes` log bytes: hands its edit and pins
+    /// to the commit stage, with those of a batch held before it, or holds
+    /// them for the next batch to join (see the module docs).
+    pub fn end(
+        &mut self,
+        covered: u64,
+        next: Cursor,
+        record_bytes: u64,
+        batch_work: &CompactStats,
+    ) -> Result<Flow> {
         self.work.add(batch_work);
         let covered = covered.max(self.covered);
         self.covered = covered;
         let edit = self.edit.take().unwrap_or_else(|| self.state.manifest.begin());
-        self.stage.submit(CommitJob { edit, pin: self.pin.take(), covered, next })
+        let mut job = CommitJob { edit, pins: self.pin.take().into_iter().collect(), covered, next };
+        if let Some(mut held) = self.held.take() {
+            held.absorb(job);
+            job = held;
+        }
+        self.held_batches += 1;
+        self.held_bytes += record_bytes;
+        self.held = Some(job);
+        if self.held_batches < self.per_commit.reads && self.held_bytes < self.per_commit.bytes {
+            return Ok(Flow::Continue);
+        }
+        self.hand_on_held()
     }
 
-    /// Waits for every commit handed on; returns the stage's work too.
+    /// Hands the held job on to the commit stage.
+    fn hand_on_held(&mut self) -> Result<Flow> {
+        let Some(job) = self.held.take() else { return Ok(Flow::Continue) };
+        // Its commit counts one batch; the others joined it.
+        let joined = self.held_batches - 1;
+        self.work.batches += joined;
+        self.work.grouped_batches += joined;
+        self.held_batches = 0;
+        self.held_bytes = 0;
+        self.stage.submit(job)
+    }
+
+    /// Hands on what is held, then waits for every commit handed on.
     pub fn finish(&mut self) -> Result<Flow> {
+        if self.hand_on_held()? == Flow::Stopped {
+            return Ok(Flow::Stopped);
+        }
         self.stage.settle()
     }
 

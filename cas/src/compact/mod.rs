@@ -10,7 +10,8 @@
 //!   reader thread   read records from the cursor (checksummed), index them
 //!                   per sector (reader.rs), walk blocks, hash (blocks.rs)
 //!   pass thread     merge partial blocks, insert_missing under a chunk pin,
-//!                   hand the edit and the pin on (inserter.rs)
+//!                   hand the edit and the pin on, every second batch with
+//!                   a reader thread (inserter.rs)
 //!   commit thread   chunks.sync -> manifest commit(covered) -> unpin
 //!                   -> cursor := next -> reclaim_log(covered) (commit.rs)
 //!  threads and channels: pipeline.rs; memory: budget.rs; when: service.rs
@@ -56,6 +57,9 @@ use std::time::{Duration, Instant};
 
 pub(crate) use crate::sync::lock;
 
+/// Read batches per commit when a reader thread runs ahead (inserter.rs).
+const READS_PER_COMMIT: u64 = 2;
+
 /// Tunables of compaction (from `StoreOptions`).
 #[derive(Clone, Debug)]
 pub struct CompactConfig {
@@ -63,7 +67,8 @@ pub struct CompactConfig {
     /// (the reader/hasher and the inserter/committer in a pipeline), 3 (and
     /// the commit protocol's I/O on a thread of its own).
     pub threads: usize,
-    /// Log record bytes per batch (one manifest commit each).
+    /// Log record bytes per manifest commit: one batch, or two of half
+    /// the size read by a reader thread (inserter.rs).
     pub batch_bytes: u64,
     /// Blocks a batch may touch (bounds its manifest edit).
     pub batch_blocks: u64,
@@ -247,6 +252,15 @@ impl Compactor {
                 (reader::fallback_cursor(image.log(), covered)?, false)
             }
         };
+        // With a reader thread, the two batch buffers it circulates are
+        // read half as large and two batches make one commit (inserter.rs),
+        // except where a test stops at a step of one batch, or where the
+        // wait for upload room would come with a pin held.
+        let reads = if self.cfg.threads >= 2 && ctl.stop_at == StopAt::Never && !self.chunks.has_remote() {
+            READS_PER_COMMIT
+        } else {
+            1
+        };
         let plan = pipeline::Plan {
             start,
             apply_from: covered + 1,
@@ -254,11 +268,12 @@ impl Compactor {
             covered,
             limits: reader::Limits {
                 durable_seq: durable,
-                batch_bytes: self.cfg.batch_bytes,
+                batch_bytes: (self.cfg.batch_bytes / reads).max(1),
                 batch_blocks: self.cfg.batch_blocks,
                 image_sectors: image.size_bytes() / SECTOR_BYTES,
             },
-            max_batches: ctl.max_batches,
+            per_commit: inserter::PerCommit { reads, bytes: self.cfg.batch_bytes },
+            max_batches: ctl.max_batches.saturating_mul(reads),
         };
         let ctx = pipeline::Ctx {
             image,

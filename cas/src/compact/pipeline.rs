@@ -19,7 +19,9 @@
 //!
 //! Bounds: at most `SUBS_IN_FLIGHT` sub-batches wait in the channel; two
 //! batch buffers exist per pass (the reader fills one while the inserter
-//! still uses the other), at most `SUBS_IN_FLIGHT + 2` extra buffers, and
+//! still uses the other; with the reader thread each is read to half of
+//! `compaction_batch_bytes`, two batches making one commit job, see
+//! inserter.rs), at most `SUBS_IN_FLIGHT + 2` extra buffers, and
 //! at most `JOBS_QUEUED_MAX` (2) commit jobs wait for the commit thread,
 //! which commits at most `GROUP_JOBS_MAX` (3) at once. A job holds its
 //! edit (`ManifestEdit::memory_bytes`: tens of bytes per block of the
@@ -33,7 +35,7 @@
 use super::blocks::{Back, Msg, Sent, SubBatch, Walker};
 use super::budget::{Budget, GrowBuf, Lease};
 use super::commit::{run_thread, CommitJob, CommitStage, Committer, Flow};
-use super::inserter::Inserter;
+use super::inserter::{Inserter, PerCommit};
 use super::reader::{fallback_cursor, read_batch, Batch, Cursor, Limits, Outcome};
 use super::stats::CompactStats;
 use super::{ImageCompaction, StopAt};
@@ -57,6 +59,8 @@ pub struct Plan {
     pub hinted: bool,
     pub covered: u64,
     pub limits: Limits,
+    /// Read batches per commit job (inserter.rs).
+    pub per_commit: PerCommit,
     pub max_batches: u64,
 }
 
@@ -159,7 +163,7 @@ impl<'b> Sink<'b> for InlineSink<'_, 'b> {
                 flow
             }
             Msg::End { batch, covered, next, work } => {
-                let flow = self.inserter.end(covered, next, &work)?;
+                let flow = self.inserter.end(covered, next, batch.record_bytes, &work)?;
                 self.free = Some(Arc::try_unwrap(batch).ok().expect("an ended batch has no other owner"));
                 flow
             }
@@ -261,7 +265,7 @@ pub fn run(ctx: &Ctx<'_>, plan: &Plan) -> (CompactStats, Result<()>) {
     let committer = Committer::new(ctx.image, ctx.state, ctx.chunks, ctx.stop_at, ctx.refs_dropped);
     if ctx.threads < 2 {
         let stage = CommitStage::Inline { committer: Box::new(committer), stopped: false };
-        let mut ins = Inserter::new(ctx.state, ctx.chunks, ctx.budget.lease(), stage);
+        let mut ins = Inserter::new(ctx.state, ctx.chunks, ctx.budget.lease(), stage, plan.per_commit);
         let mut lease = ctx.budget.lease();
         let mut sink =
             InlineSink { inserter: &mut ins, budget: ctx.budget, free: None, extra: None, stopped: false };
@@ -309,7 +313,7 @@ pub fn run(ctx: &Ctx<'_>, plan: &Plan) -> (CompactStats, Result<()>) {
         } else {
             (CommitStage::Inline { committer: Box::new(committer), stopped: false }, None)
         };
-        let mut ins = Inserter::new(ctx.state, ctx.chunks, ctx.budget.lease(), stage);
+        let mut ins = Inserter::new(ctx.state, ctx.chunks, ctx.budget.lease(), stage, plan.per_commit);
         let consumed = consume(&rx, &back_tx, &mut ins);
         // Unblock the reader whichever way it waits (send or buffer return).
         drop(rx);
@@ -346,7 +350,7 @@ fn consume<'b>(rx: &Receiver<Msg<'b>>, back: &Sender<Back<'b>>, inserter: &mut I
                 flow
             }
             Msg::End { batch, covered, next, work } => {
-                let flow = inserter.end(covered, next, &work)?;
+                let flow = inserter.end(covered, next, batch.record_bytes, &work)?;
                 let _ = back.send(Back::Batch(batch));
                 flow
             }

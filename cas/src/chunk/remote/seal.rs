@@ -63,6 +63,11 @@ impl ChunkStore {
         Ok(Some(id))
     }
 
+    /// Whether chunks go to a remote (and inserts may wait for upload room).
+    pub fn has_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+
     /// Waits until the bytes sealed and not yet uploaded, plus the active
     /// pack's, are within the remote's `pending_max_bytes`, sealing the
     /// active pack when it is what fills the bound. Returns at once
