@@ -59,6 +59,9 @@ pub struct CommitJob<'s> {
     pub pins: SmallVec<[ChunkPin<'s>; 2]>,
     pub covered: u64,
     pub next: Cursor,
+    /// Batches it holds (more than 1: joined, see `absorb`); counted
+    /// only once their commit returned.
+    pub batches: u64,
 }
 
 /// Jobs one commit of the commit thread takes at most: the one it waited
@@ -76,6 +79,7 @@ impl<'s> CommitJob<'s> {
         self.pins.extend(later.pins);
         self.covered = self.covered.max(later.covered);
         self.next = later.next;
+        self.batches += later.batches;
     }
 }
 
@@ -116,7 +120,7 @@ impl<'s> Committer<'s> {
 
     pub fn commit(&mut self, job: CommitJob<'s>) -> Result<Flow> {
         let t = Instant::now();
-        let CommitJob { edit, pins, covered, next } = job;
+        let CommitJob { edit, pins, covered, next, batches } = job;
         if self.stop_at == StopAt::AfterInsert {
             return Ok(Flow::Stopped);
         }
@@ -138,7 +142,8 @@ impl<'s> Committer<'s> {
         }
         drop(pins);
         *super::lock(&self.state.cursor) = Some(next);
-        self.work.batches += 1;
+        self.work.batches += batches;
+        self.work.grouped_batches += batches - 1;
         self.work.commit_ns += t.elapsed().as_nanos() as u64;
         if self.stop_at == StopAt::AfterCommit {
             return Ok(Flow::Stopped);
@@ -319,8 +324,6 @@ pub fn run_thread<'s>(
         let r = committer.commit(job);
         match r {
             Ok(Flow::Continue) => {
-                committer.work.batches += grouped as u64 - 1;
-                committer.work.grouped_batches += grouped as u64 - 1;
                 for _ in 0..grouped {
                     let _ = done.send(Ok(Flow::Continue));
                 }

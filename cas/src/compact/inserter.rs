@@ -233,7 +233,8 @@ impl<'s> Inserter<'s> {
         let covered = covered.max(self.covered);
         self.covered = covered;
         let edit = self.edit.take().unwrap_or_else(|| self.state.manifest.begin());
-        let mut job = CommitJob { edit, pins: self.pin.take().into_iter().collect(), covered, next };
+        let mut job =
+            CommitJob { edit, pins: self.pin.take().into_iter().collect(), covered, next, batches: 1 };
         if let Some(mut held) = self.held.take() {
             held.absorb(job);
             job = held;
@@ -250,10 +251,6 @@ impl<'s> Inserter<'s> {
     /// Hands the held job on to the commit stage.
     fn hand_on_held(&mut self) -> Result<Flow> {
         let Some(job) = self.held.take() else { return Ok(Flow::Continue) };
-        // Its commit counts one batch; the others joined it.
-        let joined = self.held_batches - 1;
-        self.work.batches += joined;
-        self.work.grouped_batches += joined;
         self.held_batches = 0;
         self.held_bytes = 0;
         self.stage.submit(job)

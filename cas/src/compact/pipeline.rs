@@ -28,7 +28,8 @@
 //! batch) and a pin, no batch buffer.
 //!
 //! The reader runs ahead by at most one batch; the inserter ahead of the
-//! commits by at most `GROUP_JOBS_MAX + JOBS_QUEUED_MAX` jobs. What
+//! commits by at most `GROUP_JOBS_MAX + JOBS_QUEUED_MAX` jobs and the one
+//! it holds (each job up to two batches with the reader thread). What
 //! depends on the state before a batch (partial blocks, holes) waits for
 //! the commits in flight (inserter.rs).
 
