@@ -168,10 +168,9 @@ fn committed_survives_a_crash(
 #[test]
 fn with_a_reader_thread_two_half_batches_make_one_commit() {
     for threads in [1u64, 2, 3] {
-        let mem = MemStorage::new();
         // compaction_batch_bytes 1 MiB: commits of 1 MiB of records.
         let o = StoreOptions { compaction_threads: threads, ..opts() };
-        let store = Store::create(Arc::new(mem.clone()), &store_dir(), o.clone()).unwrap();
+        let (mem, store) = mem_store(o.clone());
         store.create_image("i", 8 << 20).unwrap();
         let image = store.open_image("i").unwrap();
         // 4 MiB of whole blocks, 128 KiB per record: nothing to merge, so

@@ -70,10 +70,9 @@ pub struct Inserter<'s> {
     /// The covered seq of the last batch ended.
     covered: u64,
     per_commit: PerCommit,
-    /// Batches ended but not yet handed on, as one job; how many batches
-    /// and log record bytes it holds.
+    /// Batches ended but not yet handed on, as one job (its `batches`
+    /// says how many), and the log record bytes they read.
     held: Option<CommitJob<'s>>,
-    held_batches: u64,
     held_bytes: u64,
 }
 
@@ -101,7 +100,6 @@ impl<'s> Inserter<'s> {
             covered: state.manifest.covered(),
             per_commit,
             held: None,
-            held_batches: 0,
             held_bytes: 0,
         }
     }
@@ -239,10 +237,10 @@ impl<'s> Inserter<'s> {
             held.absorb(job);
             job = held;
         }
-        self.held_batches += 1;
         self.held_bytes += record_bytes;
+        let room = job.batches < self.per_commit.reads && self.held_bytes < self.per_commit.bytes;
         self.held = Some(job);
-        if self.held_batches < self.per_commit.reads && self.held_bytes < self.per_commit.bytes {
+        if room {
             return Ok(Flow::Continue);
         }
         self.hand_on_held()
@@ -251,7 +249,6 @@ impl<'s> Inserter<'s> {
     /// Hands the held job on to the commit stage.
     fn hand_on_held(&mut self) -> Result<Flow> {
         let Some(job) = self.held.take() else { return Ok(Flow::Continue) };
-        self.held_batches = 0;
         self.held_bytes = 0;
         self.stage.submit(job)
     }

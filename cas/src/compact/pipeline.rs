@@ -25,7 +25,7 @@
 //! at most `JOBS_QUEUED_MAX` (2) commit jobs wait for the commit thread,
 //! which commits at most `GROUP_JOBS_MAX` (3) at once. A job holds its
 //! edit (`ManifestEdit::memory_bytes`: tens of bytes per block of the
-//! batch) and a pin, no batch buffer.
+//! batch) and its pins, no batch buffer.
 //!
 //! The reader runs ahead by at most one batch; the inserter ahead of the
 //! commits by at most `GROUP_JOBS_MAX + JOBS_QUEUED_MAX` jobs and the one
