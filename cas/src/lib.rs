@@ -3,6 +3,25 @@
 //!
 //! Every byte goes through [`storage::Storage`], so tests swap in
 //! [`storage::MemStorage`] to crash the store and inject faults.
+//!
+//! # Layers
+//!
+//! Every module of this crate is in one layer. A module imports only from
+//! its own layer or below; a lower layer that needs something from above
+//! defines a trait (`image::ManifestView`) or takes a closure.
+//! `cas/tests/layers.rs` reads the block below and checks every import
+//! against it; docs/design.md ("Layers of cas") carries the same block.
+//!
+//! ```text
+//! layer     modules (a module imports only from its own row or rows below)
+//! tools     fsck
+//! facade    store
+//! services  chunk::remote compact gc publish
+//! trees     manifest
+//! data      chunk image
+//! records   chunk::dedup objects wal
+//! base      background chunk::cache error format fsck::report heap observe storage sync tasks thread_time units
+//! ```
 #![deny(unsafe_code)]
 
 pub mod background;
