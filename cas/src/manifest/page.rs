@@ -41,6 +41,9 @@ use crate::format;
 use std::path::Path;
 
 pub const PAGE_BYTES: usize = 4096;
+/// Pages 0 and 1 of a manifest file are the root slots (root.rs); tree
+/// pages start here.
+pub const FIRST_TREE_PAGE: u64 = 2;
 pub const PAGE_VERSION: u32 = 2;
 /// Leaves written before locations: each entry is a whole blake3 hash.
 const VERSION_HASH_LEAVES: u32 = 1;
@@ -357,7 +360,7 @@ pub fn decode(buf: &[u8], expect: Option<Expect>, path: &Path, offset: u64) -> R
                 return Err(corrupt(format!("child {i} lies beyond block 2^64")));
             }
             let limit = expect.map_or(u64::MAX, |e| e.file_pages);
-            if c.page < super::root::FIRST_TREE_PAGE || c.page >= limit {
+            if c.page < FIRST_TREE_PAGE || c.page >= limit {
                 return Err(corrupt(format!("child {i} points at page {} outside the tree", c.page)));
             }
         }

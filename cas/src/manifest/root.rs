@@ -28,14 +28,13 @@
 //! (`file_pages - 2 - live_pages` of them). `covered` is the caller's
 //! opaque log position.
 
+pub use super::page::FIRST_TREE_PAGE;
 use super::page::{ChildRef, MAX_LEVEL, PAGE_BYTES};
 use crate::error::{Error, Result};
 use crate::format::{self, Decoder, Encoder};
 use std::path::Path;
 
 pub const ROOT_VERSION: u32 = 1;
-/// Pages 0 and 1 are the root slots.
-pub const FIRST_TREE_PAGE: u64 = 2;
 const ROOT_MAGIC: [u8; 8] = *b"CASMROOT";
 pub(crate) const ROOT_USED_BYTES: usize = 72 + 4;
 
