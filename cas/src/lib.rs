@@ -20,11 +20,12 @@
 //! trees     manifest
 //! data      chunk image
 //! records   chunk::dedup objects wal
-//! base      background chunk::cache error format fsck::report heap observe storage sync tasks thread_time units
+//! base      background cache error format heap observe report storage sync tasks thread_time units
 //! ```
 #![deny(unsafe_code)]
 
 pub mod background;
+pub(crate) mod cache;
 pub mod chunk;
 pub mod compact;
 pub mod error;
@@ -37,6 +38,7 @@ pub mod manifest;
 pub mod objects;
 pub mod observe;
 pub mod publish;
+pub mod report;
 pub mod storage;
 pub mod store;
 mod sync;

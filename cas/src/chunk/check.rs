@@ -19,7 +19,7 @@ use super::pack::{self, CHUNK_BYTES};
 use super::ChunkLoc;
 use super::{ChunkHash, ChunkTag};
 use crate::format;
-use crate::fsck::{Finding, FsckReport};
+use crate::report::{Finding, FsckReport};
 use crate::storage::{Change, OpenMode, Storage};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

@@ -20,7 +20,7 @@
 //! 4.1 bytes per chunk, the summary sampled down past the memory budget so
 //! dedup is lost, never writes), a live bit and a GC keep bit per pack
 //! slot, the open pack files, and a bounded clean cache of chunk bytes
-//! (cache.rs).
+//! (`crate::cache`).
 //!
 //! Locks, in the order they nest (never the other way round):
 //!
@@ -77,7 +77,6 @@
 mod admission;
 #[doc(hidden)]
 pub mod bench;
-mod cache;
 pub mod check;
 pub(crate) mod dedup;
 mod forward;
@@ -91,7 +90,7 @@ mod pin;
 pub mod remote;
 mod writer;
 
-pub(crate) use cache::ClockCache;
+pub(crate) use crate::cache::ClockCache;
 pub use dedup::fuzz::{fuzz_decode_dedup, fuzz_reseal_dedup, fuzz_sample_dedup};
 pub use forward::{fuzz_decode_forward, fuzz_sample_forward, Forward, Move};
 pub use fuzz::{fuzz_replay_index, fuzz_reseal_index, fuzz_sample_index};

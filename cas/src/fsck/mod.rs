@@ -33,9 +33,7 @@
 //!
 //! fsck holds the store's lock, so it refuses a store a daemon serves.
 
-mod report;
-
-pub use report::{describe, Finding, FsckCounts, FsckReport, LISTED_MAX};
+pub use crate::report::{describe, Finding, FsckCounts, FsckReport, LISTED_MAX};
 
 use crate::chunk::check::{ChunkState, IndexCheck};
 use crate::error::{Error, Result};

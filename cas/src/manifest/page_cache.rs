@@ -10,7 +10,7 @@
 //! each rewrite or first commit) ever use the same id.
 
 use super::page::{Page, PAGE_BYTES};
-use crate::chunk::ClockCache;
+use crate::cache::ClockCache;
 use rustc_hash::FxBuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,4 +1,5 @@
-//! What fsck found: problems (exit 1), notes (expected after a crash, or
+//! What a check of the store found (fsck, and the checks it drives:
+//! `chunk::check`): problems (exit 1), notes (expected after a crash, or
 //! outside what fsck owns), the changes `--repair` may make, and counts.
 //!
 //! The lists are bounded: after [`LISTED_MAX`] findings of a class the rest
