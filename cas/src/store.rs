@@ -411,10 +411,18 @@ impl Store {
             }
             None => None,
         };
-        Ok(Arc::new_cyclic(|store| {
+        Ok(Arc::new_cyclic(|store: &Weak<Store>| {
             let auto_gc = opts.gc_auto.enabled.then(|| {
+                let store = store.clone();
                 let task = AutoGcTask {
-                    store: store.clone(),
+                    // Not upgradable: the store is being dropped (its handle
+                    // stops this task) or not built yet (a wake-up during
+                    // its construction).
+                    pass: Box::new(move |why| {
+                        let store = store.upgrade()?;
+                        tracing::info!(dir = %store.dir().display(), why = %why, "automatic GC pass starting");
+                        Some(store.gc_auto_pass())
+                    }),
                     shared: gc.clone(),
                     chunks: chunks.clone(),
                     opts: opts.gc_auto,

@@ -29,7 +29,6 @@ const ALLOWED: &[(&str, &str)] = &[
     ("chunk/mod.rs", "chunk::remote"),
     ("chunk/open.rs", "chunk::remote"),
     ("chunk/writer.rs", "chunk::remote"),
-    ("gc/auto.rs", "store"),
     ("image/stats.rs", "publish"),
 ];
 

@@ -38,17 +38,18 @@
 //!
 //! A failed pass is logged and counted; the next try waits the minimum
 //! interval. The task decides from the history it shares with the store
-//! and the chunk count, and holds the store weakly, upgraded only to run
-//! a pass: a store dropped during a pass closes (and unlocks) when the
-//! pass ends, on the task's thread. A process that exits during a pass
+//! and the chunk count. It runs a pass through a closure the store hands
+//! it (GC is below the store: it never names it), which holds the store
+//! weakly and upgrades it only to run the pass: a store dropped during a
+//! pass closes (and unlocks) when the pass ends, on the task's thread. A process that exits during a pass
 //! leaves it cut short, as a crash would (a pass is crash-safe: cas::gc).
 
 use crate::chunk::{lock, ChunkStore};
+use crate::error::Result;
 use crate::gc::GcReport;
-use crate::store::Store;
 use crate::tasks::{Context, Step, Task, Wake};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// When the store runs GC by itself ([`crate::StoreOptions::gc_auto`]).
@@ -185,11 +186,15 @@ impl GcShared {
     }
 }
 
+/// Runs one automatic pass, given why it is due; None when there is no
+/// store to run it on (being dropped, or not built yet).
+pub(crate) type AutoGcPass = Box<dyn FnMut(&str) -> Option<Result<GcReport>> + Send>;
+
 /// The background task; see the module docs. It decides from the shared
-/// history and the chunk count without the store, which it upgrades only
-/// to run a pass.
+/// history and the chunk count without the store, which only `pass`
+/// reaches.
 pub(crate) struct AutoGcTask {
-    pub store: Weak<Store>,
+    pub pass: AutoGcPass,
     pub shared: Arc<GcShared>,
     pub chunks: Arc<ChunkStore>,
     pub opts: AutoGcOptions,
@@ -203,19 +208,16 @@ impl Task for AutoGcTask {
         let Some(why) = lock(&self.shared.history).due(&self.opts, chunks, dropped, cx.now()) else {
             return check;
         };
-        // Not upgradable: the store is being dropped (its handle stops this
-        // task) or not built yet (a wake-up during its construction).
-        let Some(store) = self.store.upgrade() else { return check };
-        tracing::info!(dir = %store.dir().display(), why = %why, "automatic GC pass starting");
-        match store.gc_auto_pass() {
-            Ok(r) => tracing::info!(
+        match (self.pass)(&why) {
+            None => {}
+            Some(Ok(r)) => tracing::info!(
                 chunks_dead = r.chunks_dead,
                 packs_rewritten = r.packs_rewritten,
                 packs_deleted = r.packs_deleted,
                 bytes_reclaimed = r.bytes_reclaimed,
                 "automatic GC pass done"
             ),
-            Err(e) => tracing::warn!(error = %e, "automatic GC pass failed; trying again later"),
+            Some(Err(e)) => tracing::warn!(error = %e, "automatic GC pass failed; trying again later"),
         }
         check
     }
