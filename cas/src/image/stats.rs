@@ -1,7 +1,9 @@
 //! Per-image counters, and the plain structs that report them: what
 //! `casblk stats` shows for an image under `cas` ([`ImageStats`]), the
 //! compaction work in it ([`CompactStats`]: counted by `cas::compact`, kept
-//! per image by the store, which fills it in: `Store::image_stats`).
+//! per image by the store, which fills it in: `Store::image_stats`), and
+//! its publication to the bucket ([`PublishCounters`]: counted by
+//! `cas::publish`, filled in the same way).
 
 use crate::wal::RecoveryReport;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -96,7 +98,7 @@ pub struct ImageStats {
     pub compaction: CompactStats,
     /// Publication to the store's bucket: filled in by the store
     /// (`Store::image_stats`); zeros without a bucket.
-    pub remote: crate::publish::PublishCounters,
+    pub remote: PublishCounters,
 }
 
 impl Counters {
@@ -215,6 +217,37 @@ counters! {
         pub insert_ns,
         pub commit_ns,
     }
+}
+
+/// Publication's figures for one image, numbers only (the stats socket's
+/// counters, `images[].counters.cas.remote.*`; all zero without a
+/// bucket): counted by `cas::publish`, filled in by the store, defined
+/// here beside [`CompactStats`] so that an image names nothing above it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PublishCounters {
+    /// The newest root in the bucket: its generation and the log seq it
+    /// covers (0: none published since open).
+    pub published_generation: u64,
+    pub published_covered_seq: u64,
+    /// The local manifest's generation.
+    pub manifest_generation: u64,
+    /// Age of the oldest commit not yet in the bucket (0: none): the
+    /// window's age.
+    pub unpublished_ms: u64,
+    /// Page ranges the newest root lists.
+    pub ranges: u64,
+    pub publications: u64,
+    pub pages_sent: u64,
+    /// Rounds that failed (each is retried).
+    pub errors: u64,
+    /// The epoch of the store's lease on the image (0: no lease).
+    pub lease_epoch: u64,
+    pub lease_lost: bool,
+    pub refused: bool,
+    /// Superseded roots and page ranges deleted from the bucket, and those
+    /// waiting for their grace period (`cas::publish::superseded`).
+    pub superseded_deleted: u64,
+    pub superseded_pending: u64,
 }
 
 #[cfg(test)]

@@ -78,6 +78,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use superseded::{Published, Superseded};
 
+pub use crate::image::stats::PublishCounters;
+
 /// What publication has done for one image (`Store::publish_stats`): the
 /// figures, and the messages behind the flags.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -90,35 +92,6 @@ pub struct PublishStats {
     pub refused: Option<String>,
     /// Why the lease was lost (the image then fails its writes).
     pub lease_lost: Option<String>,
-}
-
-/// Publication's figures, numbers only (the stats socket's counters,
-/// `images[].counters.cas.remote.*`; all zero without a bucket).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct PublishCounters {
-    /// The newest root in the bucket: its generation and the log seq it
-    /// covers (0: none published since open).
-    pub published_generation: u64,
-    pub published_covered_seq: u64,
-    /// The local manifest's generation.
-    pub manifest_generation: u64,
-    /// Age of the oldest commit not yet in the bucket (0: none): the
-    /// window's age.
-    pub unpublished_ms: u64,
-    /// Page ranges the newest root lists.
-    pub ranges: u64,
-    pub publications: u64,
-    pub pages_sent: u64,
-    /// Rounds that failed (each is retried).
-    pub errors: u64,
-    /// The epoch of the store's lease on the image (0: no lease).
-    pub lease_epoch: u64,
-    pub lease_lost: bool,
-    pub refused: bool,
-    /// Superseded roots and page ranges deleted from the bucket, and those
-    /// waiting for their grace period (`publish::superseded`).
-    pub superseded_deleted: u64,
-    pub superseded_pending: u64,
 }
 
 /// How a round ended.
