@@ -19,7 +19,7 @@
 //! services  chunk::remote compact gc publish
 //! trees     manifest
 //! data      chunk image
-//! records   chunk::dedup objects wal
+//! records   dedup objects wal
 //! base      background cache error format heap observe report storage sync tasks thread_time units
 //! ```
 #![deny(unsafe_code)]
@@ -28,6 +28,7 @@ pub mod background;
 pub(crate) mod cache;
 pub mod chunk;
 pub mod compact;
+pub mod dedup;
 pub mod error;
 pub mod format;
 pub mod fsck;

@@ -128,7 +128,7 @@ pub struct StoreOptions {
     pub pack_bytes: u64,
     /// The chunk index is flushed to a run on disk once its journal is
     /// past this (or 1/32 of the chunks stored, if more; see
-    /// cas::chunk::dedup).
+    /// cas::dedup).
     pub index_flush_bytes: u64,
     /// Scheduling class of the compactor and the log writeback threads
     /// (cas::background): by default they never preempt the request path

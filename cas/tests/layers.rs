@@ -21,11 +21,6 @@ const CAS: &str = env!("CARGO_MANIFEST_DIR");
 /// Only ever shrinks: an entry that no longer occurs fails too.
 const ALLOWED: &[(&str, &str)] = &[
     ("chunk/check.rs", "chunk::remote"),
-    ("chunk/dedup/fuzz.rs", "chunk"),
-    ("chunk/dedup/merge.rs", "chunk"),
-    ("chunk/dedup/mod.rs", "chunk"),
-    ("chunk/dedup/run.rs", "chunk"),
-    ("chunk/dedup/slots.rs", "chunk"),
     ("chunk/mod.rs", "chunk::remote"),
     ("chunk/open.rs", "chunk::remote"),
     ("chunk/writer.rs", "chunk::remote"),

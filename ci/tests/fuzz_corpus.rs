@@ -87,7 +87,7 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
         "pack_forward" => vec![cas::chunk::fuzz_sample_forward()],
         "remote_files" => cas::chunk::remote::fuzz_sample_remote(),
         "chunk_index" => vec![cas::chunk::fuzz_sample_index(1), cas::chunk::fuzz_sample_index(3)],
-        "dedup_index" => cas::chunk::fuzz_sample_dedup(),
+        "dedup_index" => cas::dedup::fuzz_sample_dedup(),
         "store_files" => cas::store::fuzz_samples(),
         "control_request" => [
             r#"{"cmd":"stats","image":null}"#,
@@ -134,7 +134,7 @@ fn run(target: &str, data: &[u8]) -> bool {
             decoded.is_ok()
         }
         "chunk_index" => cas::chunk::fuzz_replay_index(data).is_ok(),
-        "dedup_index" => cas::chunk::fuzz_decode_dedup(data).is_ok(),
+        "dedup_index" => cas::dedup::fuzz_decode_dedup(data).is_ok(),
         "store_files" => {
             let (store, image) = cas::store::fuzz_decode_store_files(data);
             store.is_ok() || image.is_ok()

@@ -1,20 +1,18 @@
-//! What `ci/bench index` drives directly: the dedup index the store uses
-//! (memtable, runs, summary; `DedupBench`) and, as the baseline, the
-//! whole-index-in-memory layout the store used before it (256 shards of
-//! swiss tables, 48-byte entries; `IndexBench`), both without pack I/O; and
-//! a synthetic store of many chunks to time an open. Not part of the
-//! store's API.
+//! What `ci/bench index` drives directly: the dedup index as the chunk
+//! store drives it (memtable, runs, summary, with the store's flush and
+//! merge policy; `DedupBench`), without pack I/O; and a synthetic store of
+//! many chunks to time an open. Not part of the store's API. (The
+//! benchmark's baseline, the index the store used before, is in ci/.)
 
-use super::dedup::merge::{MergeJob, MergeSpec};
-use super::dedup::root::Root;
-use super::dedup::run::{Entry, RunWriter};
-use super::dedup::slots::{self, Bits};
-use super::dedup::summary::PARTITIONS;
-use super::dedup::{self, DedupIndex, ProbeCost};
-use super::index::{shard_of, IndexMap, Key, Loc, PrefixBuild, SHARDS};
 use super::journal::Journal;
 use super::pack::{self, PackHeader};
-use super::{ChunkHash, ChunkLoc, ChunkTag};
+use super::{ChunkHash, ChunkLoc};
+use crate::dedup::merge::{MergeJob, MergeSpec};
+use crate::dedup::root::Root;
+use crate::dedup::run::{Entry, RunWriter};
+use crate::dedup::slots::{self, Bits};
+use crate::dedup::summary::PARTITIONS;
+use crate::dedup::{self, DedupIndex, ProbeCost};
 use crate::error::Result;
 use crate::storage::{OpenMode, Storage};
 use std::collections::BTreeMap;
@@ -213,55 +211,6 @@ pub fn slot_bits_bytes(chunks: u64) -> u64 {
     chunks.div_ceil(64) * 8 * 2
 }
 
-/// Today's index: the shards of `ChunkStore`'s index, filled directly.
-pub struct IndexBench {
-    shards: Vec<IndexMap>,
-}
-
-impl Default for IndexBench {
-    fn default() -> Self {
-        IndexBench { shards: (0..SHARDS).map(|_| IndexMap::with_hasher(PrefixBuild::default())).collect() }
-    }
-}
-
-impl IndexBench {
-    /// Inserts `hash` at (`pack`, `slot`) unless its tag is there; true if
-    /// it was new (what a dedup insert does).
-    pub fn insert(&mut self, hash: &ChunkHash, pack: u32, slot: u32, crc: u32) -> bool {
-        let key = Key(*hash);
-        let shard = &mut self.shards[shard_of(&key)];
-        if shard.contains_key(&key) {
-            return false;
-        }
-        shard.insert(key, Loc { pack, slot, crc, epoch: 0 });
-        true
-    }
-
-    /// The location of the chunk `tag` names.
-    pub fn get(&self, tag: &ChunkTag) -> Option<(u32, u32)> {
-        let key = Key::of_tag(tag);
-        self.shards[shard_of(&key)].get(&key).map(|l| (l.pack, l.slot))
-    }
-
-    pub fn len(&self) -> u64 {
-        self.shards.iter().map(|s| s.len() as u64).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Buckets of the tables (entries over buckets is their load).
-    pub fn buckets(&self) -> u64 {
-        self.table_bytes() / super::index::BUCKET_BYTES
-    }
-
-    /// The store's own estimate of the tables' heap bytes.
-    pub fn table_bytes(&self) -> u64 {
-        self.shards.iter().map(|s| super::index::table_bytes(s.capacity())).sum()
-    }
-}
-
 /// Writes a chunk store in `dir` that indexes `chunks` chunks as a flush
 /// leaves it: one run of that many entries (hashes from `hash_of`), a
 /// slots file, an empty journal, the root, and the packs they name, as
@@ -284,7 +233,7 @@ pub fn write_synthetic_store(
             Entry { hash: hash_of(i), at: ChunkLoc { pack, slot, crc: 0 } }
         })
         .collect();
-    entries.sort_unstable_by(|a, b| super::dedup::run::hash_order(&a.hash, &b.hash));
+    entries.sort_unstable_by(|a, b| crate::dedup::run::hash_order(&a.hash, &b.hash));
     entries.dedup_by(|a, b| a.hash == b.hash);
     let mut run = RunWriter::create(storage, dir, 1, 0, store_id)?;
     let mut bits: BTreeMap<u32, Bits> = BTreeMap::new();

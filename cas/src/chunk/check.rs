@@ -10,14 +10,14 @@
 //! entries marked, so the manifest walk can name the image blocks they
 //! take down with them.
 
-use super::dedup::root::{Root, ROOT_FILE};
-use super::dedup::run::{self, Run};
-use super::dedup::slots::{self, Bits};
 use super::forward;
 use super::journal::{self, Journal, JournalOp};
 use super::pack::{self, CHUNK_BYTES};
 use super::ChunkLoc;
 use super::{ChunkHash, ChunkTag};
+use crate::dedup::root::{Root, ROOT_FILE};
+use crate::dedup::run::{self, Run};
+use crate::dedup::slots::{self, Bits};
 use crate::format;
 use crate::report::{Finding, FsckReport};
 use crate::storage::{Change, OpenMode, Storage};

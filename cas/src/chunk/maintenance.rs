@@ -22,11 +22,11 @@
 //! Locks: every step changes bits under the writer lock, a bounded batch at
 //! a time; the index is only read (and, by repack, appended to).
 
-use super::dedup::run;
 use super::forward::Move;
 use super::journal::JournalOp;
 use super::pack::{self, CHUNK_BYTES};
 use super::{lock, ChunkHash, ChunkLoc, ChunkRef, ChunkStore};
+use crate::dedup::run;
 use crate::error::{Error, Result};
 use crate::format;
 use std::sync::atomic::Ordering;

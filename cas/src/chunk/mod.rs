@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! chunks/
-//!   index-root          which runs, slots file and journal are the index (dedup/root.rs)
+//!   index-root          which runs, slots file and journal are the index (crate::dedup::root)
 //!   index-run-<16 hex>  sorted runs of index entries: hash -> (pack, slot, crc32c)
 //!   index-slots-<16 hex> the live bit of every pack slot at the last flush
 //!   index               the index journal (journal.rs): puts and freed slots since
@@ -16,9 +16,10 @@
 //!   pack-00000007.fwd   where the chunks of deleted pack 7 went (forward.rs)
 //! ```
 //!
-//! In memory: the dedup index's memtable, summary and fences (dedup/, about
-//! 4.1 bytes per chunk, the summary sampled down past the memory budget so
-//! dedup is lost, never writes), a live bit and a GC keep bit per pack
+//! In memory: the dedup index (`crate::dedup`, a peer of this module that
+//! knows nothing of packs): its memtable, summary and fences (about 4.1
+//! bytes per chunk, the summary sampled down past the memory budget so
+//! dedup is lost, never writes); a live bit and a GC keep bit per pack
 //! slot, the open pack files, and a bounded clean cache of chunk bytes
 //! (`crate::cache`).
 //!
@@ -78,10 +79,8 @@ mod admission;
 #[doc(hidden)]
 pub mod bench;
 pub mod check;
-pub(crate) mod dedup;
 mod forward;
 mod fuzz;
-mod index;
 mod journal;
 mod maintenance;
 mod open;
@@ -91,19 +90,18 @@ pub mod remote;
 mod writer;
 
 pub(crate) use crate::cache::ClockCache;
-pub use dedup::fuzz::{fuzz_decode_dedup, fuzz_reseal_dedup, fuzz_sample_dedup};
 pub use forward::{fuzz_decode_forward, fuzz_sample_forward, Forward, Move};
 pub use fuzz::{fuzz_replay_index, fuzz_reseal_index, fuzz_sample_index};
 pub use maintenance::PackUsage;
 pub use pack::{fuzz_decode_pack_header, PackHeader, CHUNK_BYTES, PACK_HEADER_BYTES};
 pub use pin::ChunkPin;
 
+use crate::dedup::key::{Key, PrefixBuild};
+use crate::dedup::slots::Bits;
+use crate::dedup::{self, DedupIndex};
 use crate::error::{Error, Result};
 use crate::format;
 use crate::storage::{Storage, StorageFile};
-use dedup::slots::Bits;
-use dedup::DedupIndex;
-use index::{Key, PrefixBuild};
 use journal::{Journal, JournalOp};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -287,7 +285,7 @@ pub(crate) struct SyncState {
     /// The index root on disk, except that `next_file_id` is past the id
     /// a running merge reserved.
     pub root: dedup::root::Root,
-    /// The merge of index runs under way, if any (dedup/merge.rs).
+    /// The merge of index runs under way, if any (crate::dedup::merge).
     pub merge: Option<dedup::merge::MergeJob>,
 }
 

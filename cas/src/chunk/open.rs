@@ -9,12 +9,6 @@
 //! 2, no root) has its journal replayed whole, as before, and flushed as
 //! the index's first run before the open returns.
 
-use super::dedup::root::Root;
-use super::dedup::run::{self, Run};
-use super::dedup::slots::{self, Bits};
-use super::dedup::summary::PARTITIONS;
-use super::dedup::{DedupIndex, MemTable};
-use super::index::Key;
 use super::journal::{self, Journal, JournalOp};
 use super::pack::{self, PACK_HEADER_BYTES};
 use super::remote::PackPhase;
@@ -22,6 +16,12 @@ use super::{
     corrupt, pin, ActivePack, ChunkLoc, ChunkStore, ChunkStoreOptions, ClockCache, OpenReport, PackFiles,
     PackState, SyncState, Writer, CACHE_SHARDS, CHUNK_BYTES,
 };
+use crate::dedup::key::Key;
+use crate::dedup::root::Root;
+use crate::dedup::run::{self, Run};
+use crate::dedup::slots::{self, Bits};
+use crate::dedup::summary::PARTITIONS;
+use crate::dedup::{DedupIndex, MemTable};
 use crate::error::{Error, Result};
 use crate::storage::Storage;
 use crate::thread_time::ThreadTime;

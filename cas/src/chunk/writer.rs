@@ -22,15 +22,15 @@
 //! with the newest runs, see dedup/), the slots file, the root, and a new
 //! empty journal, and finally swaps the run into the index.
 
-use super::dedup::root::Root;
-use super::dedup::slots::{self, Bits};
-use super::dedup::{self, ProbeCost};
-use super::index::{Key, PrefixBuild};
 use super::journal::JournalOp;
 use super::pack::{self, PackHeader, CHUNK_BYTES, PACK_HEADER_BYTES};
 use super::{
     lock, ActivePack, ChunkHash, ChunkLoc, ChunkPin, ChunkRef, ChunkStore, InsertStats, PackState, Writer,
 };
+use crate::dedup::key::{Key, PrefixBuild};
+use crate::dedup::root::Root;
+use crate::dedup::slots::{self, Bits};
+use crate::dedup::{self, ProbeCost};
 use crate::error::{Error, Result};
 use crate::format;
 use crate::storage::OpenMode;

@@ -173,7 +173,7 @@ pub(crate) struct UploadJob {
     pub slots: u32,
     pub file: Arc<dyn StorageFile>,
     /// Live slots when it was sealed (the slot index lists only these).
-    pub live: crate::chunk::dedup::slots::Bits,
+    pub live: crate::dedup::slots::Bits,
 }
 
 struct State {

@@ -105,7 +105,7 @@ impl Bits {
 pub(crate) type PackBits = BTreeMap<u32, Bits>;
 
 /// True when `bits` shows slot `at` live.
-pub(crate) fn is_live(bits: &PackBits, at: crate::chunk::ChunkLoc) -> bool {
+pub(crate) fn is_live(bits: &PackBits, at: crate::units::ChunkLoc) -> bool {
     bits.get(&at.pack).is_some_and(|b| b.get(at.slot))
 }
 

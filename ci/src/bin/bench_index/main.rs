@@ -8,7 +8,8 @@
 //!   memtable, sorted runs written to disk and merged as the store does,
 //!   the in-memory summary);
 //! - `memory`: the whole-index-in-memory layout the store used before it
-//!   (`IndexBench`, 48-byte entries in swiss tables), the baseline.
+//!   (`IndexBench`, 48-byte entries in swiss tables, baseline.rs), the
+//!   baseline.
 //!
 //! Each arm runs with the daemon's memory settings
 //! (`serve::process_memory`). Per arm: resident bytes gained while
@@ -36,7 +37,10 @@
 //!   default /usr/share, at most `BENCH_INDEX_TREE_MIB`, default 1024)
 //!   written into two images; the larger is the figure.
 
-use cas::chunk::bench::{memtable_cap_bytes, slot_bits_bytes, write_synthetic_store, DedupBench, IndexBench};
+mod baseline;
+
+use baseline::IndexBench;
+use cas::chunk::bench::{memtable_cap_bytes, slot_bits_bytes, write_synthetic_store, DedupBench};
 use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions};
 use cas::storage::{FsStorage, Storage};
 use cas::{Store, StoreOptions};
@@ -434,7 +438,7 @@ fn main() -> cas::Result<()> {
     let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     let loss = f(&loss_a, "dedup_loss_pct").max(f(&loss_b, "dedup_loss_pct"));
     let mut report = serde_json::json!({
-        "index": "on disk: sorted runs, a 4-byte-per-entry summary, slot bits (cas::chunk::dedup)",
+        "index": "on disk: sorted runs, a 4-byte-per-entry summary, slot bits (cas::dedup)",
         "ram_gib_per_tib_unique": dedup["ram_gib_per_tib_unique"],
         "dedup_loss_pct": loss,
         "dedup_loss": { "compaction_data": loss_a, "os_tree_two_images": loss_b },

@@ -29,10 +29,10 @@
 //! In memory a run keeps its open file and its fences (8 bytes per 92
 //! entries); a lookup binary-searches the fences and reads one page.
 
-use super::super::{ChunkHash, ChunkLoc, ChunkTag};
 use crate::error::{Error, Result};
 use crate::format::{self, Decoder, Encoder};
 use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::units::{ChunkHash, ChunkLoc, ChunkTag};
 use std::path::Path;
 use std::sync::Arc;
 

@@ -31,16 +31,19 @@
 //! merge runs (the store waits for a merge past `MERGE_WAIT_RUNS` runs).
 
 pub(crate) mod fuzz;
+pub mod key;
 pub(crate) mod merge;
 pub(crate) mod root;
 pub(crate) mod run;
 pub(crate) mod slots;
 pub(crate) mod summary;
 
-use super::index::{Key, PrefixBuild};
-use super::{ChunkHash, ChunkLoc, ChunkTag};
+pub use fuzz::{fuzz_decode_dedup, fuzz_reseal_dedup, fuzz_sample_dedup};
+
 use crate::error::Result;
 use crate::storage::Storage;
+use crate::units::{ChunkHash, ChunkLoc, ChunkTag};
+use key::{Key, PrefixBuild};
 use run::{Entry, Run, RunWriter};
 use std::collections::HashMap;
 use std::path::Path;
@@ -77,7 +80,7 @@ pub(crate) fn mem_bytes(m: &MemTable) -> u64 {
 
 /// Heap bytes of a memtable that holds `entries` without growing.
 pub(crate) fn mem_bytes_for(entries: usize) -> u64 {
-    super::index::table_bytes(entries) / super::index::BUCKET_BYTES * MEM_BUCKET_BYTES
+    key::buckets(entries) * MEM_BUCKET_BYTES
 }
 
 pub(crate) struct DedupIndex {

@@ -8,10 +8,10 @@
 use super::root::Root;
 use super::run::{self, Entry, Run, RunWriter, PAGE_BYTES, PAGE_RECORDS};
 use super::slots::{self, Bits};
-use crate::chunk::{ChunkHash, ChunkLoc};
 use crate::error::{Error, Result};
 use crate::format;
 use crate::storage::{MemStorage, OpenMode, Storage};
+use crate::units::{ChunkHash, ChunkLoc};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;

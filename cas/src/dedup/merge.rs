@@ -15,9 +15,9 @@
 
 use super::run::Run;
 use super::write_merged;
-use crate::chunk::ChunkLoc;
 use crate::error::{Error, Result};
 use crate::storage::Storage;
+use crate::units::ChunkLoc;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
