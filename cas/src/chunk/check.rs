@@ -482,7 +482,7 @@ fn check_catalog(
         return Default::default();
     }
     for (&id, p) in &catalog.packs {
-        if p.phase == super::remote::PackPhase::Sealed && pack_files.binary_search(&id).is_err() {
+        if p.phase == super::pack_id::PackPhase::Sealed && pack_files.binary_search(&id).is_err() {
             // Deleted by an open for having no live slot (a crash before the
             // catalog was rewritten): the next open drops the entry. Live
             // chunks in it would be reported as lost with the pack.
@@ -493,5 +493,5 @@ fn check_catalog(
         }
     }
     let of = |phase| catalog.packs.iter().filter(|(_, p)| p.phase == phase).map(|(&id, _)| id).collect();
-    (of(super::remote::PackPhase::Uploaded), of(super::remote::PackPhase::Foreign))
+    (of(super::pack_id::PackPhase::Uploaded), of(super::pack_id::PackPhase::Foreign))
 }

@@ -85,6 +85,7 @@ mod journal;
 mod maintenance;
 mod open;
 mod pack;
+pub mod pack_id;
 mod pin;
 pub mod remote;
 mod writer;
@@ -302,7 +303,7 @@ impl Writer {
         // Own packs of the host slot but the active one, and other stores'
         // (remote/foreign.rs); never a pack from before the remote (slot 0).
         self.host_slot.is_some()
-            && id >> remote::catalog::SEQ_BITS != 0
+            && !pack_id::before_tier(id)
             && self.active.as_ref().is_none_or(|a| a.id != id)
     }
 

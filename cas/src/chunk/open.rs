@@ -11,7 +11,7 @@
 
 use super::journal::{self, Journal, JournalOp};
 use super::pack::{self, PACK_HEADER_BYTES};
-use super::remote::PackPhase;
+use super::pack_id::{self, PackPhase};
 use super::{
     corrupt, pin, ActivePack, ChunkLoc, ChunkStore, ChunkStoreOptions, ClockCache, OpenReport, PackFiles,
     PackState, SyncState, Writer, CACHE_SHARDS, CHUNK_BYTES,
@@ -255,15 +255,14 @@ impl ChunkStore {
         let mut next_pack_id = pack_ids.iter().max().map_or(1, |m| m + 1).max(next_pack_floor);
         if let Some(c) = &catalog {
             // Catalogued ids too: their objects in the bucket are never written again.
-            let own = |id: &&u32| super::remote::catalog::owns(c.host_slot, **id);
+            let own = |id: &&u32| pack_id::owns(c.host_slot, **id);
             let after_catalog = c.packs.keys().rfind(own).map_or(0, |&id| id + 1);
-            next_pack_id =
-                next_pack_id.max(super::remote::catalog::first_pack_id(c.host_slot)).max(after_catalog);
+            next_pack_id = next_pack_id.max(pack_id::first_pack_id(c.host_slot)).max(after_catalog);
         }
         // Keep appending to the newest pack if it has room (with a remote:
         // the newest of this store's host slot, if it is not sealed).
         let resumable = |id: &u32| match &catalog {
-            Some(c) => super::remote::catalog::owns(c.host_slot, *id) && !c.packs.contains_key(id),
+            Some(c) => pack_id::owns(c.host_slot, *id) && !c.packs.contains_key(id),
             None => true,
         };
         let active = packs.iter().rfind(|(id, _)| resumable(id)).and_then(|(&id, p)| {

@@ -232,10 +232,10 @@ impl ChunkStore {
         }
         let id = w.next_pack_id;
         if let Some(h) = w.host_slot {
-            if !super::remote::catalog::owns(h, id) {
+            if !super::pack_id::owns(h, id) {
                 return Err(Error::Unavailable(
                     format!("host slot {h}"),
-                    format!("its {} pack ids are used up", 1u32 << super::remote::catalog::SEQ_BITS),
+                    format!("its {} pack ids are used up", 1u32 << super::pack_id::SEQ_BITS),
                 ));
             }
         }

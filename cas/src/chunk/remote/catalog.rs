@@ -15,6 +15,7 @@
 //! to again (open does not resume it) and GC neither repacks nor deletes it:
 //! its bytes are what was, or will be, uploaded.
 
+pub use crate::chunk::pack_id::{first_pack_id, owns, PackPhase, SEQ_BITS};
 use crate::error::{Error, Result};
 use crate::format::{self, Encoder};
 use crate::storage::{read_small, write_atomic, Storage};
@@ -31,34 +32,21 @@ const VERSION_WITHOUT_FOREIGN: u32 = 1;
 /// Largest catalog read (about 1.4 M packs, 88 TiB of 64 MiB packs).
 const MAX_CATALOG_BYTES: u64 = 16 << 20;
 
-/// Where a pack is in its upload.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PackPhase {
-    /// Frozen and durable locally; its upload may not have begun.
-    Sealed,
-    /// The object store holds it whole, with its slot index.
-    Uploaded,
-    /// Another store's uploaded pack that a manifest here names (an image
-    /// fetched from the bucket): read from the bucket, never written.
-    Foreign,
+/// The catalog's code of a phase.
+fn phase_code(phase: PackPhase) -> u32 {
+    match phase {
+        PackPhase::Sealed => 1,
+        PackPhase::Uploaded => 2,
+        PackPhase::Foreign => 3,
+    }
 }
 
-impl PackPhase {
-    fn code(self) -> u32 {
-        match self {
-            PackPhase::Sealed => 1,
-            PackPhase::Uploaded => 2,
-            PackPhase::Foreign => 3,
-        }
-    }
-
-    fn from_code(code: u32) -> Option<PackPhase> {
-        match code {
-            1 => Some(PackPhase::Sealed),
-            2 => Some(PackPhase::Uploaded),
-            3 => Some(PackPhase::Foreign),
-            _ => None,
-        }
+fn phase_from_code(code: u32) -> Option<PackPhase> {
+    match code {
+        1 => Some(PackPhase::Sealed),
+        2 => Some(PackPhase::Uploaded),
+        3 => Some(PackPhase::Foreign),
+        _ => None,
     }
 }
 
@@ -87,7 +75,7 @@ impl Catalog {
         e.bytes(&MAGIC).u32(version).u32(u32::from(self.host_slot)).u64(self.store_id);
         e.u32(u32::try_from(self.packs.len()).expect("catalog entries fit in u32"));
         for (&id, p) in &self.packs {
-            e.u32(id).u32(p.phase.code()).u32(p.slots);
+            e.u32(id).u32(phase_code(p.phase)).u32(p.slots);
         }
         e.seal();
         e.buf
@@ -113,8 +101,7 @@ impl Catalog {
         for _ in 0..n {
             let (id, code, slots) =
                 (d.u32().ok_or_else(short)?, d.u32().ok_or_else(short)?, d.u32().ok_or_else(short)?);
-            let phase =
-                PackPhase::from_code(code).ok_or_else(|| corrupt(format!("pack {id}: phase {code}")))?;
+            let phase = phase_from_code(code).ok_or_else(|| corrupt(format!("pack {id}: phase {code}")))?;
             // Own packs are in the host slot's range; foreign ones outside it.
             let foreign = phase == PackPhase::Foreign;
             if last.is_some_and(|l| l >= id) || owns(host_slot, id) == foreign || id >> SEQ_BITS == 0 {
@@ -158,19 +145,6 @@ impl Catalog {
             .map(|p| super::super::pack::slot_offset(p.slots))
             .sum()
     }
-}
-
-/// Bits of a pack id below the host slot.
-pub const SEQ_BITS: u32 = 24;
-
-/// The first pack id of `host_slot`'s range.
-pub fn first_pack_id(host_slot: u8) -> u32 {
-    u32::from(host_slot) << SEQ_BITS | 1
-}
-
-/// True when pack `id` is in `host_slot`'s range.
-pub fn owns(host_slot: u8, id: u32) -> bool {
-    id >> SEQ_BITS == u32::from(host_slot)
 }
 
 #[cfg(test)]
