@@ -53,9 +53,12 @@ pub use remote_images::{FetchAs, FetchReport};
 pub use snapshot::{snapshot_name, SNAPSHOT_SEPARATOR};
 
 use crate::background::BackgroundCpu;
+use crate::chunk::remote::{open_chunks, PackTier};
 use crate::chunk::{ChunkStats, ChunkStore, ChunkStoreOptions};
 use crate::compact::service::Service;
-use crate::compact::{Budget, CompactConfig, CompactReport, Compactor, ImageCompaction, PassControl};
+use crate::compact::{
+    Budget, CompactConfig, CompactReport, Compactor, ImageCompaction, PassControl, UploadRoom,
+};
 use crate::error::{Error, Result};
 use crate::gc::{AutoGcOptions, AutoGcTask, GcHistory, GcOptions, GcReport, GcShared};
 use crate::image::{Image, ImageConfig, ImageStats, ManifestView, MAX_WRITE_BYTES};
@@ -296,6 +299,8 @@ pub struct Store {
     dir: PathBuf,
     opts: StoreOptions,
     chunks: Arc<ChunkStore>,
+    /// Where the chunk store's sealed packs go, with a remote.
+    tier: Option<Arc<PackTier>>,
     compactor: Arc<Compactor>,
     open: Arc<OpenImages>,
     manifests: Mutex<HashMap<String, Weak<Manifest>>>,
@@ -368,13 +373,19 @@ impl Store {
             cache_bytes: opts.chunk_cache_bytes,
             index_memory_budget_bytes: opts.memory_budget_bytes - opts.compaction_memory_bytes,
             index_checkpoint_min_bytes: opts.index_flush_bytes,
-            remote: opts.remote.0.clone(),
             ..ChunkStoreOptions::default()
         };
-        let chunks = Arc::new(ChunkStore::open(storage.clone(), &dir.join("chunks"), chunk_opts)?);
+        let (chunks, tier) =
+            open_chunks(storage.clone(), &dir.join("chunks"), chunk_opts, opts.remote.0.as_ref())?;
+        let chunks = Arc::new(chunks);
         let refs_dropped = Arc::new(AtomicU64::new(0));
+        let upload_room = tier.clone().map(|tier| {
+            let chunks = chunks.clone();
+            Arc::new(move || tier.wait_upload_room(&chunks)) as UploadRoom
+        });
         let compactor = Arc::new(Compactor {
             chunks: chunks.clone(),
+            upload_room,
             budget: Budget::new(opts.compaction_memory_bytes),
             cfg: opts.compact_config(),
             tasks: opts.tasks.clone(),
@@ -402,14 +413,15 @@ impl Store {
                 opts.background_cpu,
             )
         });
-        let publisher = match opts.remote.0.as_ref().and_then(|r| Publisher::new(&chunks, r)) {
-            Some(p) => {
+        let publisher = match (&tier, opts.remote.0.as_ref()) {
+            (Some(tier), Some(r)) => {
+                let p = Publisher::new(&chunks, tier, r);
                 if p.needs_thread() {
                     p.start()?;
                 }
                 Some(remote_images::PublisherThread(p))
             }
-            None => None,
+            _ => None,
         };
         Ok(Arc::new_cyclic(|store: &Weak<Store>| {
             let auto_gc = opts.gc_auto.enabled.then(|| {
@@ -439,6 +451,7 @@ impl Store {
                 manifest_pages: PageCache::new(opts.manifest_cache_bytes),
                 opts,
                 chunks,
+                tier,
                 compactor,
                 open,
                 manifests: Mutex::default(),
@@ -474,6 +487,11 @@ impl Store {
     /// The shared chunk store.
     pub fn chunks(&self) -> &Arc<ChunkStore> {
         &self.chunks
+    }
+
+    /// Where the chunk store's sealed packs go (with a remote).
+    pub fn tier(&self) -> Option<&Arc<PackTier>> {
+        self.tier.as_ref()
     }
 
     pub fn chunk_stats(&self) -> ChunkStats {

@@ -19,11 +19,7 @@ const CAS: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Upward imports let through: (file under `cas/src`, module it names).
 /// Only ever shrinks: an entry that no longer occurs fails too.
-const ALLOWED: &[(&str, &str)] = &[
-    ("chunk/check.rs", "chunk::remote"),
-    ("chunk/mod.rs", "chunk::remote"),
-    ("chunk/open.rs", "chunk::remote"),
-];
+const ALLOWED: &[(&str, &str)] = &[];
 
 /// Files allowed past 600 lines of non-test code: not (yet) split.
 const LONG: &[&str] = &["chunk/mod.rs", "image/mod.rs", "publish/mod.rs", "storage/mem.rs", "store.rs"];

@@ -55,7 +55,7 @@ fn a_store_stores_none_of_the_chunks_another_uploaded() {
         let s = Store::create(Arc::new(mem.clone()), &store_dir(), opts(&objects)).unwrap();
         (mem, s)
     };
-    let imported = b.chunks().import_foreign().unwrap();
+    let imported = b.tier().unwrap().import_foreign(b.chunks()).unwrap();
     assert_eq!(imported.entries, 16 * 32, "{imported:?}");
     let (got, copy) = write_data(&b, "copy");
     same_tokens(&got, &want, "host B's copy");
@@ -63,7 +63,7 @@ fn a_store_stores_none_of_the_chunks_another_uploaded() {
     assert_eq!(chunks_new, 0, "host B stored chunks host A had uploaded");
     b.publish_wait("copy", WAIT).unwrap();
     assert_eq!(pack_bytes(&objects), unique, "the bucket holds each chunk once");
-    assert_eq!(b.chunks().import_foreign().unwrap().packs, 0, "nothing new to import");
+    assert_eq!(b.tier().unwrap().import_foreign(b.chunks()).unwrap().packs, 0, "nothing new to import");
 
     // After a reopen: still deduplicated, and read from the bucket.
     drop((copy, b));
@@ -106,20 +106,24 @@ fn imports_list_only_what_is_new_and_a_full_scan_finds_what_landed_below() {
     let c = new_store();
     let a = new_store();
     let b = new_store();
-    let slot = |s: &Store| s.chunks().remote_stats().unwrap().host_slot;
+    let slot = |s: &Store| s.tier().unwrap().stats().host_slot;
     assert!(slot(&c) < slot(&a), "slots {} {}", slot(&c), slot(&a));
     upload_image(&a, "a1", 1);
-    let first = b.chunks().import_foreign().unwrap();
+    let first = b.tier().unwrap().import_foreign(b.chunks()).unwrap();
     assert!(first.packs > 0, "the first import lists everything: {first:?}");
     upload_image(&a, "a2", 2);
-    let second = b.chunks().import_foreign().unwrap();
+    let second = b.tier().unwrap().import_foreign(b.chunks()).unwrap();
     assert!(second.packs > 0, "A's new packs sort after what the last import saw: {second:?}");
     // C's packs land below the listing's start: only a full scan sees them.
     upload_image(&c, "c1", 3);
     for i in 2..cas::chunk::remote::FULL_SCAN_EVERY {
-        assert_eq!(b.chunks().import_foreign().unwrap().packs, 0, "import {i} lists after A's last key");
+        assert_eq!(
+            b.tier().unwrap().import_foreign(b.chunks()).unwrap().packs,
+            0,
+            "import {i} lists after A's last key"
+        );
     }
-    let full = b.chunks().import_foreign().unwrap();
+    let full = b.tier().unwrap().import_foreign(b.chunks()).unwrap();
     assert!(full.packs > 0, "the full scan adopts C's packs: {full:?}");
 }
 
@@ -137,8 +141,8 @@ fn a_crash_at_every_storage_operation_of_an_import_loses_nothing() {
         // The store exists first; only the import runs on the crashing storage.
         drop(Store::create(Arc::new(mem.clone()), &store_dir(), opts(&objects)).unwrap());
         let (storage, ctl) = crashing(&mem, budget);
-        let result =
-            Store::open(storage, &store_dir(), opts(&objects)).and_then(|b| b.chunks().import_foreign());
+        let result = Store::open(storage, &store_dir(), opts(&objects))
+            .and_then(|b| b.tier().unwrap().import_foreign(b.chunks()));
         if !ctl.died() {
             assert_eq!(result.unwrap().entries, entries);
             return true;
@@ -146,7 +150,8 @@ fn a_crash_at_every_storage_operation_of_an_import_loses_nothing() {
         mem.crash(mode);
         let what = format!("crash after {budget} ops");
         let b = reopen(&mem, opts(&objects)).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
-        let r = b.chunks().import_foreign().unwrap_or_else(|e| panic!("{what}: import: {e}"));
+        let r =
+            b.tier().unwrap().import_foreign(b.chunks()).unwrap_or_else(|e| panic!("{what}: import: {e}"));
         assert!(r.entries <= entries, "{what}: {r:?}");
         let (got, _copy) = write_data(&b, "copy");
         same_tokens(&got, &want, &what);

@@ -82,7 +82,7 @@ fn another_store_reads_what_one_published_and_nothing_it_did_not() {
     same_tokens(&fetched_tokens(&b, "vm"), &want1, "host B, first publication");
     let replica = b.open_image("vm").unwrap();
     assert!(replica.write(0, &payload(9, 0, 8), false).is_err(), "a replica is read-only");
-    assert!(b.chunks().remote_stats().unwrap().gets > 0, "B read A's chunks from the bucket");
+    assert!(b.tier().unwrap().stats().gets > 0, "B read A's chunks from the bucket");
     drop(replica);
     let gc = b.gc().unwrap();
     assert_eq!(gc.missing_references, 0, "{gc:?}");

@@ -41,8 +41,8 @@ fn compacted_chunks_go_to_the_bucket_and_are_read_back_from_it() {
     let want = read_tokens(&image).unwrap();
     store.compact_once(&image).unwrap();
     store.chunks().seal_active().unwrap();
-    store.chunks().upload_sealed().unwrap();
-    let st = store.chunks().remote_stats().unwrap();
+    store.tier().unwrap().upload_sealed().unwrap();
+    let st = store.tier().unwrap().stats();
     assert!(st.uploaded_packs >= 4 && st.sealed_packs == 0, "{st:?}");
     assert_eq!(st.evicted_packs, st.uploaded_packs, "{st:?}");
     assert_eq!(local_packs(&mem), 0);
@@ -50,7 +50,7 @@ fn compacted_chunks_go_to_the_bucket_and_are_read_back_from_it() {
     assert!(image.log_used_bytes() > 0);
     store.publish_wait("vm", Duration::from_secs(5)).unwrap();
     same_tokens(&read_tokens(&image).unwrap(), &want, "read from the bucket");
-    assert!(store.chunks().remote_stats().unwrap().gets > 0);
+    assert!(store.tier().unwrap().stats().gets > 0);
     drop((image, store));
 
     let store = reopen(&mem, opts(Some(&objects))).unwrap();

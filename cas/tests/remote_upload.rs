@@ -1,4 +1,4 @@
-//! Sealed packs uploaded to an object store (chunk/remote/): pack ids in
+//! Sealed packs uploaded to an object store (cas::chunk::remote): pack ids in
 //! the store's host slot, sealing only after a sync, uploads that match
 //! the local bytes and survive a crash at every storage operation or an
 //! object store failure at every request, a sealed pack never appended to
@@ -7,6 +7,7 @@
 mod chunk_support;
 
 use cas::chunk::remote::packidx::PackIndex;
+use cas::chunk::remote::{open_chunks, PackTier, RemoteStats};
 use cas::chunk::remote::{pack_key, packidx_key, Catalog, PackPhase, RemoteOptions, PART_BYTES};
 use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
 use cas::objects::{MemObjects, ObjectFault, Objects};
@@ -35,19 +36,54 @@ fn remote(objects: &MemObjects, threads: usize) -> RemoteOptions {
     }
 }
 
-fn options(remote: Option<RemoteOptions>) -> ChunkStoreOptions {
+fn options() -> ChunkStoreOptions {
     ChunkStoreOptions {
         pack_bytes: PACK_HEADER_BYTES + SLOTS * CHUNK_BYTES as u64,
         index_checkpoint_min_bytes: 2048,
         index_merge_in_background: false,
         cache_bytes: 0,
-        remote,
         ..Default::default()
     }
 }
 
-fn open(storage: Arc<dyn Storage>, objects: &MemObjects, threads: usize) -> cas::Result<ChunkStore> {
-    ChunkStore::open(storage, Path::new(DIR), options(Some(remote(objects, threads))))
+/// A chunk store opened with its pack tier (`remote`: its bucket).
+struct Chunks {
+    c: ChunkStore,
+    tier: Option<Arc<PackTier>>,
+}
+
+impl std::ops::Deref for Chunks {
+    type Target = ChunkStore;
+    fn deref(&self) -> &ChunkStore {
+        &self.c
+    }
+}
+
+impl Chunks {
+    fn open(
+        storage: Arc<dyn Storage>,
+        opts: ChunkStoreOptions,
+        remote: Option<RemoteOptions>,
+    ) -> cas::Result<Chunks> {
+        let (c, tier) = open_chunks(storage, Path::new(DIR), opts, remote.as_ref())?;
+        Ok(Chunks { c, tier })
+    }
+
+    fn remote_stats(&self) -> Option<RemoteStats> {
+        self.tier.as_ref().map(|t| t.stats())
+    }
+
+    fn upload_sealed(&self) -> cas::Result<u64> {
+        self.tier.as_ref().map_or(Ok(0), |t| t.upload_sealed())
+    }
+
+    fn wait_upload_room(&self) -> cas::Result<()> {
+        self.tier.as_ref().map_or(Ok(()), |t| t.wait_upload_room(&self.c))
+    }
+}
+
+fn open(storage: Arc<dyn Storage>, objects: &MemObjects, threads: usize) -> cas::Result<Chunks> {
+    Chunks::open(storage, options(), Some(remote(objects, threads)))
 }
 
 fn insert(c: &ChunkStore, ids: std::ops::Range<u64>) -> cas::Result<()> {
@@ -153,7 +189,7 @@ fn packs_are_sealed_after_a_sync_uploaded_whole_and_never_appended_again() {
 
 /// The workload: inserts and syncs across several packs, uploads, and an
 /// explicit seal; returns the ids acknowledged durable before the cut.
-fn workload(c: &ChunkStore, acked: &mut Vec<u64>) -> cas::Result<()> {
+fn workload(c: &Chunks, acked: &mut Vec<u64>) -> cas::Result<()> {
     for ids in [0..5, 5..20, 20..21, 21..30] {
         insert(c, ids.clone())?;
         c.sync()?;
@@ -247,8 +283,8 @@ fn writers_wait_on_the_upload_bound_while_the_store_is_down_then_go_on() {
     let mem = MemStorage::new();
     let objects = MemObjects::new();
     let pack = PACK_HEADER_BYTES + SLOTS * CHUNK_BYTES as u64;
-    let opts = options(Some(RemoteOptions { pending_max_bytes: 2 * pack, ..remote(&objects, 1) }));
-    let c = ChunkStore::open(Arc::new(mem.clone()), Path::new(DIR), opts).unwrap();
+    let remote = RemoteOptions { pending_max_bytes: 2 * pack, ..remote(&objects, 1) };
+    let c = Chunks::open(Arc::new(mem.clone()), options(), Some(remote)).unwrap();
     objects.set_fault(ObjectFault::Unreachable);
     let written = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|s| {
@@ -332,7 +368,7 @@ fn uploaded_packs_leave_the_disk_and_are_read_from_the_bucket_through_the_cache(
     read_all(&c, 0..40);
     drop(c);
     // Without its remote the store cannot serve them, and says so.
-    let Err(err) = ChunkStore::open(Arc::new(mem.clone()), Path::new(DIR), options(None)) else {
+    let Err(err) = Chunks::open(Arc::new(mem.clone()), options(), None) else {
         panic!("opened without its remote")
     };
     assert!(err.to_string().contains("only in the bucket"), "{err}");
@@ -383,12 +419,9 @@ fn a_pack_larger_than_one_part_uploads_in_parts_and_reads_back_across_them() {
     let mem = MemStorage::new();
     let objects = MemObjects::new();
     let slots = PART_BYTES / CHUNK_BYTES as u64 + 200; // two parts
-    let opts = ChunkStoreOptions {
-        pack_bytes: PACK_HEADER_BYTES + slots * CHUNK_BYTES as u64,
-        remote: Some(RemoteOptions { local_keep_bytes: 0, ..remote(&objects, 0) }),
-        ..options(None)
-    };
-    let c = ChunkStore::open(Arc::new(mem.clone()), Path::new(DIR), opts).unwrap();
+    let opts = ChunkStoreOptions { pack_bytes: PACK_HEADER_BYTES + slots * CHUNK_BYTES as u64, ..options() };
+    let remote = RemoteOptions { local_keep_bytes: 0, ..remote(&objects, 0) };
+    let c = Chunks::open(Arc::new(mem.clone()), opts, Some(remote)).unwrap();
     for first in (0..slots).step_by(1024) {
         insert(&c, first..(first + 1024).min(slots)).unwrap();
     }

@@ -166,27 +166,24 @@ fn the_lease_works_between_two_stores_on_three_nodes() {
 /// every chunk reads back from the bucket (no local copy is kept).
 #[test]
 fn a_chunk_store_uploads_and_reads_through_killed_nodes() {
-    use cas::chunk::remote::RemoteOptions;
-    use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions};
+    use cas::chunk::remote::{open_chunks, RemoteOptions};
+    use cas::chunk::{ChunkHash, ChunkStoreOptions};
     use std::sync::Arc;
     let Some(cluster) = cluster("chunk-store", 3) else { return };
     let objects = Arc::new(S3Objects::open(cluster.config()).unwrap());
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("garage-chunk-store-data");
     let _ = std::fs::remove_dir_all(&dir);
-    let opts = || ChunkStoreOptions {
-        pack_bytes: 1 << 20,
-        cache_bytes: 0,
-        remote: Some(RemoteOptions {
-            upload_threads: 2,
-            local_keep_bytes: 0,
-            cache_bytes: 1 << 20,
-            claim_bound: Duration::from_millis(500),
-            ..RemoteOptions::new(objects.clone())
-        }),
-        ..ChunkStoreOptions::default()
+    let opts = || ChunkStoreOptions { pack_bytes: 1 << 20, cache_bytes: 0, ..ChunkStoreOptions::default() };
+    let remote = RemoteOptions {
+        upload_threads: 2,
+        local_keep_bytes: 0,
+        cache_bytes: 1 << 20,
+        claim_bound: Duration::from_millis(500),
+        ..RemoteOptions::new(objects.clone())
     };
     let storage = Arc::new(cas::storage::FsStorage::new());
-    let c = ChunkStore::open(storage.clone(), &dir, opts()).unwrap();
+    let (c, tier) = open_chunks(storage.clone(), &dir, opts(), Some(&remote)).unwrap();
+    let tier = tier.unwrap();
     let blocks = 4096u64; // 16 MiB
     for batch in 0..blocks / 256 {
         if batch == blocks / 512 {
@@ -194,7 +191,7 @@ fn a_chunk_store_uploads_and_reads_through_killed_nodes() {
         }
         let data: Vec<Vec<u8>> = (batch * 256..(batch + 1) * 256).map(|i| data(i + 1, 4096)).collect();
         let items: Vec<(ChunkHash, &[u8])> = data.iter().map(|d| (ChunkHash::of(d), &d[..])).collect();
-        c.wait_upload_room().unwrap();
+        tier.wait_upload_room(&c).unwrap();
         c.insert_missing(&c.pin(), &items).unwrap();
         c.sync().unwrap();
     }
@@ -207,17 +204,18 @@ fn a_chunk_store_uploads_and_reads_through_killed_nodes() {
     let busy = |s: &cas::chunk::remote::RemoteStats| {
         s.sealed_packs > 0 || s.local_uploaded_packs > 0 || s.evicted_packs < s.uploaded_packs
     };
-    while c.remote_stats().is_some_and(|s| busy(&s)) {
-        assert!(Instant::now() < deadline, "uploads did not finish: {:?}", c.remote_stats());
+    while busy(&tier.stats()) {
+        assert!(Instant::now() < deadline, "uploads did not finish: {:?}", tier.stats());
         std::thread::sleep(Duration::from_millis(50));
     }
-    let st = c.remote_stats().unwrap();
+    let st = tier.stats();
     eprintln!("uploads with node 1 killed midway: {st:?}");
     assert!(st.uploaded_packs >= 16 && st.evicted_packs == st.uploaded_packs, "{st:?}");
-    drop(c);
+    drop((c, tier));
     cluster.node("restart", 1);
 
-    let c = ChunkStore::open(storage, &dir, opts()).unwrap();
+    let (c, tier) = open_chunks(storage, &dir, opts(), Some(&remote)).unwrap();
+    let tier = tier.unwrap();
     let mut out = vec![0u8; 4096];
     for i in 0..blocks {
         if i == blocks / 2 {
@@ -227,8 +225,8 @@ fn a_chunk_store_uploads_and_reads_through_killed_nodes() {
         c.read(&ChunkHash::of(&want), &mut out).unwrap_or_else(|e| panic!("chunk {i}: {e}"));
         assert!(out == want, "chunk {i}");
     }
-    assert!(c.remote_stats().unwrap().gets > 0);
-    drop(c);
+    assert!(tier.stats().gets > 0);
+    drop((c, tier));
     cluster.node("restart", 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -313,7 +311,7 @@ fn another_host_takes_over_an_image_published_through_killed_nodes() {
     eprintln!("host A refused: {e}");
     assert!(e.to_string().contains("held by store"), "{e}");
     drop(a);
-    let gets = b.chunks().remote_stats().unwrap().gets;
+    let gets = b.tier().unwrap().stats().gets;
     assert!(gets > 0);
     drop((image, b));
     cluster.node("restart", 2);

@@ -13,6 +13,7 @@
 use super::forward;
 use super::journal::{self, Journal, JournalOp};
 use super::pack::{self, CHUNK_BYTES};
+use super::tier::TierCheck;
 use super::ChunkLoc;
 use super::{ChunkHash, ChunkTag};
 use crate::dedup::root::{Root, ROOT_FILE};
@@ -214,7 +215,7 @@ pub struct IndexCheck {
     pub entries: Vec<Entry>,
     /// Pack ids with a file in the directory.
     pack_files: Vec<u32>,
-    /// Pack ids the remote catalog holds as uploaded, sorted (their local
+    /// Pack ids the tier holds as uploaded, sorted (their local
     /// file may be gone: they are read from the bucket).
     remote_packs: Vec<u32>,
     /// Other stores' packs that fetched images name, sorted: their chunks
@@ -225,9 +226,15 @@ pub struct IndexCheck {
 }
 
 impl IndexCheck {
-    /// Replays the journal in `dir` through `storage` (a dry run). `None`
-    /// if it cannot be replayed (reported).
-    pub fn load(storage: &dyn Storage, dir: &Path, report: &mut FsckReport) -> Option<IndexCheck> {
+    /// Replays the journal in `dir` through `storage` (a dry run), with
+    /// what `tier` keeps of the store checked too. `None` if it cannot be
+    /// replayed (reported).
+    pub fn load(
+        storage: &dyn Storage,
+        dir: &Path,
+        report: &mut FsckReport,
+        tier: &TierCheck,
+    ) -> Option<IndexCheck> {
         let names = match storage.list_dir(dir) {
             Ok(n) => n,
             Err(e) => {
@@ -253,9 +260,7 @@ impl IndexCheck {
                 || run::parse_run_file_name(n).is_some()
                 || run::is_keys_spill_name(n)
                 || slots::parse_slots_file_name(n).is_some()
-                || n == super::remote::catalog::CATALOG_FILE
-                || n == super::remote::attach::CACHE_FILE
-                || *n == format!("{}.tmp", super::remote::catalog::CATALOG_FILE);
+                || (tier.owns_file)(n);
             if !known && pack::parse_pack_file_name(n).is_none() {
                 let f =
                     Finding::new("unknown-file", None, &dir.join(n), "not a file casblk writes; left alone");
@@ -281,7 +286,7 @@ impl IndexCheck {
             });
         }
         let (store_id, map, bits) = load_index(storage, dir, report)?;
-        let (remote_packs, foreign_packs) = check_catalog(storage, dir, store_id, &pack_files, report);
+        let (remote_packs, foreign_packs) = (tier.packs)(storage, dir, store_id, &pack_files, report);
         let mut entries: Vec<Entry> = map
             .into_iter()
             .map(|(hash, at)| Entry {
@@ -455,43 +460,4 @@ impl IndexCheck {
     pub fn location(&self, e: &Entry) -> (PathBuf, u64) {
         (self.dir.join(pack::pack_file_name(e.pack)), pack::slot_offset(e.slot))
     }
-}
-
-/// The remote catalog, if any: it decodes, belongs to this store, and
-/// every pack it holds as sealed (not yet uploaded) is still here.
-/// Returns the packs it holds as uploaded, and as foreign, sorted.
-fn check_catalog(
-    storage: &dyn Storage,
-    dir: &Path,
-    store_id: u64,
-    pack_files: &[u32],
-    report: &mut FsckReport,
-) -> (Vec<u32>, Vec<u32>) {
-    let path = dir.join(super::remote::catalog::CATALOG_FILE);
-    let catalog = match super::remote::Catalog::read(storage, dir) {
-        Ok(Some(c)) => c,
-        Ok(None) => return Default::default(),
-        Err(e) => {
-            report.problem(Finding::from_error("remote-catalog", None, &path, &e));
-            return Default::default();
-        }
-    };
-    if catalog.store_id != store_id {
-        let detail = format!("belongs to store {:#018x}, not {store_id:#018x}", catalog.store_id);
-        report.problem(Finding::new("remote-catalog", None, &path, detail));
-        return Default::default();
-    }
-    for (&id, p) in &catalog.packs {
-        if p.phase == super::pack_id::PackPhase::Sealed && pack_files.binary_search(&id).is_err() {
-            // Deleted by an open for having no live slot (a crash before the
-            // catalog was rewritten): the next open drops the entry. Live
-            // chunks in it would be reported as lost with the pack.
-            let detail = format!(
-                "pack {id:#010x} is sealed for upload but its file is gone (dropped by the next open)"
-            );
-            report.note(Finding::new("remote-catalog", None, &path, detail));
-        }
-    }
-    let of = |phase| catalog.packs.iter().filter(|(_, p)| p.phase == phase).map(|(&id, _)| id).collect();
-    (of(super::pack_id::PackPhase::Uploaded), of(super::pack_id::PackPhase::Foreign))
 }

@@ -45,7 +45,7 @@ pub struct PackUsage {
     pub capacity: u32,
     /// The pack new chunks are appended to (never repacked).
     pub active: bool,
-    /// Sealed for upload, or uploaded (chunk/remote/): its bytes are
+    /// Sealed for upload, or uploaded (seal.rs, tier.rs): its bytes are
     /// frozen, so it is never repacked or deleted.
     pub sealed: bool,
 }

@@ -79,6 +79,7 @@ mod admission;
 #[doc(hidden)]
 pub mod bench;
 pub mod check;
+mod foreign;
 mod forward;
 mod fuzz;
 mod journal;
@@ -88,14 +89,18 @@ mod pack;
 pub mod pack_id;
 mod pin;
 pub mod remote;
+mod seal;
+pub mod tier;
 mod writer;
 
 pub(crate) use crate::cache::ClockCache;
+pub use foreign::{ForeignImport, ForeignSlots};
 pub use forward::{fuzz_decode_forward, fuzz_sample_forward, Forward, Move};
 pub use fuzz::{fuzz_replay_index, fuzz_reseal_index, fuzz_sample_index};
 pub use maintenance::PackUsage;
 pub use pack::{fuzz_decode_pack_header, PackHeader, CHUNK_BYTES, PACK_HEADER_BYTES};
 pub use pin::ChunkPin;
+pub use seal::Closing;
 
 use crate::dedup::key::{Key, PrefixBuild};
 use crate::dedup::slots::Bits;
@@ -147,9 +152,6 @@ pub struct ChunkStoreOptions {
     /// false runs them inside the flush that makes them due (tests that
     /// cut the storage at every operation want that order fixed).
     pub index_merge_in_background: bool,
-    /// Upload sealed packs to an object store (remote/); None keeps every
-    /// pack local only.
-    pub remote: Option<remote::RemoteOptions>,
 }
 
 impl Default for ChunkStoreOptions {
@@ -160,7 +162,6 @@ impl Default for ChunkStoreOptions {
             index_memory_budget_bytes: 1 << 30,
             index_checkpoint_min_bytes: 4 << 20,
             index_merge_in_background: true,
-            remote: None,
         }
     }
 }
@@ -270,10 +271,10 @@ pub(crate) struct Writer {
     pub dirty: BTreeMap<u32, Arc<dyn StorageFile>>,
     /// A pack file was created since the last sync.
     pub dir_dirty: bool,
-    /// With a remote: this store's host slot (its packs' top 8 bits).
+    /// With a tier: this store's host slot (its packs' top 8 bits).
     pub host_slot: Option<u8>,
     /// Packs closed for good, with the change sequence a sync must reach
-    /// before they are sealed (remote/): every write to them is before it.
+    /// before they are sealed (seal.rs): every write to them is before it.
     pub to_seal: Vec<(u32, u64)>,
 }
 
@@ -297,17 +298,17 @@ impl Writer {
     }
 
     /// True for a pack of this store's host slot that is not the active
-    /// one (sealed, or about to be: chunk/remote/) or another store's, so
+    /// one (sealed, or about to be: seal.rs) or another store's, so
     /// its bytes must not move.
     pub fn is_sealed(&self, id: u32) -> bool {
         // Own packs of the host slot but the active one, and other stores'
-        // (remote/foreign.rs); never a pack from before the remote (slot 0).
+        // (foreign.rs); never a pack from before the tier (slot 0).
         self.host_slot.is_some()
             && !pack_id::before_tier(id)
             && self.active.as_ref().is_none_or(|a| a.id != id)
     }
 
-    /// Closes the active pack for good (with a remote): it is sealed once a
+    /// Closes the active pack for good (with a tier): it is sealed once a
     /// sync reaches a change sequence past its last write. Returns its id.
     pub fn close_active(&mut self) -> Option<u32> {
         let a = self.active.take()?;
@@ -403,8 +404,8 @@ pub struct ChunkStore {
     poison_reason: Mutex<String>,
     /// Where the time of [`ChunkStore::open`] went.
     pub(crate) opened: OpenReport,
-    /// The uploads of sealed packs, with a remote.
-    pub(crate) remote: Option<Arc<remote::Remote>>,
+    /// Where sealed packs go (tier.rs), if anywhere.
+    pub(crate) tier: Option<Arc<dyn tier::Tier>>,
 }
 
 pub(crate) use crate::sync::lock;
@@ -414,12 +415,12 @@ fn corrupt(path: &Path, offset: u64, detail: impl Into<String>) -> Error {
 }
 
 impl Drop for ChunkStore {
-    /// Stops the uploader threads, and waits for a running merge of index
+    /// Stops the tier's work, and waits for a running merge of index
     /// runs: its run, not yet named by a root, is deleted by the next open,
     /// which must not race its writes.
     fn drop(&mut self) {
-        if let Some(r) = &self.remote {
-            r.stop();
+        if let Some(t) = &self.tier {
+            t.stop();
         }
         let job = self.sync_state.get_mut().unwrap_or_else(|p| p.into_inner()).merge.take();
         if let Some(job) = job {

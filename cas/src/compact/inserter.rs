@@ -55,6 +55,7 @@ pub struct PerCommit {
 pub struct Inserter<'s> {
     state: &'s ImageCompaction,
     chunks: &'s ChunkStore,
+    upload_room: Option<&'s (dyn Fn() -> Result<()> + Send + Sync)>,
     pin: Option<ChunkPin<'s>>,
     edit: Option<ManifestEdit<'s>>,
     /// Merged blocks of the current sub-batch.
@@ -80,6 +81,7 @@ impl<'s> Inserter<'s> {
     pub fn new(
         state: &'s ImageCompaction,
         chunks: &'s ChunkStore,
+        upload_room: Option<&'s (dyn Fn() -> Result<()> + Send + Sync)>,
         lease: Lease<'s>,
         stage: CommitStage<'s>,
         per_commit: PerCommit,
@@ -87,6 +89,7 @@ impl<'s> Inserter<'s> {
         Inserter {
             state,
             chunks,
+            upload_room,
             pin: None,
             edit: None,
             merged: GrowBuf::new(),
@@ -118,7 +121,9 @@ impl<'s> Inserter<'s> {
         if self.pin.is_none() {
             // With a remote, bytes not yet uploaded are bounded: wait here,
             // before the pin (a pin held while waiting would stall GC).
-            self.chunks.wait_upload_room()?;
+            if let Some(wait) = self.upload_room {
+                wait()?;
+            }
             self.pin = Some(self.chunks.pin());
         }
         self.merged.clear();

@@ -181,8 +181,15 @@ impl ImageCompaction {
 
 /// The store-wide side of compaction: the shared chunk store, the memory
 /// budget and the configuration.
+/// Waits until the chunk store's tier has room for more chunks not yet
+/// uploaded (the store hands it down: `bucket`'s pack tier).
+pub type UploadRoom = Arc<dyn Fn() -> Result<()> + Send + Sync>;
+
 pub struct Compactor {
     pub chunks: Arc<ChunkStore>,
+    /// With a tier: called before each batch stores chunks, outside its
+    /// pin (bytes not yet uploaded are bounded).
+    pub upload_room: Option<UploadRoom>,
     pub budget: Budget,
     pub cfg: CompactConfig,
     /// The clock a pass's time is taken from (the store's task runner's).
@@ -256,7 +263,7 @@ impl Compactor {
         // read half as large and two batches make one commit (inserter.rs),
         // except where a test stops at a step of one batch, or where the
         // wait for upload room would come with a pin held.
-        let reads = if self.cfg.threads >= 2 && ctl.stop_at == StopAt::Never && !self.chunks.has_remote() {
+        let reads = if self.cfg.threads >= 2 && ctl.stop_at == StopAt::Never && self.upload_room.is_none() {
             READS_PER_COMMIT
         } else {
             1
@@ -279,6 +286,7 @@ impl Compactor {
             image,
             state,
             chunks: &self.chunks,
+            upload_room: self.upload_room.as_deref(),
             budget: &self.budget,
             stop_at: ctl.stop_at,
             threads: self.cfg.threads,

@@ -70,6 +70,8 @@ pub struct Ctx<'s> {
     pub image: &'s Image,
     pub state: &'s ImageCompaction,
     pub chunks: &'s ChunkStore,
+    /// See `Compactor::upload_room`.
+    pub upload_room: Option<&'s (dyn Fn() -> Result<()> + Send + Sync)>,
     pub budget: &'s Budget,
     pub stop_at: StopAt,
     pub threads: usize,
@@ -266,7 +268,8 @@ pub fn run(ctx: &Ctx<'_>, plan: &Plan) -> (CompactStats, Result<()>) {
     let committer = Committer::new(ctx.image, ctx.state, ctx.chunks, ctx.stop_at, ctx.refs_dropped);
     if ctx.threads < 2 {
         let stage = CommitStage::Inline { committer: Box::new(committer), stopped: false };
-        let mut ins = Inserter::new(ctx.state, ctx.chunks, ctx.budget.lease(), stage, plan.per_commit);
+        let mut ins =
+            Inserter::new(ctx.state, ctx.chunks, ctx.upload_room, ctx.budget.lease(), stage, plan.per_commit);
         let mut lease = ctx.budget.lease();
         let mut sink =
             InlineSink { inserter: &mut ins, budget: ctx.budget, free: None, extra: None, stopped: false };
@@ -314,7 +317,8 @@ pub fn run(ctx: &Ctx<'_>, plan: &Plan) -> (CompactStats, Result<()>) {
         } else {
             (CommitStage::Inline { committer: Box::new(committer), stopped: false }, None)
         };
-        let mut ins = Inserter::new(ctx.state, ctx.chunks, ctx.budget.lease(), stage, plan.per_commit);
+        let mut ins =
+            Inserter::new(ctx.state, ctx.chunks, ctx.upload_room, ctx.budget.lease(), stage, plan.per_commit);
         let consumed = consume(&rx, &back_tx, &mut ins);
         // Unblock the reader whichever way it waits (send or buffer return).
         drop(rx);

@@ -109,7 +109,8 @@ fn check_locked(storage: &Arc<dyn Storage>, dir: &Path, opts: &FsckOptions) -> R
         check_top_level(&dry, dir, &mut report)?;
     }
     let chunks_dir = dir.join("chunks");
-    let mut index = IndexCheck::load(&*dry, &chunks_dir, &mut report);
+    let mut index =
+        IndexCheck::load(&*dry, &chunks_dir, &mut report, &crate::chunk::remote::check::TIER_CHECK);
     take_changes(&dry, None, &mut report);
     if !whole {
         // Store-wide findings belong to a whole-store check.

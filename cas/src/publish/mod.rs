@@ -8,7 +8,7 @@
 //! 1. take the committed tree of this moment (`Manifest::committed`);
 //!    nothing to do if its generation is the one published;
 //! 2. every chunk the pages not yet sent name must be whole in the bucket
-//!    (`ChunkStore::packs_in_bucket`: the active pack is sealed if it is
+//!    (`PackTier::packs_in_bucket`: the active pack is sealed if it is
 //!    one of them); if some are on their way, the round ends and the next
 //!    one looks again;
 //! 3. PUT the new page ranges of the manifest file (ranges.rs), then the
@@ -48,7 +48,7 @@
 //! `RemoteOptions::superseded_grace` (superseded.rs).
 //!
 //! **Cross-host dedup.** Every fifth round the thread also imports other
-//! stores' new packs into the dedup index (`ChunkStore::import_foreign`).
+//! stores' new packs into the dedup index (`PackTier::import_foreign`).
 //!
 //! **Refusals.** A tree naming chunks that can never be in the bucket
 //! (packs from before the store had a remote, leaves without locations)
@@ -62,7 +62,7 @@ pub mod root_object;
 pub mod superseded;
 pub mod unpublish;
 
-use crate::chunk::remote::RemoteOptions;
+use crate::chunk::remote::{PackTier, RemoteOptions};
 use crate::chunk::ChunkStore;
 use crate::error::{Error, Result};
 use crate::image::Image;
@@ -183,6 +183,8 @@ fn release(name: &str, lease: Lease) {
 /// Publishes the manifests of a store's open images (see the module docs).
 pub struct Publisher {
     chunks: Arc<ChunkStore>,
+    /// Where `chunks`' sealed packs go.
+    tier: Arc<PackTier>,
     objects: Arc<dyn Objects>,
     store_id: u64,
     interval: Duration,
@@ -207,11 +209,12 @@ fn new_series() -> u64 {
 }
 
 impl Publisher {
-    /// A publisher for `chunks`' bucket, or None if it has no remote.
-    pub fn new(chunks: &Arc<ChunkStore>, opts: &RemoteOptions) -> Option<Arc<Publisher>> {
-        let objects = chunks.objects()?.clone();
-        Some(Arc::new(Publisher {
+    /// A publisher for the bucket `tier` uploads `chunks`' packs to.
+    pub fn new(chunks: &Arc<ChunkStore>, tier: &Arc<PackTier>, opts: &RemoteOptions) -> Arc<Publisher> {
+        let objects = tier.objects().clone();
+        Arc::new(Publisher {
             chunks: chunks.clone(),
+            tier: tier.clone(),
             objects,
             store_id: chunks.store_id(),
             interval: opts.publish_interval,
@@ -223,7 +226,7 @@ impl Publisher {
             stop: Mutex::new(false),
             wake: Condvar::new(),
             thread: Mutex::new(Vec::new()),
-        }))
+        })
     }
 
     /// True when the store needs the thread: it publishes on its own
@@ -427,7 +430,7 @@ impl Publisher {
     fn publish_all(&self) {
         let n = self.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if n.is_multiple_of(IMPORT_EVERY) {
-            if let Err(e) = self.chunks.import_foreign() {
+            if let Err(e) = self.tier.import_foreign(&self.chunks) {
                 tracing::debug!(error = %e, "importing other stores' packs failed; retried");
             }
         }
@@ -569,7 +572,7 @@ impl Publisher {
                     ));
                 }
                 Ok(Outcome::Waiting) => {
-                    if let Err(e) = self.chunks.wait_uploads(Duration::from_millis(100)) {
+                    if let Err(e) = self.tier.wait_uploads(Duration::from_millis(100)) {
                         if late || !from_bucket(&e) {
                             return Err(e);
                         }
@@ -636,7 +639,7 @@ impl Publisher {
         let refused = if unlocated > 0 {
             Some(format!("{unlocated} blocks are mapped by hash only (leaves from before chunk locations)"))
         } else {
-            match self.chunks.packs_in_bucket(&packs) {
+            match self.tier.packs_in_bucket(&self.chunks, &packs) {
                 Ok(true) => None,
                 Ok(false) => return Ok(Outcome::Waiting),
                 Err(Error::InvalidArgument(why)) => Some(why),

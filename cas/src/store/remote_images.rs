@@ -63,9 +63,9 @@ impl Store {
     /// The store's bucket, for work on image `name` (a valid name).
     fn bucket(&self, name: &str) -> Result<Arc<dyn crate::objects::Objects>> {
         let objects = self
-            .chunks
-            .objects()
-            .cloned()
+            .tier
+            .as_ref()
+            .map(|t| t.objects().clone())
             .ok_or_else(|| Error::InvalidArgument("the store has no remote".into()))?;
         crate::store::names::validate_image_name(name)?;
         Ok(objects)
@@ -121,7 +121,7 @@ impl Store {
     /// Fails if the bucket holds a published image `name` (a store must
     /// fetch it, not make a new one of that name).
     pub(crate) fn refuse_published_name(&self, name: &str) -> Result<()> {
-        let Some(objects) = self.chunks.objects() else { return Ok(()) };
+        let Some(objects) = self.tier.as_ref().map(|t| t.objects()) else { return Ok(()) };
         match fetch::newest_root(objects.as_ref(), name)? {
             Some((key, root)) => Err(Error::AlreadyExists(format!(
                 "image {name} in {} (store {:#018x} published it as {key}): fetch it instead",
@@ -236,7 +236,9 @@ impl Store {
         }
         // Packs of other stores (adopt_foreign skips own and known ones).
         let named: Vec<u32> = packs.iter().copied().collect();
-        self.chunks.adopt_foreign(&named)?;
+        let tier =
+            self.tier.as_ref().ok_or_else(|| Error::InvalidArgument("the store has no remote".into()))?;
+        tier.adopt_foreign(&self.chunks, &named)?;
         // Their index entries (cross-host dedup), durable before the image.
         self.chunks.sync()?;
         let known = self.chunks.foreign_packs();

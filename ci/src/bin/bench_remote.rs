@@ -42,7 +42,7 @@
 //! `cross_host_stored_over_unique <= 1.02`. Writes
 //! `target/bench/remote.json` and prints it.
 
-use cas::chunk::remote::RemoteOptions;
+use cas::chunk::remote::{open_chunks, PackTier, RemoteOptions};
 use cas::chunk::{ChunkHash, ChunkRef, ChunkStore, ChunkStoreOptions, CHUNK_BYTES};
 use cas::objects::Objects;
 use cas::storage::FsStorage;
@@ -76,11 +76,9 @@ fn garage(args: &[&str]) -> String {
 /// each batch, as compaction does); the store, MiB/s, when the first
 /// append began (after the open, which claims a host slot with a remote),
 /// and where every `SAMPLE_EVERY`th chunk went.
-fn append(dir: &Path, mib: u64, remote: Option<RemoteOptions>) -> (ChunkStore, f64, Instant, Vec<ChunkRef>) {
+fn append(dir: &Path, mib: u64, remote: Option<RemoteOptions>) -> (Opened, f64, Instant, Vec<ChunkRef>) {
     let _ = std::fs::remove_dir_all(dir);
-    let opts = ChunkStoreOptions { remote, ..read_opts() };
-    let store = ChunkStore::open(Arc::new(FsStorage::new()), &dir.join("chunks"), opts)
-        .expect("open the chunk store");
+    let (store, tier) = open(&dir.join("chunks"), remote.as_ref());
     let total = mib * 256;
     let mut blocks = vec![0u8; (BATCH_CHUNKS as usize) * CHUNK_BYTES];
     let started = Instant::now();
@@ -93,7 +91,9 @@ fn append(dir: &Path, mib: u64, remote: Option<RemoteOptions>) -> (ChunkStore, f
         }
         let items: Vec<(ChunkHash, &[u8])> =
             blocks.chunks_exact(CHUNK_BYTES).take(n as usize).map(|b| (ChunkHash::of(b), b)).collect();
-        store.wait_upload_room().expect("wait for upload room");
+        if let Some(tier) = &tier {
+            tier.wait_upload_room(&store).expect("wait for upload room");
+        }
         store.insert_located(&store.pin(), &items, &mut refs).expect("insert");
         samples.extend(refs.iter().step_by(SAMPLE_EVERY).copied());
         id += n;
@@ -102,7 +102,15 @@ fn append(dir: &Path, mib: u64, remote: Option<RemoteOptions>) -> (ChunkStore, f
         }
     }
     let rate = mib_s(total * CHUNK_BYTES as u64, started.elapsed().as_secs_f64());
-    (store, rate, started, samples)
+    ((store, tier), rate, started, samples)
+}
+
+/// A chunk store, with its pack tier when it has a remote.
+type Opened = (ChunkStore, Option<Arc<PackTier>>);
+
+/// Opens the chunk store in `dir` (with `remote`, its bucket).
+fn open(dir: &Path, remote: Option<&RemoteOptions>) -> Opened {
+    open_chunks(Arc::new(FsStorage::new()), dir, read_opts(), remote).expect("open the chunk store")
 }
 
 /// Every `SAMPLE_EVERY`th chunk appended is read back in the read arms.
@@ -138,7 +146,7 @@ fn read_us(store: &ChunkStore, refs: &[ChunkRef]) -> (f64, f64) {
 /// Appends `mib` MiB locally; MiB/s, the pack files written, and the
 /// store (kept open: the local arm of the read figures) with its samples.
 fn local_append(dir: &Path, mib: u64) -> (f64, Vec<PathBuf>, ChunkStore, Vec<ChunkRef>) {
-    let (store, rate, _, samples) = append(dir, mib, None);
+    let ((store, _), rate, _, samples) = append(dir, mib, None);
     let mut packs: Vec<PathBuf> = std::fs::read_dir(dir.join("chunks"))
         .expect("list the chunk store")
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -174,21 +182,21 @@ fn pipeline(
         cache_bytes: 1 << 30,
         ..RemoteOptions::new(objects)
     };
-    let (store, append_rate, started, samples) = append(dir, mib, Some(remote.clone()));
+    let ((store, tier), append_rate, started, samples) = append(dir, mib, Some(remote.clone()));
+    let tier = tier.expect("remote");
     store.seal_active().expect("seal the last pack");
-    while store.remote_stats().expect("remote").sealed_packs > 0 {
+    while tier.stats().sealed_packs > 0 {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let total_s = started.elapsed().as_secs_f64();
-    let st = store.remote_stats().expect("remote");
+    let st = tier.stats();
     // Reads: reopened with no local copy kept, from the bucket (cold);
     // then rounds of the same reads from the extent cache, alternating
     // with reads of the local store's packs.
-    drop(store);
-    let opts =
-        ChunkStoreOptions { remote: Some(RemoteOptions { local_keep_bytes: 0, ..remote }), ..read_opts() };
-    let store = ChunkStore::open(Arc::new(FsStorage::new()), &dir.join("chunks"), opts).expect("reopen");
-    let evicted = store.remote_stats().expect("remote").evicted_packs;
+    drop((store, tier));
+    let (store, tier) = open(&dir.join("chunks"), Some(&RemoteOptions { local_keep_bytes: 0, ..remote }));
+    let tier = tier.expect("remote");
+    let evicted = tier.stats().evicted_packs;
     let cold_read = read_us(&store, &samples);
     let (mut local_rounds, mut cached_rounds) = (Vec::new(), Vec::new());
     for _ in 0..READ_ROUNDS {
@@ -199,8 +207,8 @@ fn pipeline(
     let p99 = |r: &[(f64, f64)]| median(r.iter().map(|x| x.1).collect());
     let local_read = (p50(&local_rounds), p99(&local_rounds));
     let cached_read = (p50(&cached_rounds), p99(&cached_rounds));
-    let reads = store.remote_stats().expect("remote");
-    drop(store);
+    let reads = tier.stats();
+    drop((store, tier));
     let _ = std::fs::remove_dir_all(dir);
     serde_json::json!({
         "local_read_p99_us": local_read.1,
@@ -228,7 +236,8 @@ fn pipeline(
 
 /// Inserts the chunks of ids `first..first + count` (syncing every 64 MiB)
 /// and uploads them all.
-fn insert_and_upload(store: &ChunkStore, first: u64, count: u64) {
+fn insert_and_upload((store, tier): &Opened, first: u64, count: u64) {
+    let tier = tier.as_ref().expect("remote");
     let mut blocks = vec![0u8; (BATCH_CHUNKS as usize) * CHUNK_BYTES];
     let mut id = first;
     while id < first + count {
@@ -238,7 +247,7 @@ fn insert_and_upload(store: &ChunkStore, first: u64, count: u64) {
         }
         let items: Vec<(ChunkHash, &[u8])> =
             blocks.chunks_exact(CHUNK_BYTES).take(n as usize).map(|b| (ChunkHash::of(b), b)).collect();
-        store.wait_upload_room().expect("wait for upload room");
+        tier.wait_upload_room(store).expect("wait for upload room");
         store.insert_missing(&store.pin(), &items).expect("insert");
         id += n;
         if (id - first).is_multiple_of(SYNC_EVERY_MIB * 256) {
@@ -247,7 +256,7 @@ fn insert_and_upload(store: &ChunkStore, first: u64, count: u64) {
     }
     store.sync().expect("sync");
     store.seal_active().expect("seal the last pack");
-    while store.remote_stats().expect("remote").sealed_packs > 0 {
+    while tier.stats().sealed_packs > 0 {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
@@ -260,19 +269,18 @@ fn cross_host(dir: &Path, mut cfg: RemoteConfig, mib: u64) -> serde_json::Value 
     let _ = std::fs::remove_dir_all(dir);
     let open = |name: &str| {
         let remote = RemoteOptions { upload_threads: 4, ..RemoteOptions::new(objects.clone()) };
-        let opts = ChunkStoreOptions { remote: Some(remote), ..read_opts() };
-        ChunkStore::open(Arc::new(FsStorage::new()), &dir.join(name), opts).expect("open a chunk store")
+        open(&dir.join(name), Some(&remote))
     };
     let (shared, own) = (mib * 256, mib * 256 / 8);
     let a = open("a");
     insert_and_upload(&a, 0, shared);
     let b = open("b");
     let started = Instant::now();
-    let imported = b.import_foreign().expect("import A's slot indexes");
+    let imported = b.1.as_ref().expect("remote").import_foreign(&b.0).expect("import A's slot indexes");
     let import_ms = started.elapsed().as_millis() as u64;
     insert_and_upload(&b, 0, shared);
     insert_and_upload(&b, 1 << 40, own);
-    let new_on_b = b.len() - imported.entries;
+    let new_on_b = b.0.len() - imported.entries;
     let sum = |prefix: &str| -> u64 {
         let mut total = 0;
         let mut after: Option<String> = None;

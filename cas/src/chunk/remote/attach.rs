@@ -1,27 +1,26 @@
-//! Opening a chunk store with a remote: the catalog read and checked (or,
-//! on the first open with a remote, a host slot claimed and a catalog
-//! written), then the uploads of sealed packs started again.
+//! Opening a chunk store with this tier ([`Attach`], the chunk core's
+//! [`TierOpen`]): the catalog read and checked (or, on the first open
+//! with a remote, a host slot claimed and a catalog written), handles for
+//! the packs only in the bucket, then the uploads of sealed packs started
+//! again ([`TierAttach::start`]).
 
 use super::catalog::{Catalog, PackPhase, CATALOG_FILE};
 use super::extent_cache::ExtentCache;
-use super::{host_slot, Remote, RemoteOptions, RemoteReads, UploadJob};
-use crate::chunk::{lock, ChunkStore};
+use super::{host_slot, PackTier, RemoteOptions, RemotePackFile, RemoteReads};
+use crate::chunk::tier::{SealedPack, Tier, TierAttach, TierOpen};
+use crate::chunk::{ChunkStore, ChunkStoreOptions, PackFiles};
 use crate::error::{Error, Result};
-use crate::storage::{OpenMode, Storage};
+use crate::storage::{OpenMode, Storage, StorageFile};
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock, RwLock};
 
 /// The extent cache's file name in `chunks/`.
 pub const CACHE_FILE: &str = "remote-cache";
-use std::path::Path;
-use std::sync::Arc;
 
 /// The shared state of remote pack reads: the extent cache in
 /// `chunks/remote-cache`, emptied.
-pub(crate) fn remote_reads(
-    storage: &dyn Storage,
-    dir: &Path,
-    opts: &RemoteOptions,
-) -> Result<Arc<RemoteReads>> {
+fn remote_reads(storage: &dyn Storage, dir: &Path, opts: &RemoteOptions) -> Result<Arc<RemoteReads>> {
     let file = storage.open(&dir.join(CACHE_FILE), OpenMode::Create)?;
     Ok(Arc::new(RemoteReads {
         objects: opts.objects.clone(),
@@ -60,12 +59,12 @@ const CLAIM_ROUNDS: u32 = 8;
 /// checked against the store, and without the sealed packs the open is
 /// about to delete or lacks (`kept(id)` false: no live slot, or no file):
 /// nothing of them is left to upload.
-pub(crate) fn attach(
+fn attach(
     storage: &dyn Storage,
     dir: &Path,
     store_id: u64,
     opts: Option<&RemoteOptions>,
-    kept: impl Fn(u32) -> bool,
+    kept: &dyn Fn(u32) -> bool,
 ) -> Result<Option<Catalog>> {
     match Catalog::read(storage, dir)? {
         Some(mut c) => {
@@ -103,48 +102,112 @@ pub(crate) fn attach(
     }
 }
 
-impl ChunkStore {
-    /// Queues the sealed packs of `catalog` and those the open found
-    /// closed but not sealed, then starts the uploader threads.
-    /// `local` lists the packs with a local file.
-    pub(crate) fn start_remote(
-        &mut self,
-        opts: &RemoteOptions,
-        catalog: Catalog,
-        reads: Arc<RemoteReads>,
-        local: &[u32],
-    ) -> Result<()> {
-        let listed: Vec<(u32, PackPhase, u32)> =
-            catalog.packs.iter().map(|(&id, p)| (id, p.phase, p.slots)).collect();
-        let r = Arc::new(Remote::new(
-            self.storage.clone(),
-            self.dir.clone(),
-            opts,
+/// Attaches this tier to a chunk store at open: with `remote`, the
+/// store's packs go to its bucket; without, a store that had a bucket
+/// still keeps its host slot and never resumes a sealed pack (and fails
+/// to open if some packs are only in the bucket).
+pub struct Attach {
+    remote: Option<RemoteOptions>,
+    started: Arc<OnceLock<Arc<PackTier>>>,
+}
+
+impl Attach {
+    pub fn new(remote: Option<RemoteOptions>) -> Attach {
+        Attach { remote, started: Arc::default() }
+    }
+
+    /// The tier the open started (None: no remote, or not opened yet).
+    pub fn started(&self) -> Option<Arc<PackTier>> {
+        self.started.get().cloned()
+    }
+}
+
+/// Opens the chunk store in `dir` with this tier (`remote`: its bucket, if
+/// any); returns the tier too when it started (with a remote).
+pub fn open_chunks(
+    storage: Arc<dyn Storage>,
+    dir: &Path,
+    opts: ChunkStoreOptions,
+    remote: Option<&RemoteOptions>,
+) -> Result<(ChunkStore, Option<Arc<PackTier>>)> {
+    let attach = Attach::new(remote.cloned());
+    let chunks = ChunkStore::open_with_tier(storage, dir, opts, Some(&attach))?;
+    Ok((chunks, attach.started()))
+}
+
+impl TierOpen for Attach {
+    fn attach(
+        &self,
+        storage: &Arc<dyn Storage>,
+        dir: &Path,
+        store_id: u64,
+        kept: &dyn Fn(u32) -> bool,
+    ) -> Result<Option<Box<dyn TierAttach>>> {
+        let Some(catalog) = attach(storage.as_ref(), dir, store_id, self.remote.as_ref(), kept)? else {
+            return Ok(None);
+        };
+        Ok(Some(Box::new(Attached {
+            storage: storage.clone(),
+            dir: dir.to_path_buf(),
+            remote: self.remote.clone(),
             catalog,
-            self.files.clone(),
-            reads,
-        ));
-        {
-            let w = lock(&self.writer);
-            let files = self.read_files();
-            for (id, phase, slots) in listed {
-                let (Some(p), Some(file)) = (w.packs.get(&id), files.get(&id)) else { continue };
-                match phase {
-                    PackPhase::Sealed => {
-                        r.requeue(UploadJob { id, slots, file: file.clone(), live: p.live_bits.clone() })
-                    }
-                    PackPhase::Uploaded if local.binary_search(&id).is_ok() => {
-                        r.note_local_uploaded(id, crate::chunk::pack::slot_offset(slots))
-                    }
-                    PackPhase::Uploaded | PackPhase::Foreign => {}
-                }
-            }
+            reads: None,
+            started: self.started.clone(),
+        })))
+    }
+}
+
+/// The tier attached at open, before the store is built.
+struct Attached {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    remote: Option<RemoteOptions>,
+    catalog: Catalog,
+    /// Made by `remote_files`, with a remote.
+    reads: Option<Arc<RemoteReads>>,
+    started: Arc<OnceLock<Arc<PackTier>>>,
+}
+
+impl TierAttach for Attached {
+    fn host_slot(&self) -> u8 {
+        self.catalog.host_slot
+    }
+
+    fn packs(&self) -> Vec<(u32, PackPhase, u32)> {
+        self.catalog.packs.iter().map(|(&id, p)| (id, p.phase, p.slots)).collect()
+    }
+
+    fn has_bucket(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    /// With a remote: the extent cache emptied, and a handle per pack.
+    fn remote_files(&mut self, packs: &[(u32, u64)]) -> Result<Option<Vec<Arc<dyn StorageFile>>>> {
+        let Some(r) = &self.remote else { return Ok(None) };
+        let reads = remote_reads(self.storage.as_ref(), &self.dir, r)?;
+        let files = packs
+            .iter()
+            .map(|&(id, len)| Arc::new(RemotePackFile::new(id, len, reads.clone())) as Arc<dyn StorageFile>)
+            .collect();
+        self.reads = Some(reads);
+        Ok(Some(files))
+    }
+
+    fn start(
+        self: Box<Self>,
+        files: Arc<RwLock<PackFiles>>,
+        sealed: Vec<SealedPack>,
+        uploaded_local: Vec<(u32, u64)>,
+    ) -> Result<Option<Arc<dyn Tier>>> {
+        let (Some(opts), Some(reads)) = (&self.remote, self.reads) else { return Ok(None) };
+        let r = PackTier::new(self.storage, self.dir, opts, self.catalog, files, reads);
+        for p in sealed {
+            r.requeue(p);
         }
-        self.remote = Some(r.clone());
-        self.seal_durable(0)?;
-        if let Err(e) = r.evict() {
-            tracing::warn!(error = %e, "deleting local copies of uploaded packs failed; retried after the next upload");
+        for (id, bytes) in uploaded_local {
+            r.note_local_uploaded(id, bytes);
         }
-        r.start(opts.upload_threads)
+        let _ = self.started.set(r.clone());
+        Ok(Some(r))
     }
 }

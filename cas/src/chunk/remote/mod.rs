@@ -8,8 +8,9 @@
 //! 1. **Active**: appended to, as without a remote.
 //! 2. **Sealed**: when it fills, or when [`ChunkStore::seal_active`](crate::chunk::ChunkStore::seal_active) or
 //!    the upload bound closes it, it stops taking chunks; after the next
-//!    sync covers its last write it enters the catalog as sealed
-//!    (catalog.rs) and is queued for upload. Open never resumes a sealed
+//!    sync covers its last write the chunk store hands it to this tier
+//!    ([`Tier::sealed`]), which enters it in the catalog as sealed
+//!    (catalog.rs) and queues it for upload. Open never resumes a sealed
 //!    pack; GC neither repacks nor deletes it.
 //! 3. **Uploaded**: `PUT packs/<id:08x>/<part:04x>` with the pack's bytes
 //!    (header and every slot it spans) in 16 MiB parts (upload.rs says
@@ -23,7 +24,7 @@
 //! a remote (host slot 0) are never uploaded.
 //!
 //! **Bound.** Bytes sealed but not uploaded, plus the active pack's, may
-//! reach `pending_max_bytes`; [`ChunkStore::wait_upload_room`](crate::chunk::ChunkStore::wait_upload_room) (called by
+//! reach `pending_max_bytes`; [`PackTier::wait_upload_room`] (called by
 //! compaction before it stores chunks) waits until they are under it,
 //! sealing the active pack when that is what fills it. Each caller checks
 //! before a batch of inserts (compaction: before each batch, outside its
@@ -34,108 +35,49 @@
 //!
 //! Memory: each uploader thread holds one pack's bytes while it uploads
 //! it (64 MiB by default).
+//!
+//! The chunk core sees this tier only through its traits
+//! (crate::chunk::tier): attach.rs implements [`TierOpen`](crate::chunk::tier::TierOpen) and
+//! [`TierAttach`](crate::chunk::tier::TierAttach), [`PackTier`]
+//! implements [`Tier`]; what callers above the chunk store ask of the
+//! tier (room for uploads, packs in the bucket, other stores' packs) are
+//! methods of [`PackTier`] that take the chunk store.
 
 pub(crate) mod attach;
 pub mod catalog;
+pub mod check;
 mod extent_cache;
 mod foreign;
 pub mod host_slot;
+mod options;
 mod pack_file;
 pub mod packidx;
-mod seal;
+mod room;
 mod upload;
 
 pub use upload::{pack_key, packidx_key, PART_BYTES};
 
-pub(crate) use attach::attach;
+pub use crate::chunk::ForeignImport;
+pub use attach::{open_chunks, Attach};
 pub use catalog::{Catalog, CatalogEntry, PackPhase};
-pub use foreign::{ForeignImport, FULL_SCAN_EVERY};
+pub use foreign::FULL_SCAN_EVERY;
+pub use options::RemoteOptions;
 pub(crate) use pack_file::{RemotePackFile, RemoteReads};
 
 use crate::chunk::pack::slot_offset;
+use crate::chunk::tier::{SealedPack, Tier};
 use crate::chunk::PackFiles;
 use crate::error::{Error, Result};
 use crate::objects::Objects;
-use crate::storage::{Storage, StorageFile};
+use crate::storage::Storage;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// How a chunk store uses an object store.
-#[derive(Clone)]
-pub struct RemoteOptions {
-    pub objects: Arc<dyn Objects>,
-    /// Bytes sealed and not yet uploaded (plus the active pack) past which
-    /// compaction waits (default 512 MiB).
-    pub pending_max_bytes: u64,
-    /// Threads uploading packs, each with one pack in flight (default 2).
-    /// 0 uploads only in [`ChunkStore::upload_sealed`](crate::chunk::ChunkStore::upload_sealed) (for tests that
-    /// need every step in a fixed order).
-    pub upload_threads: usize,
-    /// The bound on a host slot claim's LIST-then-PUT (default 2 s).
-    pub claim_bound: Duration,
-    /// Bytes of uploaded packs kept as local files (default 1 GiB); past
-    /// it the oldest uploaded packs are deleted locally and read from the
-    /// bucket.
-    pub local_keep_bytes: u64,
-    /// Bytes of the cache of remote pack extents (`chunks/remote-cache`,
-    /// default 256 MiB).
-    pub cache_bytes: u64,
-    /// How long a read retries a bucket that does not answer before it
-    /// fails (default 30 s).
-    pub read_retry: Duration,
-    /// How often open images' manifests are published (default 2 s; see
-    /// `cas::publish`). Zero: only when `Store::publish_wait` asks (tests).
-    pub publish_interval: Duration,
-    /// The lease a store takes on each image it writes (`cas::objects::lease`;
-    /// default 10 s, claim bound 2 s, margin 1 s). None: no lease (tests of
-    /// one store alone).
-    pub lease: Option<crate::objects::lease::LeaseConfig>,
-    /// How long an image's superseded roots and page ranges stay in the
-    /// bucket before the lease holder deletes them (default 120 s: a
-    /// store fetching the image meanwhile can still read them; see
-    /// `cas::publish::superseded`).
-    pub superseded_grace: Duration,
-}
-
-impl RemoteOptions {
-    pub fn new(objects: Arc<dyn Objects>) -> RemoteOptions {
-        RemoteOptions {
-            objects,
-            pending_max_bytes: 512 << 20,
-            upload_threads: 2,
-            claim_bound: Duration::from_secs(2),
-            local_keep_bytes: 1 << 30,
-            cache_bytes: 256 << 20,
-            read_retry: Duration::from_secs(30),
-            publish_interval: Duration::from_secs(2),
-            lease: Some(crate::objects::lease::LeaseConfig::default()),
-            superseded_grace: Duration::from_secs(120),
-        }
-    }
-}
-
-impl std::fmt::Debug for RemoteOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteOptions")
-            .field("objects", &self.objects.describe())
-            .field("pending_max_bytes", &self.pending_max_bytes)
-            .field("upload_threads", &self.upload_threads)
-            .field("claim_bound", &self.claim_bound)
-            .field("local_keep_bytes", &self.local_keep_bytes)
-            .field("cache_bytes", &self.cache_bytes)
-            .field("read_retry", &self.read_retry)
-            .field("publish_interval", &self.publish_interval)
-            .field("superseded_grace", &self.superseded_grace)
-            .field("lease", &self.lease)
-            .finish()
-    }
-}
-
-/// What the remote side of a chunk store has done (`ChunkStore::remote_stats`).
+/// What the remote side of a chunk store has done ([`PackTier::stats`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RemoteStats {
     pub host_slot: u8,
@@ -167,35 +109,30 @@ pub struct RemoteStats {
     pub get_retries: u64,
 }
 
-/// One pack to upload: what the uploader needs without the store's locks.
-pub(crate) struct UploadJob {
-    pub id: u32,
-    pub slots: u32,
-    pub file: Arc<dyn StorageFile>,
-    /// Live slots when it was sealed (the slot index lists only these).
-    pub live: crate::dedup::slots::Bits,
-}
-
 struct State {
     catalog: Catalog,
-    queue: VecDeque<UploadJob>,
+    queue: VecDeque<SealedPack>,
     /// Uploaded packs with a local file, oldest upload first, and bytes.
     local_uploaded: VecDeque<(u32, u64)>,
     stop: bool,
     stats: RemoteStats,
 }
 
-/// The remote side of an open chunk store, shared with its uploader threads.
-pub(crate) struct Remote {
-    pub objects: Arc<dyn Objects>,
-    pub pending_max_bytes: u64,
+/// The remote side of an open chunk store, shared with its uploader
+/// threads: the tier its sealed packs go to.
+pub struct PackTier {
+    /// Itself, for the uploader threads it starts.
+    me: Weak<PackTier>,
+    objects: Arc<dyn Objects>,
+    pending_max_bytes: u64,
+    upload_threads: usize,
     store_id: u64,
     storage: Arc<dyn Storage>,
     dir: PathBuf,
     /// The store's open pack files: eviction swaps a pack's local handle
     /// for a remote one there.
     files: Arc<RwLock<PackFiles>>,
-    pub reads: Arc<RemoteReads>,
+    reads: Arc<RemoteReads>,
     local_keep_bytes: u64,
     state: Mutex<State>,
     /// Signalled when a job is queued, a pack uploaded, or on stop.
@@ -207,7 +144,7 @@ pub(crate) struct Remote {
     pub(crate) import_scan: Mutex<foreign::ImportScan>,
 }
 
-impl Remote {
+impl PackTier {
     pub(crate) fn new(
         storage: Arc<dyn Storage>,
         dir: PathBuf,
@@ -215,10 +152,12 @@ impl Remote {
         catalog: Catalog,
         files: Arc<RwLock<PackFiles>>,
         reads: Arc<RemoteReads>,
-    ) -> Remote {
-        Remote {
+    ) -> Arc<PackTier> {
+        Arc::new_cyclic(|me| PackTier {
+            me: me.clone(),
             objects: opts.objects.clone(),
             pending_max_bytes: opts.pending_max_bytes,
+            upload_threads: opts.upload_threads,
             store_id: catalog.store_id,
             storage,
             dir,
@@ -236,36 +175,16 @@ impl Remote {
             catalog_write: Mutex::new(()),
             threads: Mutex::new(Vec::new()),
             import_scan: Mutex::default(),
-        }
+        })
+    }
+
+    /// The bucket.
+    pub fn objects(&self) -> &Arc<dyn Objects> {
+        &self.objects
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
         crate::sync::lock(&self.state)
-    }
-
-    /// Starts `n` uploader threads.
-    pub(crate) fn start(self: &Arc<Remote>, n: usize) -> Result<()> {
-        let mut threads = crate::sync::lock(&self.threads);
-        for i in 0..n {
-            let r = self.clone();
-            let t = std::thread::Builder::new()
-                .name(format!("casblk-upload-{i}"))
-                .spawn(move || r.run())
-                .map_err(|e| Error::io("uploader thread", e))?;
-            threads.push(t);
-        }
-        Ok(())
-    }
-
-    /// Stops the uploader threads (an upload under way finishes or fails
-    /// first) and waits for them.
-    pub(crate) fn stop(&self) {
-        self.state().stop = true;
-        self.changed.notify_all();
-        let threads = std::mem::take(&mut *crate::sync::lock(&self.threads));
-        for t in threads {
-            let _ = t.join();
-        }
     }
 
     /// True when uploader threads run.
@@ -275,7 +194,7 @@ impl Remote {
 
     /// Records `jobs` as sealed, durably, then queues them. The caller has
     /// made every slot they span durable.
-    pub(crate) fn seal(&self, jobs: Vec<UploadJob>) -> Result<()> {
+    fn seal(&self, jobs: Vec<SealedPack>) -> Result<()> {
         if jobs.is_empty() {
             return Ok(());
         }
@@ -294,7 +213,7 @@ impl Remote {
     }
 
     /// Queues a pack the catalog already holds as sealed (at open).
-    pub(crate) fn requeue(&self, job: UploadJob) {
+    pub(crate) fn requeue(&self, job: SealedPack) {
         self.state().queue.push_back(job);
         self.changed.notify_all();
     }
@@ -316,7 +235,8 @@ impl Remote {
         s.stats.upload_wait_ms += waited.as_millis() as u64;
     }
 
-    pub(crate) fn stats(&self) -> RemoteStats {
+    /// What the uploads and the reads of the bucket have done.
+    pub fn stats(&self) -> RemoteStats {
         let s = self.state();
         let mut st = s.stats.clone();
         st.sealed_packs = s.catalog.packs.values().filter(|p| p.phase == PackPhase::Sealed).count() as u64;
@@ -349,7 +269,7 @@ impl Remote {
 
     /// An uploader thread: takes queued packs until stopped; a failed
     /// upload goes to the back of the queue and the thread backs off.
-    fn run(&self) {
+    fn uploader(&self) {
         let mut failures: u32 = 0;
         loop {
             let job = {
@@ -382,7 +302,7 @@ impl Remote {
 
     /// Uploads one pack and records it (see the module docs); a failure is
     /// counted, logged and returned.
-    fn upload_one(&self, job: &UploadJob) -> Result<()> {
+    fn upload_one(&self, job: &SealedPack) -> Result<()> {
         let result = upload::put_pack(self.objects.as_ref(), self.store_id, job)
             .and_then(|bytes| self.mark_uploaded(job.id).map(|()| bytes));
         match result {
@@ -393,7 +313,7 @@ impl Remote {
                     s.local_uploaded.push_back((job.id, slot_offset(job.slots)));
                 }
                 self.changed.notify_all();
-                if let Err(e) = self.evict() {
+                if let Err(e) = self.evict_local() {
                     // Retried by the next eviction (see `evict`).
                     tracing::warn!(error = %e, "deleting the local copy of an uploaded pack failed");
                 }
@@ -418,7 +338,7 @@ impl Remote {
     /// take more than `local_keep_bytes`: each pack's handle becomes a
     /// remote one first, so readers go to the bucket (a reader holding the
     /// old handle still reads the unlinked file).
-    pub(crate) fn evict(&self) -> Result<()> {
+    fn evict_local(&self) -> Result<()> {
         loop {
             let (id, bytes) = {
                 let s = self.state();
@@ -451,7 +371,7 @@ impl Remote {
     }
 
     /// The foreign packs of the catalog.
-    pub(crate) fn foreign(&self) -> std::collections::BTreeSet<u32> {
+    pub(crate) fn foreign_ids(&self) -> std::collections::BTreeSet<u32> {
         let s = self.state();
         s.catalog.packs.iter().filter(|(_, p)| p.phase == PackPhase::Foreign).map(|(&id, _)| id).collect()
     }
@@ -487,7 +407,7 @@ impl Remote {
     /// remote handle: their sizes come from their slot indexes in the
     /// bucket (`packidx/`, written after the pack was confirmed). Returns
     /// the slot indexes of the packs it adopted.
-    pub(crate) fn adopt_foreign(&self, ids: &[u32]) -> Result<Vec<packidx::PackIndex>> {
+    fn adopt_packs(&self, ids: &[u32]) -> Result<Vec<packidx::PackIndex>> {
         let mut found = Vec::with_capacity(ids.len());
         let mut indexes = Vec::with_capacity(ids.len());
         for &id in ids {
@@ -546,6 +466,46 @@ impl Remote {
             }
         }
         written
+    }
+}
+
+impl Tier for PackTier {
+    fn sealed(&self, packs: Vec<SealedPack>) -> Result<()> {
+        self.seal(packs)
+    }
+
+    fn foreign(&self) -> std::collections::BTreeSet<u32> {
+        self.foreign_ids()
+    }
+
+    fn evict(&self) -> Result<()> {
+        self.evict_local()
+    }
+
+    /// Starts the uploader threads (`upload_threads` of them).
+    fn run(&self) -> Result<()> {
+        let me = self.me.upgrade().expect("a tier runs only while it is held");
+        let mut threads = crate::sync::lock(&self.threads);
+        for i in 0..self.upload_threads {
+            let r = me.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("casblk-upload-{i}"))
+                .spawn(move || r.uploader())
+                .map_err(|e| Error::io("uploader thread", e))?;
+            threads.push(t);
+        }
+        Ok(())
+    }
+
+    /// Stops the uploader threads (an upload under way finishes or fails
+    /// first) and waits for them.
+    fn stop(&self) {
+        self.state().stop = true;
+        self.changed.notify_all();
+        let threads = std::mem::take(&mut *crate::sync::lock(&self.threads));
+        for t in threads {
+            let _ = t.join();
+        }
     }
 }
 

@@ -8,8 +8,8 @@
 //! a whole 64 MiB pack object made every cold read that slow.
 
 use super::packidx::PackIndex;
-use super::UploadJob;
 use crate::chunk::pack::slot_offset;
+use crate::chunk::tier::SealedPack;
 use crate::error::{Error, Result};
 use crate::objects::Objects;
 
@@ -29,7 +29,7 @@ pub fn packidx_key(id: u32) -> String {
 }
 
 /// PUTs `job`'s pack and slot index; returns the bytes sent.
-pub(super) fn put_pack(objects: &dyn Objects, store_id: u64, job: &UploadJob) -> Result<u64> {
+pub(super) fn put_pack(objects: &dyn Objects, store_id: u64, job: &SealedPack) -> Result<u64> {
     let len = slot_offset(job.slots);
     let mut bytes = vec![0u8; len as usize];
     // A crash may have cut the pack's tail: slots past its last live one,
