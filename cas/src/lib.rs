@@ -8,7 +8,8 @@
 //!
 //! Every module of this crate is in one layer. A module imports only from
 //! its own layer or below; a lower layer that needs something from above
-//! defines a trait (`image::ManifestView`) or takes a closure.
+//! defines a trait (`chunk::tier`, `image::ManifestView`) or takes a
+//! closure (`gc::auto`'s pass, the compactor's wait for upload room).
 //! `cas/tests/layers.rs` reads the block below and checks every import
 //! against it; docs/design.md ("Layers of cas") carries the same block.
 //!
@@ -16,7 +17,7 @@
 //! layer     modules (a module imports only from its own row or rows below)
 //! tools     fsck
 //! facade    store
-//! services  chunk::remote compact gc publish
+//! services  bucket compact gc
 //! trees     manifest
 //! data      chunk image
 //! records   dedup objects wal
@@ -25,6 +26,7 @@
 #![deny(unsafe_code)]
 
 pub mod background;
+pub mod bucket;
 pub(crate) mod cache;
 pub mod chunk;
 pub mod compact;
@@ -38,7 +40,6 @@ pub mod image;
 pub mod manifest;
 pub mod objects;
 pub mod observe;
-pub mod publish;
 pub mod report;
 pub mod storage;
 pub mod store;

@@ -53,7 +53,8 @@ pub use remote_images::{FetchAs, FetchReport};
 pub use snapshot::{snapshot_name, SNAPSHOT_SEPARATOR};
 
 use crate::background::BackgroundCpu;
-use crate::chunk::remote::{open_chunks, PackTier};
+use crate::bucket::manifests::Publisher;
+use crate::bucket::packs::{open_chunks, PackTier};
 use crate::chunk::{ChunkStats, ChunkStore, ChunkStoreOptions};
 use crate::compact::service::Service;
 use crate::compact::{
@@ -63,7 +64,6 @@ use crate::error::{Error, Result};
 use crate::gc::{AutoGcOptions, AutoGcTask, GcHistory, GcOptions, GcReport, GcShared};
 use crate::image::{Image, ImageConfig, ImageStats, ManifestView, MAX_WRITE_BYTES};
 use crate::manifest::{CompactedView, Manifest, ManifestOptions, PageCache};
-use crate::publish::Publisher;
 use crate::storage::{Storage, StorageLock};
 use crate::tasks::{TaskHandle, Tasks};
 use crate::units::BLOCK_BYTES;
@@ -144,7 +144,7 @@ pub struct StoreOptions {
     #[serde(skip)]
     pub tasks: Tasks,
     /// Upload sealed packs to an object store and read them back from it
-    /// (cas::chunk::remote); none by default.
+    /// (cas::bucket::packs); none by default.
     #[serde(skip)]
     pub remote: StoreRemote,
 }
@@ -152,7 +152,7 @@ pub struct StoreOptions {
 /// [`StoreOptions::remote`]: compared by the bucket it names and its
 /// settings.
 #[derive(Clone, Debug, Default)]
-pub struct StoreRemote(pub Option<crate::chunk::remote::RemoteOptions>);
+pub struct StoreRemote(pub Option<crate::bucket::RemoteOptions>);
 
 impl PartialEq for StoreRemote {
     fn eq(&self, other: &StoreRemote) -> bool {

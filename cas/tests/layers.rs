@@ -22,7 +22,8 @@ const CAS: &str = env!("CARGO_MANIFEST_DIR");
 const ALLOWED: &[(&str, &str)] = &[];
 
 /// Files allowed past 600 lines of non-test code: not (yet) split.
-const LONG: &[&str] = &["chunk/mod.rs", "image/mod.rs", "publish/mod.rs", "storage/mem.rs", "store.rs"];
+const LONG: &[&str] =
+    &["chunk/mod.rs", "image/mod.rs", "bucket/manifests/mod.rs", "storage/mem.rs", "store.rs"];
 
 /// Most lines of non-test code in one file.
 const MAX_LINES: usize = 600;
@@ -616,7 +617,6 @@ fn describe_cycles(comps: &[Vec<String>], edges: &BTreeMap<(String, String), Str
 }
 
 #[test]
-#[ignore = "until the object-store tier has one room (issue 46)"]
 fn no_import_cycles_beyond_parent_and_child() {
     let krate = load();
     // Between top-level modules: none at all.

@@ -116,7 +116,7 @@ fn imports_list_only_what_is_new_and_a_full_scan_finds_what_landed_below() {
     assert!(second.packs > 0, "A's new packs sort after what the last import saw: {second:?}");
     // C's packs land below the listing's start: only a full scan sees them.
     upload_image(&c, "c1", 3);
-    for i in 2..cas::chunk::remote::FULL_SCAN_EVERY {
+    for i in 2..cas::bucket::packs::FULL_SCAN_EVERY {
         assert_eq!(
             b.tier().unwrap().import_foreign(b.chunks()).unwrap().packs,
             0,

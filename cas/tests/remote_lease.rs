@@ -6,11 +6,11 @@
 
 mod common;
 
+use cas::bucket::manifests::fetch::newest_root;
+use cas::bucket::manifests::root_object::{root_key, RootObject};
 use cas::manifest::RootRecord;
 use cas::objects::lease::LeaseConfig;
 use cas::objects::{MemObjects, ObjectError, ObjectErrorKind, ObjectInfo, ObjectResult, Objects};
-use cas::publish::fetch::newest_root;
-use cas::publish::root_object::{root_key, RootObject};
 use cas::storage::MemStorage;
 use cas::store::FetchAs;
 use cas::{Image, Store, StoreOptions};

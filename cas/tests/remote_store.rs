@@ -46,7 +46,7 @@ fn compacted_chunks_go_to_the_bucket_and_are_read_back_from_it() {
     assert!(st.uploaded_packs >= 4 && st.sealed_packs == 0, "{st:?}");
     assert_eq!(st.evicted_packs, st.uploaded_packs, "{st:?}");
     assert_eq!(local_packs(&mem), 0);
-    // The log is kept until the manifest is published (cas::publish).
+    // The log is kept until the manifest is published (cas::bucket::manifests).
     assert!(image.log_used_bytes() > 0);
     store.publish_wait("vm", Duration::from_secs(5)).unwrap();
     same_tokens(&read_tokens(&image).unwrap(), &want, "read from the bucket");

@@ -1,4 +1,4 @@
-//! Sealed packs uploaded to an object store (cas::chunk::remote): pack ids in
+//! Sealed packs uploaded to an object store (cas::bucket::packs): pack ids in
 //! the store's host slot, sealing only after a sync, uploads that match
 //! the local bytes and survive a crash at every storage operation or an
 //! object store failure at every request, a sealed pack never appended to
@@ -6,9 +6,10 @@
 
 mod chunk_support;
 
-use cas::chunk::remote::packidx::PackIndex;
-use cas::chunk::remote::{open_chunks, PackTier, RemoteStats};
-use cas::chunk::remote::{pack_key, packidx_key, Catalog, PackPhase, RemoteOptions, PART_BYTES};
+use cas::bucket::packs::packidx::PackIndex;
+use cas::bucket::packs::{open_chunks, PackTier, RemoteStats};
+use cas::bucket::packs::{pack_key, packidx_key, Catalog, PackPhase, PART_BYTES};
+use cas::bucket::RemoteOptions;
 use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
 use cas::objects::{MemObjects, ObjectFault, Objects};
 use cas::storage::{CrashMode, MemStorage, OpenMode, Storage};

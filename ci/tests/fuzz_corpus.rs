@@ -85,7 +85,7 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
         "manifest_page" => manifest_seeds(),
         "pack_header" => vec![PackHeader { store_id: 0x5eed, pack_id: 7, capacity_slots: 16383 }.encode()],
         "pack_forward" => vec![cas::chunk::fuzz_sample_forward()],
-        "remote_files" => cas::chunk::remote::fuzz_sample_remote(),
+        "remote_files" => cas::bucket::fuzz_sample_remote(),
         "chunk_index" => vec![cas::chunk::fuzz_sample_index(1), cas::chunk::fuzz_sample_index(3)],
         "dedup_index" => cas::dedup::fuzz_sample_dedup(),
         "store_files" => cas::store::fuzz_samples(),
@@ -127,7 +127,7 @@ fn run(target: &str, data: &[u8]) -> bool {
             table.is_ok()
         }
         "remote_files" => {
-            let decoded = cas::chunk::remote::fuzz_decode_remote(data);
+            let decoded = cas::bucket::fuzz_decode_remote(data);
             if let Ok(encoded) = &decoded {
                 assert_eq!(encoded, data, "decode/encode round trip");
             }

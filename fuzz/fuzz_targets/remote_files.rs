@@ -21,7 +21,7 @@ fn layout(data: &[u8]) -> (usize, usize, usize) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(encoded) = cas::chunk::remote::fuzz_decode_remote(data) {
+    if let Ok(encoded) = cas::bucket::fuzz_decode_remote(data) {
         assert_eq!(encoded, data, "decode/encode round trip");
     }
 });

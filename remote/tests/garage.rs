@@ -160,13 +160,14 @@ fn the_lease_works_between_two_stores_on_three_nodes() {
     assert!(matches!(b.renew(), Err(LeaseError::Lost { by_store: 0xa, epoch: 3 })));
 }
 
-/// The chunk store's uploads and remote reads (cas::chunk::remote) on a
+/// The chunk store's uploads and remote reads (cas::bucket::packs) on a
 /// 3-node Garage with one node killed midway through the writes, then
 /// another one during the reads after a reopen: no request fails, and
 /// every chunk reads back from the bucket (no local copy is kept).
 #[test]
 fn a_chunk_store_uploads_and_reads_through_killed_nodes() {
-    use cas::chunk::remote::{open_chunks, RemoteOptions};
+    use cas::bucket::packs::open_chunks;
+    use cas::bucket::RemoteOptions;
     use cas::chunk::{ChunkHash, ChunkStoreOptions};
     use std::sync::Arc;
     let Some(cluster) = cluster("chunk-store", 3) else { return };
@@ -201,7 +202,7 @@ fn a_chunk_store_uploads_and_reads_through_killed_nodes() {
     // them). A pack counts as uploaded once its catalog entry changes, a
     // moment before it joins the local-uploaded queue: wait for the
     // eviction count too, or that moment reads as "done".
-    let busy = |s: &cas::chunk::remote::RemoteStats| {
+    let busy = |s: &cas::bucket::packs::RemoteStats| {
         s.sealed_packs > 0 || s.local_uploaded_packs > 0 || s.evicted_packs < s.uploaded_packs
     };
     while busy(&tier.stats()) {
@@ -233,7 +234,7 @@ fn a_chunk_store_uploads_and_reads_through_killed_nodes() {
 
 #[test]
 fn another_host_takes_over_an_image_published_through_killed_nodes() {
-    use cas::chunk::remote::RemoteOptions;
+    use cas::bucket::RemoteOptions;
     use cas::store::StoreRemote;
     use cas::{Store, StoreOptions};
     use std::sync::Arc;

@@ -18,7 +18,7 @@ pub fn store_remote(dir: &Path) -> Result<cas::store::StoreRemote> {
     };
     let cfg = settings.config().map_err(|e| anyhow!("store {}: remote: {e}", dir.display()))?;
     let objects = S3Objects::open(cfg).map_err(|e| anyhow!("store {}: {e}", dir.display()))?;
-    let opts = cas::chunk::remote::RemoteOptions::new(Arc::new(objects));
+    let opts = cas::bucket::RemoteOptions::new(Arc::new(objects));
     Ok(cas::store::StoreRemote(Some(opts)))
 }
 

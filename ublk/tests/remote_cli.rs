@@ -36,7 +36,7 @@ fn fails(out: &Output, words: &str) {
 fn open_with_remote(dir: &Path) -> Arc<Store> {
     let settings = RemoteSettings::read(dir).unwrap().expect("remote settings");
     let objects = S3Objects::open(settings.config().unwrap()).unwrap();
-    let mut remote = cas::chunk::remote::RemoteOptions::new(Arc::new(objects));
+    let mut remote = cas::bucket::RemoteOptions::new(Arc::new(objects));
     remote.lease = Some(cas::objects::lease::LeaseConfig {
         lease: Duration::from_secs(4),
         claim_bound: Duration::from_millis(200),

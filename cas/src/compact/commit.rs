@@ -8,7 +8,7 @@
 //!   4. cursor := next                the validated hint for the next batch
 //!   5. image.reclaim_log(covered)    overlay extents, segment files, quota
 //!                                    (no further than the image's reclaim
-//!                                    gate: what its bucket holds, cas::publish)
+//!                                    gate: what its bucket holds, cas::bucket::manifests)
 //! ```
 //!
 //! Jobs are committed strictly in order. The stage runs inline on the

@@ -110,7 +110,7 @@ fn check_locked(storage: &Arc<dyn Storage>, dir: &Path, opts: &FsckOptions) -> R
     }
     let chunks_dir = dir.join("chunks");
     let mut index =
-        IndexCheck::load(&*dry, &chunks_dir, &mut report, &crate::chunk::remote::check::TIER_CHECK);
+        IndexCheck::load(&*dry, &chunks_dir, &mut report, &crate::bucket::packs::check::TIER_CHECK);
     take_changes(&dry, None, &mut report);
     if !whole {
         // Store-wide findings belong to a whole-store check.

@@ -3,7 +3,7 @@
 //! compaction work in it ([`CompactStats`]: counted by `cas::compact`, kept
 //! per image by the store, which fills it in: `Store::image_stats`), and
 //! its publication to the bucket ([`PublishCounters`]: counted by
-//! `cas::publish`, filled in the same way).
+//! `cas::bucket::manifests`, filled in the same way).
 
 use crate::wal::RecoveryReport;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -221,7 +221,7 @@ counters! {
 
 /// Publication's figures for one image, numbers only (the stats socket's
 /// counters, `images[].counters.cas.remote.*`; all zero without a
-/// bucket): counted by `cas::publish`, filled in by the store, defined
+/// bucket): counted by `cas::bucket::manifests`, filled in by the store, defined
 /// here beside [`CompactStats`] so that an image names nothing above it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PublishCounters {
@@ -245,7 +245,7 @@ pub struct PublishCounters {
     pub lease_lost: bool,
     pub refused: bool,
     /// Superseded roots and page ranges deleted from the bucket, and those
-    /// waiting for their grace period (`cas::publish::superseded`).
+    /// waiting for their grace period (`cas::bucket::manifests::superseded`).
     pub superseded_deleted: u64,
     pub superseded_pending: u64,
 }

@@ -1,5 +1,5 @@
 //! Images and the store's bucket: publication of open images (the
-//! publisher thread, see `cas::publish`), and fetching an image another
+//! publisher thread, see `cas::bucket::manifests`), and fetching an image another
 //! store published as a read-only replica.
 //!
 //! A fetched image is built from the newest root in the bucket, as a
@@ -11,15 +11,15 @@
 //! packs its leaves name are recorded as foreign in the chunk store's
 //! catalog, read from the bucket through the extent cache. It holds every
 //! write the publishing store had flushed and compacted when that root was
-//! published (see `cas::publish` on the window). It does not follow later
+//! published (see `cas::bucket::manifests` on the window). It does not follow later
 //! publications: remove it and fetch again to see them.
 
 use super::files::{ImageHeader, ImageKind};
 use super::{Store, IMAGE_FILE, MANIFEST_FILE};
+use crate::bucket::manifests::unpublish::{self, Unpublished};
+use crate::bucket::manifests::{fetch, PublishStats, Publisher};
 use crate::error::{Error, Result};
 use crate::manifest::{Manifest, FIRST_TREE_PAGE};
-use crate::publish::unpublish::{self, Unpublished};
-use crate::publish::{fetch, PublishStats, Publisher};
 use crate::sync::lock;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -80,7 +80,7 @@ impl Store {
 
     /// Publishes open image `name`'s newest commit now (and waits for the
     /// uploads of the chunks it names), within `timeout`; returns the
-    /// generation published. See `cas::publish`.
+    /// generation published. See `cas::bucket::manifests`.
     pub fn publish_wait(&self, name: &str, timeout: Duration) -> Result<u64> {
         self.publisher()?.publish_wait(name, timeout)
     }
@@ -157,7 +157,7 @@ impl Store {
         r.map(|(report, _)| report)
     }
 
-    /// Removes image `name` from the bucket (publish/unpublish.rs), under
+    /// Removes image `name` from the bucket (bucket/manifests/unpublish.rs), under
     /// its lease, renewed meanwhile and checked before each DELETE:
     /// refused while another store holds it, or while the image is open
     /// here (no open starts meanwhile). Fails if the bucket holds no root

@@ -26,7 +26,7 @@ pub fn small_opts() -> StoreOptions {
 /// deleted locally once uploaded, no lease, superseded roots and page
 /// ranges deleted at once.
 pub fn remote_opts(objects: Option<Arc<dyn cas::objects::Objects>>) -> StoreOptions {
-    use cas::chunk::remote::RemoteOptions;
+    use cas::bucket::RemoteOptions;
     use std::time::Duration;
     StoreOptions {
         log_segment_bytes: 1 << 20,

@@ -42,7 +42,8 @@
 //! `cross_host_stored_over_unique <= 1.02`. Writes
 //! `target/bench/remote.json` and prints it.
 
-use cas::chunk::remote::{open_chunks, PackTier, RemoteOptions};
+use cas::bucket::packs::{open_chunks, PackTier};
+use cas::bucket::RemoteOptions;
 use cas::chunk::{ChunkHash, ChunkRef, ChunkStore, ChunkStoreOptions, CHUNK_BYTES};
 use cas::objects::Objects;
 use cas::storage::FsStorage;

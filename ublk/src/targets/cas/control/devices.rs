@@ -200,7 +200,7 @@ impl Daemon {
             tracing::error!(image = %core.name, "flush at detach failed: {e}");
         } else if self.store.publish_stats(&core.name).is_some() {
             // A store with a bucket: hand every write over, so a store that
-            // takes the image over sees them all (cas::publish, the window).
+            // takes the image over sees them all (cas::bucket::manifests, the window).
             match self.store.drain_to_bucket(&core.image, DRAIN_TIMEOUT) {
                 Ok(g) => tracing::info!(image = %core.name, generation = g, "published at detach"),
                 Err(e) => tracing::warn!(

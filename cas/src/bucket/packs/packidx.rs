@@ -70,14 +70,28 @@ impl PackIndex {
     /// The index of a pack whose bytes (header included) are `pack_bytes`,
     /// with `live(slot)` saying which slots hold a live chunk.
     pub fn of_pack(pack: u32, store_id: u64, pack_bytes: &[u8], live: impl Fn(u32) -> bool) -> PackIndex {
-        let body = &pack_bytes[super::super::PACK_HEADER_BYTES as usize..];
+        let body = &pack_bytes[crate::chunk::PACK_HEADER_BYTES as usize..];
         let slots = body
-            .chunks_exact(super::super::CHUNK_BYTES)
+            .chunks_exact(crate::chunk::CHUNK_BYTES)
             .enumerate()
             .map(|(i, chunk)| live(i as u32).then(|| (ChunkHash::of(chunk), format::crc32c(chunk))))
             .collect();
         PackIndex { pack, store_id, slots }
     }
+}
+
+/// Fuzzing: decodes a slot index and returns its encoding (which must
+/// equal the input).
+pub fn fuzz_decode_packidx(bytes: &[u8]) -> Result<Vec<u8>> {
+    PackIndex::decode(bytes, Path::new("<fuzz>")).map(|i| i.encode())
+}
+
+/// A fuzzing seed: the slot index of a 3-slot pack of host slot 2 whose
+/// slot 1 is dead.
+pub fn fuzz_sample_packidx() -> Vec<u8> {
+    let mut pack = vec![0u8; crate::chunk::PACK_HEADER_BYTES as usize + 3 * crate::chunk::CHUNK_BYTES];
+    pack.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 253) as u8);
+    PackIndex::of_pack(crate::chunk::pack_id::first_pack_id(2), 0x5eed, &pack, |slot| slot != 1).encode()
 }
 
 #[cfg(test)]

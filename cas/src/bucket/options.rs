@@ -14,7 +14,7 @@ pub struct RemoteOptions {
     /// compaction waits (default 512 MiB).
     pub pending_max_bytes: u64,
     /// Threads uploading packs, each with one pack in flight (default 2).
-    /// 0 uploads only in [`PackTier::upload_sealed`](super::PackTier::upload_sealed) (for tests that
+    /// 0 uploads only in [`PackTier::upload_sealed`](super::packs::PackTier::upload_sealed) (for tests that
     /// need every step in a fixed order).
     pub upload_threads: usize,
     /// The bound on a host slot claim's LIST-then-PUT (default 2 s).
@@ -30,7 +30,7 @@ pub struct RemoteOptions {
     /// fails (default 30 s).
     pub read_retry: Duration,
     /// How often open images' manifests are published (default 2 s; see
-    /// `cas::publish`). Zero: only when `Store::publish_wait` asks (tests).
+    /// `cas::bucket::manifests`). Zero: only when `Store::publish_wait` asks (tests).
     pub publish_interval: Duration,
     /// The lease a store takes on each image it writes (`cas::objects::lease`;
     /// default 10 s, claim bound 2 s, margin 1 s). None: no lease (tests of
@@ -39,7 +39,7 @@ pub struct RemoteOptions {
     /// How long an image's superseded roots and page ranges stay in the
     /// bucket before the lease holder deletes them (default 120 s: a
     /// store fetching the image meanwhile can still read them; see
-    /// `cas::publish::superseded`).
+    /// `cas::bucket::manifests::superseded`).
     pub superseded_grace: Duration,
 }
 

@@ -1,4 +1,4 @@
-//! Sealed packs uploaded to an object store (issue 18, stage 2): the
+//! Sealed packs uploaded to the bucket (issue 18, stage 2): the
 //! catalog of sealed and uploaded packs, the host slot that keeps pack ids
 //! unique across the stores sharing a bucket, the uploader threads, and
 //! the bound on bytes not yet uploaded.
@@ -49,7 +49,6 @@ pub mod check;
 mod extent_cache;
 mod foreign;
 pub mod host_slot;
-mod options;
 mod pack_file;
 pub mod packidx;
 mod room;
@@ -61,9 +60,9 @@ pub use crate::chunk::ForeignImport;
 pub use attach::{open_chunks, Attach};
 pub use catalog::{Catalog, CatalogEntry, PackPhase};
 pub use foreign::FULL_SCAN_EVERY;
-pub use options::RemoteOptions;
 pub(crate) use pack_file::{RemotePackFile, RemoteReads};
 
+use super::RemoteOptions;
 use crate::chunk::pack::slot_offset;
 use crate::chunk::tier::{SealedPack, Tier};
 use crate::chunk::PackFiles;
@@ -507,46 +506,4 @@ impl Tier for PackTier {
             let _ = t.join();
         }
     }
-}
-
-/// Fuzzing: decodes a remote pack catalog or a pack slot index (chosen by
-/// the magic) and returns its encoding, which must equal the input.
-pub fn fuzz_decode_remote(bytes: &[u8]) -> Result<Vec<u8>> {
-    let path = std::path::Path::new("<fuzz>");
-    if bytes.starts_with(b"CASRPACK") {
-        Catalog::decode(bytes, path).map(|c| c.encode())
-    } else if bytes.starts_with(b"CASPROOT") {
-        crate::publish::root_object::RootObject::decode(bytes, path).map(|r| r.encode())
-    } else {
-        packidx::PackIndex::decode(bytes, path).map(|i| i.encode())
-    }
-}
-
-/// Fuzzing seeds: a catalog (with a foreign pack), a slot index and a
-/// published manifest root.
-pub fn fuzz_sample_remote() -> Vec<Vec<u8>> {
-    let mut packs = std::collections::BTreeMap::new();
-    let first = catalog::first_pack_id(2);
-    packs.insert(first, CatalogEntry { phase: PackPhase::Uploaded, slots: 16383 });
-    packs.insert(first + 1, CatalogEntry { phase: PackPhase::Sealed, slots: 9 });
-    packs.insert(catalog::first_pack_id(7), CatalogEntry { phase: PackPhase::Foreign, slots: 40 });
-    let catalog = Catalog { store_id: 0x5eed, host_slot: 2, packs };
-    let mut pack = vec![0u8; crate::chunk::PACK_HEADER_BYTES as usize + 3 * crate::chunk::CHUNK_BYTES];
-    pack.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 253) as u8);
-    let index = packidx::PackIndex::of_pack(first, 0x5eed, &pack, |slot| slot != 1);
-    let mut root = crate::manifest::RootRecord::empty();
-    root.generation = 3;
-    root.height = 1;
-    root.root.page = 4;
-    root.file_pages = 5;
-    root.live_pages = 1;
-    let published = crate::publish::root_object::RootObject {
-        store_id: 0x5eed,
-        epoch: 0,
-        size_bytes: 1 << 30,
-        series: 9,
-        root,
-        ranges: vec![(2, 4), (4, 5)],
-    };
-    vec![catalog.encode(), index.encode(), published.encode()]
 }

@@ -62,7 +62,8 @@ pub mod root_object;
 pub mod superseded;
 pub mod unpublish;
 
-use crate::chunk::remote::{PackTier, RemoteOptions};
+use crate::bucket::packs::PackTier;
+use crate::bucket::RemoteOptions;
 use crate::chunk::ChunkStore;
 use crate::error::{Error, Result};
 use crate::image::Image;

@@ -112,7 +112,8 @@ impl PackTier {
 
 #[cfg(test)]
 mod tests {
-    use crate::chunk::remote::{open_chunks, RemoteOptions};
+    use crate::bucket::packs::open_chunks;
+    use crate::bucket::RemoteOptions;
     use crate::chunk::{lock, ChunkHash, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
     use crate::objects::MemObjects;
     use crate::storage::MemStorage;
