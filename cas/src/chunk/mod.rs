@@ -88,7 +88,9 @@ mod open;
 pub(crate) mod pack;
 pub mod pack_id;
 mod pin;
+mod read;
 mod seal;
+mod stats;
 pub mod tier;
 mod writer;
 
@@ -100,19 +102,18 @@ pub use maintenance::PackUsage;
 pub use pack::{fuzz_decode_pack_header, PackHeader, CHUNK_BYTES, PACK_HEADER_BYTES};
 pub use pin::ChunkPin;
 pub use seal::Closing;
+pub use stats::{ChunkStats, InsertStats, OpenReport};
 
 use crate::dedup::key::{Key, PrefixBuild};
 use crate::dedup::slots::Bits;
 use crate::dedup::{self, DedupIndex};
 use crate::error::{Error, Result};
-use crate::format;
 use crate::storage::{Storage, StorageFile};
 use journal::{Journal, JournalOp};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use trace::IoSource;
 
 /// Shards of the clean chunk cache: every read takes one shard's mutex
 /// (twice on a miss), so a thread descheduled while holding one stalls
@@ -163,64 +164,6 @@ impl Default for ChunkStoreOptions {
             index_merge_in_background: true,
         }
     }
-}
-
-/// What one `insert_missing` call did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct InsertStats {
-    /// Chunks written now.
-    pub new_chunks: u64,
-    /// Chunks already stored (or repeated within the call).
-    pub dup_chunks: u64,
-    /// Bytes written to pack files (chunks plus headers of new packs).
-    pub bytes_written: u64,
-}
-
-/// A snapshot of the store's counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct ChunkStats {
-    pub chunks: u64,
-    pub packs: u64,
-    /// Bytes the pack files span (headers, live and dead slots).
-    pub stored_bytes: u64,
-    /// Slots that hold no live chunk (swept, or crash garbage).
-    pub dead_slots: u64,
-    pub index_memory_bytes: u64,
-    pub index_journal_bytes: u64,
-    /// Runs of the on-disk dedup index, and the entries they hold (stale
-    /// ones included, until a merge drops them).
-    pub index_runs: u64,
-    pub index_run_entries: u64,
-    /// Fraction of hash space the summary covers, in millionths (1,000,000:
-    /// exact dedup; less once the index outgrew its memory budget), and
-    /// the run entries it summarizes.
-    pub index_summary_fraction_ppm: u64,
-    pub index_summary_entries: u64,
-    /// Run pages read by dedup lookups.
-    pub index_page_reads: u64,
-    /// Merges of index runs installed, the longest one's time, and the
-    /// syncs that waited for a merge because the runs had piled up.
-    pub index_merges: u64,
-    pub index_merge_ms_max: u64,
-    pub index_merge_waits: u64,
-    pub cache_hits: u64,
-    pub cache_misses: u64,
-    pub cache_entries: u64,
-    /// Misses not admitted to the cache: a chunk enters it on its second
-    /// miss within a window, not its first (admission.rs).
-    pub cache_admits_deferred: u64,
-    /// fdatasync and directory syncs the store has issued.
-    pub syncs: u64,
-    /// Chunk reads that had to find their chunk in the index: reads by
-    /// hash, of unlocated refs (leaves written before locations), and of
-    /// refs whose pack GC deleted with no forward table leading on. Reads
-    /// of located refs, forwarded or not, do not count.
-    pub read_index_lookups: u64,
-    /// Chunk reads that found their chunk through forward tables (its pack
-    /// was repacked and deleted), without the index.
-    pub reads_forwarded: u64,
-    /// Forward tables kept for leaves that still name deleted packs.
-    pub forward_tables: u64,
 }
 
 /// One pack file's slot counts (the writer's bookkeeping; readers only
@@ -332,38 +275,6 @@ impl Writer {
     }
 }
 
-/// What opening the chunk store read and where its time went.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct OpenReport {
-    /// Live chunks after the journal's replay.
-    pub entries: u64,
-    /// Runs opened (header, fences, summary keys) and their entries.
-    pub runs: u64,
-    pub run_entries: u64,
-    pub runs_ms: u64,
-    /// The journal predates the on-disk index and was written out as its
-    /// first run.
-    pub migrated: bool,
-    pub journal_batches: u64,
-    pub journal_bytes: u64,
-    /// Replaying the journal into the index.
-    pub journal_ms: u64,
-    /// How the replay's wall time divided: on a CPU, waiting for one,
-    /// asleep (I/O, faults).
-    pub journal_time: crate::thread_time::TimeSplit,
-    /// Of `journal_ms`, reading and checking batches (the rest applied
-    /// their records to the tables); and the records applied.
-    pub journal_read_ms: u64,
-    pub journal_puts: u64,
-    pub journal_removes: u64,
-    pub journal_frees: u64,
-    /// Checking the referenced packs and deleting unreferenced ones.
-    pub packs_checked: u64,
-    pub packs_removed: u64,
-    pub packs_ms: u64,
-    pub total_ms: u64,
-}
-
 /// The chunk store. `Send + Sync`; every method takes `&self`.
 pub struct ChunkStore {
     pub(crate) storage: Arc<dyn Storage>,
@@ -457,110 +368,6 @@ impl ChunkStore {
         ChunkPin { pins: &self.pins, epoch: self.pins.acquire() }
     }
 
-    /// Reads chunk `hash` into `out` (4096 bytes) through the clean cache,
-    /// finding it in the index. Fails with `NotFound` if the chunk is not
-    /// stored, and with `ChecksumMismatch` (leaving `out` zeroed) if its
-    /// bytes are damaged.
-    pub fn read(&self, hash: &ChunkHash, out: &mut [u8]) -> Result<()> {
-        self.read_ref(&ChunkRef::unlocated(hash), out)
-    }
-
-    /// Reads the chunk a manifest leaf names into `out` (4096 bytes),
-    /// through the clean cache. A located ref whose pack exists is read
-    /// there without consulting the index: ids are never reused and a
-    /// slot's bytes never change while its pack exists. One whose pack GC
-    /// repacked and deleted follows the pack's forward table. Only an
-    /// unlocated ref, or one no table leads on from (the chunk was swept),
-    /// asks the index ([`ChunkStats::read_index_lookups`]).
-    /// Errors as [`ChunkStore::read`].
-    pub fn read_ref(&self, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
-        if out.len() != CHUNK_BYTES {
-            return Err(Error::InvalidArgument(format!(
-                "chunk reads are {CHUNK_BYTES} bytes, not {}",
-                out.len()
-            )));
-        }
-        let key = Key::of_tag(&r.tag);
-        let begun = crate::observe::begin();
-        if let Some(bytes) = self.cache.get(&key) {
-            out.copy_from_slice(&bytes);
-            crate::observe::end(IoSource::Cache, begun);
-            return Ok(());
-        }
-        // Where the leaf says, or where its old pack's forward table says.
-        // (The `files` guard is dropped before `forwarded` takes it again:
-        // a writer queued in between would otherwise block both.)
-        let direct = r.at.and_then(|at| Some((at, self.read_files().get(&at.pack)?.clone())));
-        let located = direct.map(|d| (d, false)).or_else(|| Some((self.forwarded(r.at?)?, true)));
-        let result = match located {
-            Some(((at, file), forwarded)) => {
-                self.reads_forwarded.fetch_add(u64::from(forwarded), Ordering::Relaxed);
-                match self.read_slot(&file, at, out) {
-                    // A table that led astray (damaged on disk) or a failed
-                    // read: the index knows where the chunk is.
-                    Err(_) if forwarded => self.read_indexed(r, out),
-                    other => other,
-                }
-            }
-            None => self.read_indexed(r, out),
-        };
-        crate::observe::end(IoSource::Chunk, begun);
-        result?;
-        // A chunk read once is not worth a copy and an eviction: it enters
-        // the cache on its second miss (admission.rs).
-        if !self.admission.admit(&r.tag) {
-            self.cache_admits_deferred.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
-        // Into the buffer of the entry it evicts when nobody else holds
-        // it: no 4 KiB allocation and free per miss (the allocator's arena
-        // locks were where reads stalled next).
-        self.cache.insert_with(key, |evicted| {
-            if let Some(mut bytes) = evicted {
-                if let Some(buf) = Arc::get_mut(&mut bytes) {
-                    buf.copy_from_slice(out);
-                    return bytes;
-                }
-            }
-            Arc::from(&out[..])
-        });
-        Ok(())
-    }
-
-    /// Finds chunk `r` in the index (counted) and reads it: the newest
-    /// entry whose pack is open. A pack GC deletes between the lookup and
-    /// the read sends it back to the index, which by then has the moved
-    /// chunk's entry (bounded: GC holds a pass lock and deletes one pack at
-    /// a time).
-    fn read_indexed(&self, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
-        self.read_index_lookups.fetch_add(1, Ordering::Relaxed);
-        for _ in 0..4 {
-            let open = |at: ChunkLoc| self.read_files().contains_key(&at.pack);
-            let Some(e) = self.read_index().find(&r.tag, &open)? else { break };
-            let Some(file) = self.read_files().get(&e.at.pack).cloned() else { continue };
-            return self.read_slot(&file, e.at, out);
-        }
-        Err(Error::NotFound(format!("chunk {}", r.tag)))
-    }
-
-    /// Reads slot `at.slot` of `file` into `out` and checks it against
-    /// `at.crc` (`ChecksumMismatch`, `out` zeroed, if it differs).
-    fn read_slot(&self, file: &Arc<dyn StorageFile>, at: ChunkLoc, out: &mut [u8]) -> Result<()> {
-        let offset = pack::slot_offset(at.slot);
-        file.read_exact_at(out, offset)?;
-        let actual = format::crc32c(out);
-        if actual != at.crc {
-            out.fill(0);
-            return Err(Error::ChecksumMismatch {
-                path: file.path().to_path_buf(),
-                offset,
-                expected: at.crc,
-                actual,
-            });
-        }
-        Ok(())
-    }
-
     /// True when chunk `hash` is stored in a live slot (durable or not
     /// yet synced). An index read error counts as not stored.
     pub fn contains(&self, hash: &ChunkHash) -> bool {
@@ -623,111 +430,6 @@ impl ChunkStore {
     pub(crate) fn memory_bytes(&self, w: &Writer) -> u64 {
         let pending = (w.pending.len() * std::mem::size_of::<JournalOp>()) as u64;
         self.read_index().memory_bytes() + w.bits_bytes() + pending
-    }
-
-    /// What opening this chunk store read, and where its time went.
-    pub fn open_report(&self) -> OpenReport {
-        self.opened
-    }
-
-    pub fn stats(&self) -> ChunkStats {
-        let journal_bytes = lock(&self.sync_state).journal.len_bytes();
-        let chunks = self.len();
-        let w = lock(&self.writer);
-        let (runs, run_entries, fraction, summarized) = {
-            let idx = self.read_index();
-            let limit = idx.summary_limit() as u64;
-            let fraction = limit * 1_000_000 / dedup::summary::PARTITIONS as u64;
-            (idx.runs().count() as u64, idx.runs().map(|r| r.entries).sum(), fraction, idx.summarized())
-        };
-        ChunkStats {
-            chunks,
-            packs: w.packs.len() as u64,
-            stored_bytes: w.packs.values().map(|p| pack::slot_offset(p.slots)).sum(),
-            dead_slots: w.packs.values().map(|p| u64::from(p.slots - p.live)).sum(),
-            index_memory_bytes: self.memory_bytes(&w),
-            index_journal_bytes: journal_bytes,
-            index_runs: runs,
-            index_run_entries: run_entries,
-            index_summary_fraction_ppm: fraction,
-            index_summary_entries: summarized,
-            index_page_reads: self.index_page_reads.load(Ordering::Relaxed),
-            index_merges: self.index_merges.load(Ordering::Relaxed),
-            index_merge_ms_max: self.index_merge_ms_max.load(Ordering::Relaxed),
-            index_merge_waits: self.index_merge_waits.load(Ordering::Relaxed),
-            cache_hits: self.cache.hits(),
-            cache_misses: self.cache.misses(),
-            cache_entries: self.cache.len() as u64,
-            cache_admits_deferred: self.cache_admits_deferred.load(Ordering::Relaxed),
-            syncs: self.syncs.load(Ordering::Relaxed),
-            read_index_lookups: self.read_index_lookups.load(Ordering::Relaxed),
-            reads_forwarded: self.reads_forwarded.load(Ordering::Relaxed),
-            forward_tables: self.forwards.read().unwrap_or_else(|p| p.into_inner()).len() as u64,
-        }
-    }
-
-    /// Reads every stored chunk and checks its crc32c (and, with `rehash`,
-    /// its blake3 hash): an offline consistency check. Returns the number
-    /// of chunks checked.
-    pub fn verify(&self, rehash: bool) -> Result<u64> {
-        let mut entries = self.live_entries()?;
-        entries.sort_unstable_by_key(|e| (e.at.pack, e.at.slot));
-        entries.dedup_by_key(|e| (e.at.pack, e.at.slot));
-        let mut buf = vec![0u8; CHUNK_BYTES];
-        for e in &entries {
-            let (hash, loc) = (e.hash, e.at);
-            let file = {
-                match self.read_files().get(&loc.pack) {
-                    Some(f) => f.clone(),
-                    None => {
-                        return Err(corrupt(
-                            &self.dir,
-                            0,
-                            format!("entry points at missing pack {}", loc.pack),
-                        ))
-                    }
-                }
-            };
-            let offset = pack::slot_offset(loc.slot);
-            file.read_exact_at(&mut buf, offset)?;
-            match check::check_bytes(&buf, &hash, loc.crc, rehash) {
-                Ok(()) => {}
-                Err(check::Mismatch::Crc(actual)) => {
-                    return Err(Error::ChecksumMismatch {
-                        path: file.path().to_path_buf(),
-                        offset,
-                        expected: loc.crc,
-                        actual,
-                    })
-                }
-                Err(check::Mismatch::Content) => {
-                    return Err(corrupt(file.path(), offset, format!("chunk {hash} has other content")))
-                }
-            }
-        }
-        Ok(entries.len() as u64)
-    }
-
-    /// Every index entry whose slot is live (the memtables' and every
-    /// run's; a chunk may appear more than once). Reads every run.
-    pub(crate) fn live_entries(&self) -> Result<Vec<dedup::run::Entry>> {
-        let w = lock(&self.writer);
-        let idx = self.read_index();
-        let mut out = Vec::new();
-        for m in std::iter::once(&idx.mem).chain(idx.frozen.as_deref()) {
-            out.extend(
-                m.iter().filter(|(_, &at)| w.is_live(at)).map(|(k, &at)| dedup::run::Entry { hash: k.0, at }),
-            );
-        }
-        for run in idx.runs() {
-            let mut s = run.stream();
-            while let Some(e) = s.next_entry()? {
-                if w.is_live(e.at) {
-                    out.push(e);
-                }
-            }
-        }
-        Ok(out)
     }
 
     /// Counts `n` syncs issued.

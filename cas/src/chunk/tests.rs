@@ -1,4 +1,5 @@
 use super::*;
+use crate::format;
 use crate::storage::{CrashMode, Fault, FaultOp, MemStorage};
 
 fn block(seed: u64) -> Vec<u8> {
