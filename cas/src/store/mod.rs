@@ -30,17 +30,27 @@
 //! Opening an image replays only the log its manifest does not cover.
 //! `gc` and image creation/removal exclude each other, so GC marks from
 //! every image's manifest.
+//!
+//! Files by concept: the store itself and its images (this file),
+//! options.rs (StoreOptions and their checks; the bucket's settings are
+//! assembled there and handed down at `start`), stats.rs (what the store
+//! reports across its parts), gc.rs (its GC passes), open.rs (open images
+//! and their compaction state), and one file per operation on images
+//! (import, export, snapshots, remote images, info).
 
 mod export;
 pub(crate) mod files;
 mod fuzz;
+mod gc;
 mod import;
 mod info;
 mod memory;
 mod names;
 mod open;
+mod options;
 mod remote_images;
 mod snapshot;
+mod stats;
 
 pub use export::ExportReport;
 pub use files::{ImageHeader, ImageKind, IMAGE_VERSION, STORE_VERSION, STORE_VERSION_LOCAL};
@@ -49,234 +59,29 @@ pub use import::ImportReport;
 pub use info::ImageDetail;
 pub use memory::MemoryLoan;
 pub use names::{check_image_dir_name, validate_image_name, IMAGE_NAME_BYTES_MAX, IMAGE_NAME_CHARS};
+pub use options::{StoreOptions, StoreRemote, IMAGE_BYTES_MAX};
 pub use remote_images::{FetchAs, FetchReport};
 pub use snapshot::{snapshot_name, SNAPSHOT_SEPARATOR};
+pub use stats::SpaceStats;
 
-use crate::background::BackgroundCpu;
 use crate::bucket::manifests::Publisher;
 use crate::bucket::packs::{open_chunks, PackTier};
-use crate::chunk::{ChunkStats, ChunkStore, ChunkStoreOptions};
+use crate::chunk::{ChunkStore, ChunkStoreOptions};
 use crate::compact::service::Service;
-use crate::compact::{
-    Budget, CompactConfig, CompactReport, Compactor, ImageCompaction, PassControl, UploadRoom,
-};
+use crate::compact::{Budget, CompactReport, Compactor, ImageCompaction, PassControl, UploadRoom};
 use crate::error::{Error, Result};
-use crate::gc::{AutoGcOptions, AutoGcTask, GcHistory, GcOptions, GcReport, GcShared};
-use crate::image::{Image, ImageConfig, ImageStats, ManifestView, MAX_WRITE_BYTES};
+use crate::gc::{AutoGcTask, GcHistory, GcShared};
+use crate::image::{Image, ImageConfig, ManifestView};
 use crate::manifest::{CompactedView, Manifest, ManifestOptions, PageCache};
 use crate::storage::{Storage, StorageLock};
-use crate::tasks::{TaskHandle, Tasks};
+use crate::tasks::TaskHandle;
 use crate::units::BLOCK_BYTES;
-use crate::wal::segment::{SEGMENT_BYTES_MAX, SEGMENT_BYTES_MIN};
 use open::{Begun, OpenImage, OpenImages};
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
-
-/// Largest image size accepted (1 PiB).
-pub const IMAGE_BYTES_MAX: u64 = 1 << 50;
-
-/// Tunables of a store; every field has a default.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct StoreOptions {
-    /// Size of each WAL segment file (1 MiB ..= 1 GiB, a multiple of 4096).
-    pub log_segment_bytes: u64,
-    /// Per-image log quota; at least two segments.
-    pub log_quota_bytes: u64,
-    /// Clean chunk cache on the read path (cas::chunk), shared by all images.
-    pub chunk_cache_bytes: u64,
-    /// Decoded manifest pages kept for lookups, shared by all images
-    /// (cas::manifest::PageCache): one bound however many are open.
-    pub manifest_cache_bytes: u64,
-    /// Chunk index plus compaction preparation: the index may take
-    /// `memory_budget_bytes - compaction_memory_bytes`, beyond which its
-    /// summary samples the hashes (fewer duplicates are found; writes
-    /// never fail on it).
-    pub memory_budget_bytes: u64,
-    /// The part of the memory budget compaction passes may lease for their
-    /// buffers (see cas::compact::budget). Must hold two of the largest log
-    /// records plus read-ahead.
-    pub compaction_memory_bytes: u64,
-    /// Run the background compactor (one thread, plus one per pass).
-    /// Without it, compaction happens only through `Store::compact_once`.
-    pub background_compaction: bool,
-    /// Threads one compaction pass uses: 1; 2 (read+hash / insert+commit
-    /// pipeline); 3 (also the commit protocol's syncs and deletions on
-    /// their own thread).
-    pub compaction_threads: u64,
-    /// Log record bytes per compaction batch (one manifest commit each).
-    /// A pass holds two batch buffers (one read while the other is
-    /// inserted), so this sets most of compaction's resident memory: at
-    /// 16 MiB the daemon's peak in a one-repetition cas run of
-    /// `ci/bench device` was 154 MiB instead of 177 at 32. At 8 MiB (with
-    /// user copy) the device bench's cas phases peaked at 97 MiB in the VM
-    /// against 107 at 16, while natively `ci/bench compaction` drained at
-    /// 0.64x blake3 against 0.65x, with 1.07x the manifest pages the
-    /// commits touched and 0.38 syncs per MiB (0.27 at 16). 4 MiB peaked at
-    /// 86 but drained at 0.56x, wrote 1.11x the pages (over the bench's
-    /// 1.1x target) and synced 0.66 times per MiB: too many commits for a
-    /// slow disk.
-    pub compaction_batch_bytes: u64,
-    /// When the store runs GC by itself (cas::gc::auto); on by default.
-    pub gc_auto: AutoGcOptions,
-    /// Compact at once (making the log durable if needed) when an image's
-    /// log uses this percentage of its quota (1 ..= 100).
-    pub compaction_trigger_percent: u64,
-    /// Otherwise compact durable data this long after the last pass.
-    pub compaction_interval_ms: u64,
-    /// Largest chunk pack file.
-    pub pack_bytes: u64,
-    /// The chunk index is flushed to a run on disk once its journal is
-    /// past this (or 1/32 of the chunks stored, if more; see
-    /// cas::dedup).
-    pub index_flush_bytes: u64,
-    /// Scheduling class of the compactor and the log writeback threads
-    /// (cas::background): by default they never preempt the request path
-    /// on wakeup. Not among the numeric settings counters (a name, not a
-    /// number: `/proc/<pid>/task/<tid>/stat` shows the policy).
-    #[serde(skip)]
-    pub background_cpu: BackgroundCpu,
-    /// What runs the background tasks (the compactor, each image's log
-    /// writeback): threads, or a test's stepper (`cas::tasks`).
-    #[serde(skip)]
-    pub tasks: Tasks,
-    /// Upload sealed packs to an object store and read them back from it
-    /// (cas::bucket::packs); none by default.
-    #[serde(skip)]
-    pub remote: StoreRemote,
-}
-
-/// [`StoreOptions::remote`]: compared by the bucket it names and its
-/// settings.
-#[derive(Clone, Debug, Default)]
-pub struct StoreRemote(pub Option<crate::bucket::RemoteOptions>);
-
-impl PartialEq for StoreRemote {
-    fn eq(&self, other: &StoreRemote) -> bool {
-        format!("{:?}", self.0) == format!("{:?}", other.0)
-    }
-}
-
-impl Eq for StoreRemote {}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        StoreOptions {
-            log_segment_bytes: 8 << 20,
-            log_quota_bytes: 256 << 20,
-            chunk_cache_bytes: 16 << 20,
-            manifest_cache_bytes: 8 << 20,
-            memory_budget_bytes: 1 << 30,
-            compaction_memory_bytes: 128 << 20,
-            background_compaction: true,
-            compaction_threads: 3,
-            compaction_batch_bytes: 8 << 20,
-            gc_auto: AutoGcOptions::default(),
-            compaction_trigger_percent: 50,
-            compaction_interval_ms: 1000,
-            pack_bytes: 64 << 20,
-            index_flush_bytes: 4 << 20,
-            background_cpu: BackgroundCpu::default(),
-            tasks: Tasks::default(),
-            remote: StoreRemote::default(),
-        }
-    }
-}
-
-/// Read-ahead of the compactor's log reader plus slack for its block
-/// buffers, per batch buffer (see `compaction_memory_min`).
-const COMPACTION_SLACK_BYTES: u64 = 2 << 20;
-
-impl StoreOptions {
-    /// The store version these options write (see files.rs).
-    fn store_version(&self) -> u32 {
-        if self.remote.0.is_some() {
-            files::STORE_VERSION
-        } else {
-            files::STORE_VERSION_LOCAL
-        }
-    }
-
-    pub fn validate(&self) -> Result<()> {
-        let seg = self.log_segment_bytes;
-        if !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&seg) || !seg.is_multiple_of(BLOCK_BYTES) {
-            return Err(Error::InvalidArgument(format!(
-                "log_segment_bytes {seg} must be a multiple of {BLOCK_BYTES} in {SEGMENT_BYTES_MIN}..={SEGMENT_BYTES_MAX}"
-            )));
-        }
-        if self.log_quota_bytes < 2 * seg {
-            return Err(Error::InvalidArgument(format!(
-                "log_quota_bytes {} must hold at least two segments of {seg}",
-                self.log_quota_bytes
-            )));
-        }
-        let min = self.compaction_memory_min();
-        if self.compaction_memory_bytes < min || self.compaction_memory_bytes >= self.memory_budget_bytes {
-            return Err(Error::InvalidArgument(format!(
-                "compaction_memory_bytes {} must be at least {min} (two of the largest log records plus \
-                 read-ahead) and below memory_budget_bytes {}",
-                self.compaction_memory_bytes, self.memory_budget_bytes
-            )));
-        }
-        if !(1..=3).contains(&self.compaction_threads)
-            || !(1..=100).contains(&self.compaction_trigger_percent)
-            || self.compaction_batch_bytes == 0
-        {
-            return Err(Error::InvalidArgument(format!(
-                "compaction_threads {} must be 1, 2 or 3, compaction_trigger_percent {} in 1..=100, \
-                 compaction_batch_bytes {} above 0",
-                self.compaction_threads, self.compaction_trigger_percent, self.compaction_batch_bytes
-            )));
-        }
-        Ok(())
-    }
-
-    /// The least compaction memory that always fits a batch of one record
-    /// while the other batch buffer holds one too.
-    pub fn compaction_memory_min(&self) -> u64 {
-        let record_max = self.log_segment_bytes.min(MAX_WRITE_BYTES + 4096);
-        2 * (record_max + COMPACTION_SLACK_BYTES) + 4 * COMPACTION_SLACK_BYTES
-    }
-
-    fn compact_config(&self) -> CompactConfig {
-        CompactConfig {
-            threads: self.compaction_threads as usize,
-            batch_bytes: self.compaction_batch_bytes,
-            // The edit of a batch costs about 40 bytes per block.
-            batch_blocks: (self.compaction_memory_bytes / 256).clamp(1 << 16, 1 << 20),
-            trigger_percent: self.compaction_trigger_percent,
-            interval: Duration::from_millis(self.compaction_interval_ms),
-            service_batches: 8,
-        }
-    }
-}
-
-/// What `list_images` says about one image.
-/// See [`Store::space_stats`].
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
-pub struct SpaceStats {
-    pub images: u64,
-    /// Blocks the manifests map to chunks, summed over images.
-    pub mapped_blocks: u64,
-    pub mapped_bytes: u64,
-    /// Distinct chunks stored, and their bytes.
-    pub chunks: u64,
-    pub unique_bytes: u64,
-    /// Pack file bytes (headers and dead slots included).
-    pub stored_bytes: u64,
-    /// mapped_blocks / chunks: how many mapped blocks each stored chunk serves.
-    pub dedup_ratio: f64,
-    /// GC passes this process finished (manual and automatic), the
-    /// automatic ones, automatic passes that failed, and the pack bytes
-    /// the finished ones gave back.
-    pub gc_passes: u64,
-    pub gc_auto_passes: u64,
-    pub gc_auto_failures: u64,
-    pub gc_reclaimed_bytes: u64,
-}
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ImageInfo {
@@ -494,30 +299,6 @@ impl Store {
         self.tier.as_ref()
     }
 
-    pub fn chunk_stats(&self) -> ChunkStats {
-        self.chunks.stats()
-    }
-
-    /// Space across the whole store: what the images' manifests map, what
-    /// the chunk store holds, and the dedup ratio between them (compacted
-    /// data only; the logs' overlays are not counted).
-    pub fn space_stats(&self) -> Result<SpaceStats> {
-        let chunks = self.chunks.stats();
-        let mut s =
-            SpaceStats { chunks: chunks.chunks, stored_bytes: chunks.stored_bytes, ..SpaceStats::default() };
-        for info in self.list_images()? {
-            s.images += 1;
-            s.mapped_blocks += self.manifest(&info.name)?.stats().mapped_blocks;
-        }
-        s.mapped_bytes = s.mapped_blocks * BLOCK_BYTES;
-        s.unique_bytes = s.chunks * BLOCK_BYTES;
-        s.dedup_ratio = if s.chunks == 0 { 1.0 } else { s.mapped_blocks as f64 / s.chunks as f64 };
-        let gc = *lock(&self.gc.history);
-        (s.gc_passes, s.gc_auto_passes, s.gc_auto_failures, s.gc_reclaimed_bytes) =
-            (gc.passes, gc.auto_passes, gc.auto_failures, gc.reclaimed_bytes);
-        Ok(s)
-    }
-
     /// The manifest of image `name`: the one this store has open, or opened
     /// now (absent file: the empty manifest).
     fn manifest(&self, name: &str) -> Result<Arc<Manifest>> {
@@ -687,20 +468,6 @@ impl Store {
         self.open.compaction(image)
     }
 
-    /// `image`'s counters and state ([`Image::stats`]) with the compactor's
-    /// part filled in: its work counters and the seq its manifest covers.
-    pub fn image_stats(&self, image: &Image) -> ImageStats {
-        let mut s = image.stats();
-        if let Some(c) = self.compaction(image) {
-            s.compaction = c.stats();
-            s.covered_seq = c.manifest().covered();
-        }
-        if let Some(p) = self.publish_stats(image.name()) {
-            s.remote = p.counters;
-        }
-        s
-    }
-
     /// Like `open_image`, with the image's compacted data behind `manifest`
     /// instead of its manifest (a test seam: the image must never have been
     /// compacted, is not compacted, and its log is replayed whole).
@@ -749,55 +516,6 @@ impl Store {
             ))
         })?;
         self.compactor.run_pass(image, &state, ctl)
-    }
-
-    /// Runs one chunk GC pass over the manifests of every image, open or
-    /// not (cas::gc), while IO and compaction go on: compaction batches pin
-    /// the chunks they insert until their commit, and image creation and
-    /// removal wait for the pass.
-    pub fn gc(&self) -> Result<GcReport> {
-        self.gc_with(&GcOptions::default())
-    }
-
-    /// `gc` with explicit options.
-    pub fn gc_with(&self, opts: &GcOptions) -> Result<GcReport> {
-        self.gc_run(opts, false)
-    }
-
-    /// An automatic pass (cas::gc::auto), with the default options.
-    pub(crate) fn gc_auto_pass(&self) -> Result<GcReport> {
-        self.gc_run(&GcOptions::default(), true)
-    }
-
-    /// One pass, recorded in the GC history (the tasks' clock dates it)
-    /// before `maint` is released: a removal waiting for the pass nudges
-    /// the next one after this record, so its nudge is not lost.
-    fn gc_run(&self, opts: &GcOptions, auto: bool) -> Result<GcReport> {
-        let _maint = lock(&self.maint);
-        // Read before the mark: mappings dropped during the pass may hold
-        // chunks it does not sweep, so they count toward the next one.
-        let dropped = self.gc.refs_dropped.load(Ordering::Relaxed);
-        let result = self.gc_marked_and_swept(opts);
-        let (now, chunks) = (self.opts.tasks.now(), self.chunks.len());
-        // The pass's mark sets are freed: hand their pages back.
-        crate::heap::PROCESS.release_free(now);
-        let mut history = lock(&self.gc.history);
-        match &result {
-            Ok(report) => history.finished(report, chunks, dropped, now, auto),
-            Err(_) if auto => history.failed(now),
-            Err(_) => {}
-        }
-        result
-    }
-
-    /// The pass itself; the caller holds `maint`.
-    fn gc_marked_and_swept(&self, opts: &GcOptions) -> Result<GcReport> {
-        let mut manifests = Vec::new();
-        for info in self.list_images()? {
-            manifests.push(self.manifest(&info.name)?);
-        }
-        let refs: Vec<&Manifest> = manifests.iter().map(|m| &**m).collect();
-        crate::gc::run(&self.chunks, &refs, opts)
     }
 
     /// Every image with a readable header, by name.

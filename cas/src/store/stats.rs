@@ -1,0 +1,74 @@
+//! What the store reports across its parts: the chunk store's counters,
+//! space and dedup over every image ([`SpaceStats`]), and an image's own
+//! counters with what the compactor and the publisher count for it.
+
+use super::Store;
+use crate::chunk::ChunkStats;
+use crate::error::Result;
+use crate::image::{Image, ImageStats};
+use crate::sync::lock;
+use crate::units::BLOCK_BYTES;
+
+/// What `list_images` says about one image.
+/// See [`Store::space_stats`].
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct SpaceStats {
+    pub images: u64,
+    /// Blocks the manifests map to chunks, summed over images.
+    pub mapped_blocks: u64,
+    pub mapped_bytes: u64,
+    /// Distinct chunks stored, and their bytes.
+    pub chunks: u64,
+    pub unique_bytes: u64,
+    /// Pack file bytes (headers and dead slots included).
+    pub stored_bytes: u64,
+    /// mapped_blocks / chunks: how many mapped blocks each stored chunk serves.
+    pub dedup_ratio: f64,
+    /// GC passes this process finished (manual and automatic), the
+    /// automatic ones, automatic passes that failed, and the pack bytes
+    /// the finished ones gave back.
+    pub gc_passes: u64,
+    pub gc_auto_passes: u64,
+    pub gc_auto_failures: u64,
+    pub gc_reclaimed_bytes: u64,
+}
+
+impl Store {
+    pub fn chunk_stats(&self) -> ChunkStats {
+        self.chunks.stats()
+    }
+
+    /// Space across the whole store: what the images' manifests map, what
+    /// the chunk store holds, and the dedup ratio between them (compacted
+    /// data only; the logs' overlays are not counted).
+    pub fn space_stats(&self) -> Result<SpaceStats> {
+        let chunks = self.chunks.stats();
+        let mut s =
+            SpaceStats { chunks: chunks.chunks, stored_bytes: chunks.stored_bytes, ..SpaceStats::default() };
+        for info in self.list_images()? {
+            s.images += 1;
+            s.mapped_blocks += self.manifest(&info.name)?.stats().mapped_blocks;
+        }
+        s.mapped_bytes = s.mapped_blocks * BLOCK_BYTES;
+        s.unique_bytes = s.chunks * BLOCK_BYTES;
+        s.dedup_ratio = if s.chunks == 0 { 1.0 } else { s.mapped_blocks as f64 / s.chunks as f64 };
+        let gc = *lock(&self.gc.history);
+        (s.gc_passes, s.gc_auto_passes, s.gc_auto_failures, s.gc_reclaimed_bytes) =
+            (gc.passes, gc.auto_passes, gc.auto_failures, gc.reclaimed_bytes);
+        Ok(s)
+    }
+
+    /// `image`'s counters and state ([`Image::stats`]) with the compactor's
+    /// part filled in: its work counters and the seq its manifest covers.
+    pub fn image_stats(&self, image: &Image) -> ImageStats {
+        let mut s = image.stats();
+        if let Some(c) = self.compaction(image) {
+            s.compaction = c.stats();
+            s.covered_seq = c.manifest().covered();
+        }
+        if let Some(p) = self.publish_stats(image.name()) {
+            s.remote = p.counters;
+        }
+        s
+    }
+}
