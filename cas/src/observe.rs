@@ -23,7 +23,7 @@
 //! returns `None` and reads no clock.
 //!
 //! What is not I/O is the request's execution (`execute` in the trace):
-//! CPU, locks, waiting for earlier writes to publish, waiting for capacity.
+//! CPU, locks, waiting for earlier writes to become visible, waiting for capacity.
 
 use std::cell::RefCell;
 use trace::{IoSource, RequestTrace};

@@ -76,7 +76,7 @@ fn a_failed_write_fails_cleanly_and_the_image_goes_on() {
         inject(&mem, FaultOp::Write, errno, skip, false);
         let e = image.write(0, &payload(2, 0, 8), false).unwrap_err();
         assert_eq!(e.errno(), -errno, "{e}");
-        assert_eq!(read_tokens(&image).unwrap()[..8], [1; 8], "a failed write is not published");
+        assert_eq!(read_tokens(&image).unwrap()[..8], [1; 8], "a failed write is not visible");
         assert_eq!(image.stats().pad_records, 1);
         // The image keeps working.
         image.write(4096, &payload(3, 8, 8), false).unwrap();

@@ -4,7 +4,7 @@
 //! on `MemStorage` and against a plain per-sector model.
 //!
 //! The model keeps, per 512-byte sector, the token of the write that last
-//! published it (`current`, 0 = zeros), its value at the last durable point
+//! made it visible (`current`, 0 = zeros), its value at the last durable point
 //! (`durable`), and the tokens written since (`later`). Reads must return
 //! `current` exactly. After a crash every sector must hold `durable` or a
 //! token from `later`: never anything else.
@@ -66,7 +66,7 @@ impl Model {
         Model { current: vec![0; SECTORS], durable: vec![0; SECTORS], later: vec![HashSet::new(); SECTORS] }
     }
 
-    fn published(&mut self, first: usize, n: usize, token: u64) {
+    fn visible(&mut self, first: usize, n: usize, token: u64) {
         for s in first..first + n {
             self.current[s] = token;
             self.later[s].insert(token);
@@ -242,7 +242,7 @@ impl Run {
     fn write(&mut self, first: usize, n: usize, token: u64, fua: bool) -> cas::Result<()> {
         let data = payload(token, first as u64, n as u64);
         self.image().write((first * SECTOR) as u64, &data, fua)?;
-        self.model.published(first, n, token);
+        self.model.visible(first, n, token);
         if fua {
             self.model.made_durable(first, n, token);
         }
@@ -250,7 +250,7 @@ impl Run {
     }
 
     /// A write that failed: its sectors may show old or new data (a write
-    /// split into several records may be partly published); adopt what
+    /// split into several records may be partly visible); adopt what
     /// they show, and keep the new token possible after a crash.
     fn failed(&mut self, first: usize, n: usize, token: u64) -> Result<(), String> {
         for s in first..first + n {
@@ -270,7 +270,7 @@ impl Run {
     /// An operation failed. That is a bug unless a fault was injected since
     /// the last reopen and the image failed because of it: the writeback
     /// task may have met an injected sync fault when it was stepped. Then
-    /// the op may have been partly published; restart and check recovery.
+    /// the op may have been partly visible; restart and check recovery.
     fn engine_error(
         &mut self,
         what: String,
@@ -314,7 +314,7 @@ impl Run {
                 };
                 match r {
                     Ok(()) => {
-                        self.model.published(first, n, 0);
+                        self.model.visible(first, n, 0);
                         if fua {
                             self.model.made_durable(first, n, 0);
                         }
@@ -578,7 +578,7 @@ impl Run {
                 image
                     .write((first * SECTOR) as u64, &payload(token, first as u64, n as u64), false)
                     .map_err(|e| format!("write clone {name}: {e}"))?;
-                model.published(first, n, token);
+                model.visible(first, n, token);
                 if coin {
                     image.flush().map_err(|e| format!("flush clone {name}: {e}"))?;
                     model.flushed();

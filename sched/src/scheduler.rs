@@ -182,8 +182,8 @@ impl<C: Clock> Scheduler<C> {
     /// and back costs more than the write.
     ///
     /// The two extra conditions keep the caller from waiting and keep DRR
-    /// fair. With no earlier write of the image in flight, the caller's
-    /// publish never waits for another thread's append. Write slots are
+    /// fair. With no earlier write of the image in flight, making the
+    /// caller's write visible never waits for another thread's append. Write slots are
     /// shared by every image and DRR shares them out, while a write in
     /// place is not charged to a deficit: admitting it only when no other
     /// image's write waits means it never takes a slot DRR would give

@@ -170,7 +170,8 @@ fn a_write_goes_in_place_only_alone_in_its_image_and_with_no_other_image_waiting
     s.add_image(other).unwrap();
     let mut log = FakeLog::with(&[(IMG, 64 * MIB), (other, 64 * MIB)]);
     // A write of the image in flight on a worker: the next one is queued,
-    // so a publish on the caller's thread never waits for that append.
+    // so making a write visible on the caller's thread never waits for
+    // that append.
     s.submit(IMG, Descriptor::write(0, 0, 4096)).unwrap();
     let w0 = s.next(&mut log).unwrap();
     queued(s.submit_write_in_place(IMG, Descriptor::write(1, MIB, 4096), &mut log));

@@ -179,9 +179,9 @@ pub fn read_in_place<B: TagBuffers>(
 /// calling queue thread and returns the result to commit, with the request
 /// traced and completed in the scheduler. Only for images whose log is in
 /// memory: the append is a memory copy, and the capacity was reserved at
-/// admission, so nothing here waits for a device or for capacity (the
-/// publish waits at most for the image's other writes in flight, which are
-/// memory copies too).
+/// admission, so nothing here waits for a device or for capacity (making
+/// it visible waits at most for the image's other writes in flight, which
+/// are memory copies too).
 pub fn write_in_place<B: TagBuffers>(
     sched: &Sched,
     core: &DeviceCore<B>,

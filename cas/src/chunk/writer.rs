@@ -3,7 +3,7 @@
 //!
 //! Ordering rules (why the index never points at lost bytes):
 //! 1. chunk bytes are written to a pack (one pwrite per run of up to
-//!    `RUN_CHUNKS`), then published in the dedup index's memtable, their
+//!    `RUN_CHUNKS`), then entered in the dedup index's memtable, their
 //!    slots' live bits set and journal puts queued, all under the writer
 //!    lock;
 //! 2. `sync` syncs every pack written since the last sync, then the store
@@ -67,7 +67,7 @@ impl ChunkStore {
     /// GC from sweeping them, including chunks that were already stored.
     ///
     /// On an I/O error the chunks of earlier runs of this call are written
-    /// but never published (their slots are dead).
+    /// but never entered in the index (their slots are dead).
     ///
     /// [`sync`]: ChunkStore::sync
     pub fn insert_missing(&self, pin: &ChunkPin<'_>, chunks: &[(ChunkHash, &[u8])]) -> Result<InsertStats> {
@@ -170,7 +170,7 @@ impl ChunkStore {
     }
 
     /// Appends `datas` to the active pack(s), one pwrite per run, and
-    /// returns where each went (with its crc32c). Nothing is published to the index; if a run
+    /// returns where each went (with its crc32c). Nothing is entered in the index; if a run
     /// fails, the slots of earlier runs are left dead.
     pub(crate) fn write_chunks<'d>(
         &self,
@@ -227,7 +227,7 @@ impl ChunkStore {
         self.note_slots(w);
         if w.host_slot.is_some() {
             // Full, so it is sealed for upload once a sync covers its last
-            // write (this call's runs into it are published after it).
+            // write (this call's runs into it are entered in the index after it).
             w.close_active();
         }
         let id = w.next_pack_id;

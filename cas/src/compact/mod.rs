@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!                 durable_seq                     next_seq
-//!  log:  [covered | durable, not yet compacted | published, not durable]
+//!  log:  [covered | durable, not yet compacted | visible, not durable]
 //!        ^ manifest.covered                     never read by compaction
 //!
 //!  pass = batches, each:

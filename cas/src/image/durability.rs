@@ -119,7 +119,7 @@ impl Durability {
         lock(&self.state).watermark
     }
 
-    /// The highest seq completed so far: every published write is at or
+    /// The highest seq completed so far: every visible write is at or
     /// below it.
     pub fn max_completed(&self) -> u64 {
         lock(&self.state).max_completed

@@ -8,7 +8,7 @@
 //!        |            closed segment -> Writeback thread (early sync)
 //!        +--pwrite--> segment file                     no lock held
 //!        +--complete--> Durability (watermark)
-//!        +--publish--> Overlay (seq-wins insert)       short write lock
+//!        +--visible--> Overlay (seq-wins insert)       short write lock
 //!        +--(FUA) make_durable(seq)                    group commit
 //!
 //!  read(off, buf) --lookup--> Overlay pieces           short read lock
@@ -102,8 +102,8 @@ pub struct Image {
     start_cursor: (u64, u64, u64),
     /// The highest seq whose log may be reclaimed whatever the manifest
     /// covers (u64::MAX: no limit): what a bucket holds of the image
-    /// (store/publish.rs), so the log quota bounds what is flushed and not
-    /// yet published.
+    /// (cas::bucket::manifests), so the log quota bounds what is flushed and
+    /// not yet published.
     reclaim_gate: std::sync::atomic::AtomicU64,
 }
 
@@ -448,7 +448,7 @@ impl Image {
             done += piece.len();
         }
         drop(r);
-        self.publish(last_seq)?;
+        self.wait_visible(last_seq)?;
         if fua {
             bump(&self.counters.fua_writes, 1);
             self.make_durable(last_seq)?;
@@ -489,7 +489,7 @@ impl Image {
         };
         bump(counter, 1);
         write_lock(&self.overlay).insert(sectors(offset), sectors(len), slot.seq, Source::Zero);
-        self.publish(slot.seq)?;
+        self.wait_visible(slot.seq)?;
         if fua {
             bump(&self.counters.fua_writes, 1);
             self.make_durable(slot.seq)?;
@@ -504,7 +504,7 @@ impl Image {
     /// (kill -9, then `casblk recover`) no acknowledged write is behind a
     /// hole left by one that was in flight; those in flight are reissued.
     /// Bounded by the writes in flight, none of which waits for capacity.
-    fn publish(&self, last_seq: u64) -> Result<()> {
+    fn wait_visible(&self, last_seq: u64) -> Result<()> {
         if self.durability.wait_complete(last_seq) {
             Ok(())
         } else {
@@ -560,7 +560,7 @@ impl Image {
         Ok(())
     }
 
-    /// Makes every write published before this call durable. Concurrent
+    /// Makes every write visible before this call durable. Concurrent
     /// flushes share syncs (group commit).
     pub fn flush(&self) -> Result<()> {
         bump(&self.counters.flushes, 1);

@@ -13,15 +13,15 @@
 //!
 //! Newest wins by seq, not by arrival: inserting an extent only replaces
 //! the parts of older extents (lower seq) it overlaps, so concurrent
-//! writers that publish out of seq order leave the same index that replay
-//! in seq order builds.
+//! writers that make their writes visible out of seq order leave the same
+//! index that replay in seq order builds.
 //!
 //! Reclamation: a second index orders extents by `(seq, start)`, so
 //! [`Overlay::remove_through`] finds the extents a manifest commit covers
 //! without walking the others, and removes at most a given number per call
 //! (the image releases its lock between calls). It also raises a floor:
 //! a record at or below it is in the manifest, so inserting it later (a
-//! writer publishes after its record was already compacted) is dropped;
+//! writer inserts after its record was already compacted) is dropped;
 //! otherwise it would shadow newer compacted data.
 //!
 //! Bound: each insert adds at most one new extent per gap between newer
@@ -348,18 +348,18 @@ mod tests {
         assert_eq!(ov.remove_through(1000, 64).0.len(), 0);
     }
 
-    /// Regression: a writer publishes its extent after its record was
+    /// Regression: a writer inserts its extent after its record was
     /// compacted and reclaimed (it completed, a flush made it durable and a
-    /// pass covered it, all before the publish). The late extent must not
+    /// pass covered it, all before the insert). The late extent must not
     /// shadow the manifest, which holds a newer record of those sectors.
     #[test]
-    fn a_record_published_after_its_reclamation_is_dropped() {
+    fn a_record_inserted_after_its_reclamation_is_dropped() {
         let mut ov: Overlay = Overlay::new();
-        // Record 2 (newer) published; record 1 (older, same sectors) not yet.
+        // Record 2 (newer) inserted; record 1 (older, same sectors) not yet.
         ov.insert(0, 8, 2, Source::Zero);
         // A pass covers both; reclamation removes what the overlay holds.
         assert_eq!(ov.remove_through(2, usize::MAX).0.len(), 1);
-        // Record 1's writer publishes now.
+        // Record 1's writer inserts now.
         ov.insert(0, 8, 1, Source::Zero);
         assert!(ov.lookup(0, 8)[0].src.is_none(), "sectors read from the manifest");
         assert_eq!(ov.extent_count(), 0);

@@ -267,17 +267,17 @@ impl<'m> ManifestEdit<'m> {
         };
         stats.bytes_written = stats.pages_written * PAGE_BYTES as u64 + PAGE_BYTES as u64;
         stats.bytes_initialized += PAGE_BYTES as u64;
-        let published = if fresh {
+        let committed = if fresh {
             let tmp = tmp.expect("fresh file has a tmp path");
-            file::publish_new_file(m.storage.as_ref(), file.as_ref(), &tmp, &m.path, &root)
+            file::commit_new_file(m.storage.as_ref(), file.as_ref(), &tmp, &m.path, &root)
                 .map(|(f, syncs)| (Some(f), syncs))
                 .inspect_err(|_| {
                     let _ = m.storage.remove_file(&tmp);
                 })
         } else {
-            publish_in_place(file.as_ref(), &root, stats.pages_written > 0)
+            commit_in_place(file.as_ref(), &root, stats.pages_written > 0)
         };
-        let (file, syncs) = match published {
+        let (file, syncs) = match committed {
             Ok((f, syncs)) => (f.unwrap_or(file), syncs),
             Err(Failure { error, uncertain }) => {
                 if uncertain {
@@ -302,7 +302,7 @@ impl<'m> ManifestEdit<'m> {
 /// Steps 2 and 3 of the commit on an existing file. Every failure is
 /// uncertain: after a failed sync, the page cache may no longer hold what
 /// the disk lacks.
-fn publish_in_place(
+fn commit_in_place(
     file: &dyn crate::storage::StorageFile,
     root: &RootRecord,
     pages_written: bool,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 /// Pages buffered before a write (4 MiB): bounds the commit buffer.
 const SINK_FLUSH_BYTES: usize = 4 << 20;
 
-/// A failure while publishing, and whether it leaves the manifest's state
+/// A failure while committing, and whether it leaves the manifest's state
 /// on disk uncertain (then the manifest refuses commits until reopened).
 #[derive(Debug)]
 pub(crate) struct Failure {
@@ -91,7 +91,7 @@ impl PageSink {
 /// Finishes a new manifest file built in `tmp`: root record, sync, rename
 /// over `path`, directory sync. Returns a handle opened on `path` and the
 /// number of syncs issued.
-pub(crate) fn publish_new_file(
+pub(crate) fn commit_new_file(
     storage: &dyn Storage,
     tmp_file: &dyn StorageFile,
     tmp: &Path,

@@ -47,11 +47,11 @@
 pub mod base;
 mod check;
 mod edit;
+mod export;
 mod file;
 mod iter;
 mod page;
 mod page_cache;
-mod publish;
 mod rewrite;
 mod root;
 mod view;
@@ -59,13 +59,13 @@ mod view;
 pub use crate::chunk::{ChunkHash, ChunkLoc, ChunkRef, ChunkTag};
 pub use check::TreeCounts;
 pub use edit::{CommitStats, ManifestEdit};
+pub use export::{build_from_pages, Committed};
 pub use iter::ManifestIter;
 pub use page::{
     fuzz_decode_page, fuzz_encode_page, Body, ChildRef, InteriorBody, LeafBody, Page, FANOUT, LEAF_ENTRIES,
     PAGE_BYTES,
 };
 pub use page_cache::PageCache;
-pub use publish::{build_from_pages, Committed};
 pub use rewrite::RewriteStats;
 pub use root::{fuzz_decode_root, RootRecord, FIRST_TREE_PAGE};
 pub use view::CompactedView;
@@ -383,7 +383,7 @@ impl Manifest {
             // Nothing committed: the target gets an own, empty tree.
             let root = RootRecord { generation: 1, covered, ..RootRecord::empty() };
             let (tmp_file, tmp) = file::create_tmp(s, target)?;
-            file::publish_new_file(s, tmp_file.as_ref(), &tmp, target, &root).map_err(|f| f.error)?;
+            file::commit_new_file(s, tmp_file.as_ref(), &tmp, target, &root).map_err(|f| f.error)?;
             base::remove_leftovers(s, target, None)?;
             return Ok(root);
         };

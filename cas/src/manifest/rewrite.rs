@@ -86,9 +86,9 @@ impl Manifest {
             live_pages: sink.pages,
             ..old
         };
-        let published =
-            file::publish_new_file(self.storage.as_ref(), tmp_file.as_ref(), &tmp, &self.path, &root);
-        let (new_file, syncs) = match published {
+        let committed =
+            file::commit_new_file(self.storage.as_ref(), tmp_file.as_ref(), &tmp, &self.path, &root);
+        let (new_file, syncs) = match committed {
             Ok(r) => r,
             Err(Failure { error, uncertain }) => {
                 if uncertain {

@@ -59,7 +59,7 @@ impl Store {
         let result = self.import_into(&dir, size_bytes, src, progress);
         match result {
             Ok(report) => {
-                self.publish_image(&dir, header)?;
+                self.install_image(&dir, header)?;
                 Ok(report)
             }
             Err(e) => {

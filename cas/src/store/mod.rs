@@ -363,7 +363,7 @@ impl Store {
         let _maint = lock(&self.maint);
         let _open = self.open.lock();
         let (dir, header) = self.prepare_image(name, size_bytes)?;
-        self.publish_image(&dir, header)
+        self.install_image(&dir, header)
     }
 
     /// The first half of creating an image: checks the name and size, and
@@ -402,7 +402,7 @@ impl Store {
 
     /// The second half: the `IMAGE` file, written atomically; from here on
     /// the image exists.
-    fn publish_image(&self, dir: &Path, header: ImageHeader) -> Result<()> {
+    fn install_image(&self, dir: &Path, header: ImageHeader) -> Result<()> {
         files::write_atomic(&*self.storage, dir, IMAGE_FILE, &header.encode())
     }
 

@@ -195,7 +195,7 @@ impl Store {
             })?;
             match self.fetch_root(name, how, objects, root_key, root) {
                 // A range it lists is gone: a newer root superseded it
-                // longer than the grace period ago (publish::superseded).
+                // longer than the grace period ago (bucket::manifests::superseded).
                 Err(Error::NotFound(what)) if attempt < fetch::ATTEMPTS => {
                     tracing::info!(image = name, missing = %what, "the root fetched was superseded; fetching the newest");
                     attempt += 1;
@@ -250,7 +250,7 @@ impl Store {
             }
             FetchAs::Owner => header,
         };
-        self.publish_image(&dir, header)?;
+        self.install_image(&dir, header)?;
         let report = FetchReport {
             root_key,
             generation: root.root.generation,

@@ -13,7 +13,7 @@
 //!   its log is covered whole, so nothing written after the snapshot
 //!   replays.
 //!
-//! Each publishes its `IMAGE` file last (a crash leaves nothing, or the
+//! Each writes its `IMAGE` file last (a crash leaves nothing, or the
 //! whole new image); `STORE` is at version 3 (which covers snapshots) from
 //! the store's open. Removal refuses
 //! an image with snapshots and a snapshot with clones, naming them.
@@ -93,7 +93,7 @@ impl Store {
         let (dir, fresh) = self.prepare_dir(&name, header.size_bytes)?;
         manifest.freeze_into(&dir.join(MANIFEST_FILE), 0)?;
         let h = ImageHeader { kind: ImageKind::Snapshot, origin: Some(image.to_string()), ..fresh };
-        self.publish_image(&dir, h)?;
+        self.install_image(&dir, h)?;
         Ok(name)
     }
 
@@ -113,7 +113,7 @@ impl Store {
         let (dir, fresh) = self.prepare_dir(new, header.size_bytes)?;
         source.freeze_into(&dir.join(MANIFEST_FILE), 0)?;
         let h = ImageHeader { origin: Some(snap.to_string()), ..fresh };
-        self.publish_image(&dir, h)
+        self.install_image(&dir, h)
     }
 
     /// Returns the closed image `image` to its snapshot `IMAGE@SNAP`:

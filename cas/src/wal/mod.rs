@@ -10,7 +10,7 @@
 //!
 //! Byte layouts: [`segment`] (segment header) and [`record`] (record
 //! header). Recovery rules: [`recovery`]. The durability protocol built on
-//! top (published / durable, group commit, FUA) lives in `image` and in
+//! top (visible / durable, group commit, FUA) lives in `image` and in
 //! docs/design.md.
 
 pub mod log;

@@ -1,5 +1,6 @@
-//! What publication to a bucket reads of a manifest, and how another host
-//! builds a manifest file from what was published (store/publish).
+//! An export of a manifest: what publication to the bucket reads of it
+//! (cas::bucket::manifests), and how another host builds a manifest file
+//! from the exported pages.
 //!
 //! A publisher sends a manifest as ranges of raw pages. It reads the
 //! committed tree of one moment ([`Committed`]): pages below that root's
@@ -133,6 +134,6 @@ pub fn build_from_pages(
         }
         tmp_file.write_all_at(&pages, first * PAGE_BYTES as u64)?;
     }
-    file::publish_new_file(storage, tmp_file.as_ref(), &tmp, path, root).map_err(|f| f.error)?;
+    file::commit_new_file(storage, tmp_file.as_ref(), &tmp, path, root).map_err(|f| f.error)?;
     Ok(())
 }
