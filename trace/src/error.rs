@@ -40,7 +40,8 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
+    /// An I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
         Error::Io { context: context.into(), source }
     }
 

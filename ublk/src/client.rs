@@ -37,7 +37,7 @@ pub(crate) fn store_dir(store: &Path, create: bool) -> Result<PathBuf> {
 }
 
 fn query(socket: &Path, request: &trace::stats::Request, timeout: Duration) -> Result<Value> {
-    trace::stats::query(socket, request, timeout).map_err(|e| match e {
+    crate::control_socket::query(socket, request, timeout).map_err(|e| match e {
         trace::Error::Remote(msg) => anyhow!(msg),
         other => anyhow!("store daemon at {}: {other}", socket.display()),
     })
@@ -435,7 +435,7 @@ fn stats_target(store: &Path, id: Option<u32>) -> Result<(PathBuf, Option<String
 pub fn stats(store: &Path, args: &StatsArgs) -> Result<()> {
     let (socket, image) = stats_target(store, args.id)?;
     let fetch = || {
-        trace::stats::query_snapshot(&socket, image.as_deref(), QUERY_TIMEOUT)
+        crate::control_socket::query_snapshot(&socket, image.as_deref(), QUERY_TIMEOUT)
             .map_err(|e| anyhow!("stats from {}: {e}", socket.display()))
     };
     let Some(secs) = args.watch else {

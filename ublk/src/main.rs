@@ -8,6 +8,7 @@
 
 mod cli;
 mod client;
+mod control_socket;
 mod device;
 mod devices;
 mod fsck;

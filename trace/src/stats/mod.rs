@@ -1,4 +1,8 @@
-//! The stats socket: a line protocol over a root-only unix socket.
+//! The stats socket's wire format: a line protocol over a root-only unix
+//! socket. The server and the client (`casblk`'s control socket) live in
+//! the daemon (`ublk/src/control_socket/`); this module owns what both
+//! speak: the [`Request`], its decoder ([`parse_request`], also the fuzz
+//! target's entry), the error reply and the request bound.
 //!
 //! ```text
 //!  client                                   server (daemon)
@@ -10,28 +14,10 @@
 //! One JSON request per line, one JSON reply per line. A malformed request
 //! gets `{"error": "..."}` and the connection stays usable; an oversized one
 //! (over [`MAX_REQUEST_BYTES`] without a newline) gets an error and the
-//! connection is closed, since the stream can no longer be framed. At most
-//! [`MAX_CLIENTS`] connections are served at once (each on its own thread);
-//! more are answered with an error and closed. An idle connection is closed
-//! after [`IDLE_TIMEOUT`]. The socket file is mode 0600 from the moment it
-//! has its name (bound under a temporary name, chmod-ed, then renamed).
-
-mod client;
-mod server;
-
-use std::time::Duration;
-
-pub use client::{query, query_snapshot, MAX_REPLY_BYTES};
-pub use server::{parse_request, Provider, Server};
+//! connection is closed, since the stream can no longer be framed.
 
 /// Longest accepted request line, newline included.
 pub const MAX_REQUEST_BYTES: usize = 4096;
-/// Most connections served at once.
-pub const MAX_CLIENTS: usize = 8;
-/// A connection with no complete request for this long is closed.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Bound on writing one reply to a client that does not read.
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A request on the stats socket, e.g. `{"cmd":"stats","image":null}`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -72,4 +58,10 @@ impl Request {
 /// The reply sent for an error: `{"error": message}`.
 pub fn error_reply(message: impl std::fmt::Display) -> serde_json::Value {
     serde_json::json!({ "error": message.to_string() })
+}
+
+/// Decodes one request line as the socket does (also the fuzz target's
+/// entry point): a request, or why the line is not one.
+pub fn parse_request(line: &[u8]) -> std::result::Result<Request, String> {
+    serde_json::from_slice(line).map_err(|e| format!("malformed request: {e}"))
 }

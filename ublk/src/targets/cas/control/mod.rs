@@ -170,7 +170,8 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
         let d = daemon.clone();
         move |req: &trace::stats::Request| d.answer(req)
     };
-    let server = trace::stats::Server::spawn(&socket, provider).context("starting the control socket")?;
+    let server =
+        crate::control_socket::Server::spawn(&socket, provider).context("starting the control socket")?;
     stop_all_on_signals(daemon.clone())?;
     let result = match what {
         Serve::First(first) => {

@@ -1,7 +1,5 @@
-//! The stats socket: replies, malformed and oversized requests, limits,
+//! The control socket: replies, malformed and oversized requests, limits,
 //! permissions, and that serving does not disturb recording.
-
-mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -11,8 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::{self as stats, Server, MAX_CLIENTS};
 use serde_json::Value;
-use trace::stats::{self, Request, Server, MAX_CLIENTS, MAX_REQUEST_BYTES};
+use trace::stats::{Request, MAX_REQUEST_BYTES};
 use trace::{Error, Op, RequestTrace, Snapshot, Tracer};
 
 const TIMEOUT: Duration = Duration::from_secs(5);

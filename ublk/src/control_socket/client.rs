@@ -1,4 +1,4 @@
-//! The stats socket client used by `casblk stats`.
+//! The control socket client used by `casblk` (stats and commands).
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::Request;
-use crate::{Error, Result, Snapshot};
+use trace::stats::Request;
+use trace::{Error, Result, Snapshot};
 
 /// Longest reply the client accepts.
 pub const MAX_REPLY_BYTES: usize = 64 << 20;
@@ -34,7 +34,7 @@ pub fn query_snapshot(path: impl AsRef<Path>, image: Option<&str>, timeout: Dura
 }
 
 /// Writes one line and reads one reply line, with one overall deadline.
-pub(crate) fn exchange(path: &Path, line: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+fn exchange(path: &Path, line: &[u8], timeout: Duration) -> Result<Vec<u8>> {
     let timed_out = || Error::Timeout { timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX) };
     let deadline = Instant::now() + timeout;
     let remaining = || deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero());

@@ -1,4 +1,4 @@
-//! The stats socket server: an accept thread and one thread per client,
+//! The control socket server: an accept thread and one thread per client,
 //! both bounded (see the parent module).
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{error_reply, Request, IDLE_TIMEOUT, MAX_CLIENTS, MAX_REQUEST_BYTES, WRITE_TIMEOUT};
-use crate::{Error, Result};
+use super::{IDLE_TIMEOUT, MAX_CLIENTS, WRITE_TIMEOUT};
+use trace::stats::{error_reply, parse_request, Request, MAX_REQUEST_BYTES};
+use trace::{Error, Result};
 
 /// What the daemon answers a request with. An `Err` becomes
 /// `{"error": "<its message>"}`; a panic becomes an internal-error reply.
@@ -63,12 +64,10 @@ impl Server {
         Ok(Server { path, shared, accept: Some(accept) })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Stops accepting, removes the socket file and waits for the accept
     /// thread. Client threads notice within 200 ms and exit on their own.
+    /// (The daemon drops its server, which does the same.)
+    #[cfg(test)]
     pub fn shutdown(mut self) {
         self.stop();
     }
@@ -252,12 +251,6 @@ fn read_line(reader: &mut BufReader<UnixStream>, shared: &Shared) -> Line {
             idle = Duration::ZERO;
         }
     }
-}
-
-/// Decodes one request line as the socket does (also the fuzz target's
-/// entry point): a request, or why the line is not one.
-pub fn parse_request(line: &[u8]) -> std::result::Result<Request, String> {
-    serde_json::from_slice(line).map_err(|e| format!("malformed request: {e}"))
 }
 
 fn answer(line: &[u8], shared: &Shared) -> Value {
