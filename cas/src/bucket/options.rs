@@ -3,6 +3,7 @@
 //! assembles (`StoreOptions::remote`) and hands to each.
 
 use crate::objects::Objects;
+use crate::tasks::Tasks;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,10 @@ pub struct RemoteOptions {
     /// store fetching the image meanwhile can still read them; see
     /// `cas::bucket::manifests::superseded`).
     pub superseded_grace: Duration,
+    /// Who runs the tier's background work (the uploaders, the publisher,
+    /// the lease renewal): a thread each, or a test's stepper. The store
+    /// sets its own (`StoreOptions::tasks`).
+    pub tasks: Tasks,
 }
 
 impl RemoteOptions {
@@ -56,6 +61,7 @@ impl RemoteOptions {
             publish_interval: Duration::from_secs(2),
             lease: Some(crate::objects::lease::LeaseConfig::default()),
             superseded_grace: Duration::from_secs(120),
+            tasks: Tasks::Threads,
         }
     }
 }
@@ -73,6 +79,7 @@ impl std::fmt::Debug for RemoteOptions {
             .field("publish_interval", &self.publish_interval)
             .field("superseded_grace", &self.superseded_grace)
             .field("lease", &self.lease)
+            .field("tasks", &self.tasks)
             .finish()
     }
 }

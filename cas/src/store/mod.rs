@@ -180,8 +180,8 @@ impl Store {
             index_checkpoint_min_bytes: opts.index_flush_bytes,
             ..ChunkStoreOptions::default()
         };
-        let (chunks, tier) =
-            open_chunks(storage.clone(), &dir.join("chunks"), chunk_opts, opts.remote.0.as_ref())?;
+        let remote = opts.remote_options();
+        let (chunks, tier) = open_chunks(storage.clone(), &dir.join("chunks"), chunk_opts, remote.as_ref())?;
         let chunks = Arc::new(chunks);
         let refs_dropped = Arc::new(AtomicU64::new(0));
         let upload_room = tier.clone().map(|tier| {
@@ -218,7 +218,7 @@ impl Store {
                 opts.background_cpu,
             )
         });
-        let publisher = match (&tier, opts.remote.0.as_ref()) {
+        let publisher = match (&tier, remote.as_ref()) {
             (Some(tier), Some(r)) => {
                 let p = Publisher::new(&chunks, tier, r);
                 if p.needs_thread() {

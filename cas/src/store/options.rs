@@ -5,6 +5,7 @@
 
 use super::files;
 use crate::background::BackgroundCpu;
+use crate::bucket::RemoteOptions;
 use crate::compact::CompactConfig;
 use crate::error::{Error, Result};
 use crate::gc::AutoGcOptions;
@@ -177,6 +178,12 @@ impl StoreOptions {
     pub fn compaction_memory_min(&self) -> u64 {
         let record_max = self.log_segment_bytes.min(MAX_WRITE_BYTES + 4096);
         2 * (record_max + COMPACTION_SLACK_BYTES) + 4 * COMPACTION_SLACK_BYTES
+    }
+
+    /// The bucket's settings as the tier and the publisher get them: the
+    /// remote's, run by the store's tasks.
+    pub(super) fn remote_options(&self) -> Option<RemoteOptions> {
+        self.remote.0.clone().map(|r| RemoteOptions { tasks: self.tasks.clone(), ..r })
     }
 
     pub(super) fn compact_config(&self) -> CompactConfig {

@@ -33,6 +33,7 @@ mod threads;
 pub use stepped::Stepper;
 
 use crate::background::BackgroundCpu;
+use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -94,14 +95,23 @@ pub enum Tasks {
 impl Tasks {
     /// Starts `task`, named `name` (a thread name: at most 15 bytes are kept).
     pub fn spawn(&self, name: &str, cpu: BackgroundCpu, task: Box<dyn Task>) -> TaskHandle {
+        self.try_spawn(name, cpu, task).expect("spawn a store background thread")
+    }
+
+    /// [`Tasks::spawn`], failing (instead of panicking) if its thread
+    /// cannot be started.
+    pub fn try_spawn(&self, name: &str, cpu: BackgroundCpu, task: Box<dyn Task>) -> Result<TaskHandle> {
         let shared = Arc::new(Shared::default());
         let runner = match self {
-            Tasks::Threads => Runner::Thread(threads::spawn(name, cpu, task, shared.clone())),
+            Tasks::Threads => Runner::Thread(
+                threads::spawn(name, cpu, task, shared.clone())
+                    .map_err(|e| Error::io(name.to_string(), e))?,
+            ),
             Tasks::Stepped(stepper) => {
                 Runner::Stepped(stepper.clone(), stepper.add(name, task, shared.clone()))
             }
         };
-        TaskHandle { shared, runner: Some(runner) }
+        Ok(TaskHandle { shared, runner: Some(runner) })
     }
 }
 

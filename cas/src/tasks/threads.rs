@@ -12,19 +12,16 @@ pub(super) fn spawn(
     cpu: BackgroundCpu,
     mut task: Box<dyn Task>,
     shared: Arc<Shared>,
-) -> JoinHandle<()> {
-    std::thread::Builder::new()
-        .name(name.chars().take(15).collect())
-        .spawn(move || {
-            cpu.apply_to_current_thread();
-            while !shared.stopped() {
-                let cx = Context { blocking: true, now: None, shared: &shared };
-                match task.step(&cx) {
-                    Step::Again => {}
-                    Step::Wait(timeout) => shared.wait(timeout),
-                    Step::Done => return,
-                }
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new().name(name.chars().take(15).collect()).spawn(move || {
+        cpu.apply_to_current_thread();
+        while !shared.stopped() {
+            let cx = Context { blocking: true, now: None, shared: &shared };
+            match task.step(&cx) {
+                Step::Again => {}
+                Step::Wait(timeout) => shared.wait(timeout),
+                Step::Done => return,
             }
-        })
-        .expect("spawn a store background thread")
+        }
+    })
 }

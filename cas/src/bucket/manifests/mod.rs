@@ -3,7 +3,7 @@
 //! (fetch.rs), and the gate that keeps the log until a manifest is
 //! published.
 //!
-//! A round for one image (the publisher thread runs one per image every
+//! A round for one image (the publish task runs one per image every
 //! `publish_interval`; [`Publisher::publish_wait`] runs them on demand):
 //! 1. take the committed tree of this moment (`Manifest::committed`);
 //!    nothing to do if its generation is the one published;
@@ -64,18 +64,19 @@ mod round;
 pub mod superseded;
 pub mod unpublish;
 
+use crate::background::BackgroundCpu;
 use crate::bucket::packs::PackTier;
 use crate::bucket::RemoteOptions;
 use crate::chunk::ChunkStore;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::image::Image;
 use crate::manifest::Manifest;
 use crate::objects::lease::{Lease, LeaseConfig};
 use crate::objects::Objects;
+use crate::tasks::{Context, Step, Task, TaskHandle, Tasks, Wake};
 use ranges::Ranges;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use superseded::Superseded;
 
@@ -179,8 +180,11 @@ pub struct Publisher {
     /// Rounds of the publish thread so far.
     rounds: std::sync::atomic::AtomicU64,
     stop: Mutex<bool>,
-    wake: Condvar,
-    thread: Mutex<Vec<JoinHandle<()>>>,
+    /// Who runs the publish and lease tasks.
+    tasks: Tasks,
+    /// The publish and lease tasks (see `start`), woken when an image is
+    /// registered.
+    running: Mutex<Vec<(TaskHandle, Wake)>>,
 }
 
 use crate::sync::lock;
@@ -206,8 +210,8 @@ impl Publisher {
             held: Mutex::default(),
             rounds: Default::default(),
             stop: Mutex::new(false),
-            wake: Condvar::new(),
-            thread: Mutex::new(Vec::new()),
+            tasks: opts.tasks.clone(),
+            running: Mutex::new(Vec::new()),
         })
     }
 
@@ -217,41 +221,42 @@ impl Publisher {
         !self.interval.is_zero() || self.lease_cfg.is_some()
     }
 
-    /// Starts the threads: one runs a round per image every interval, one
-    /// renews leases (looking every lease/16), so a long round never
-    /// delays a renewal.
+    /// Starts the tasks (`crate::tasks`): one runs a round per image every
+    /// interval (off: `publish_interval` 0), one renews leases, looking
+    /// every lease/16 (off: no `lease`), so a long round never delays a
+    /// renewal.
     pub fn start(self: &Arc<Publisher>) -> Result<()> {
-        let mut threads = lock(&self.thread);
+        let mut running = lock(&self.running);
+        let mut spawn = |name: &str, period: Duration, work: fn(&Publisher)| -> Result<()> {
+            let task = Periodic { me: Arc::downgrade(self), period, work };
+            let handle = self.tasks.try_spawn(name, BackgroundCpu::Normal, Box::new(task))?;
+            let wake = handle.waker();
+            running.push((handle, wake));
+            Ok(())
+        };
         if !self.interval.is_zero() {
-            let me = Arc::downgrade(self);
-            let interval = self.interval;
-            threads.push(
-                std::thread::Builder::new()
-                    .name("casblk-publish".into())
-                    .spawn(move || run(me, interval, |p| p.publish_all()))
-                    .map_err(|e| Error::io("publisher thread", e))?,
-            );
+            spawn("casblk-publish", self.interval, |p| p.publish_all())?;
         }
         if let Some(cfg) = self.lease_cfg {
-            let me = Arc::downgrade(self);
-            threads.push(
-                std::thread::Builder::new()
-                    .name("casblk-lease".into())
-                    .spawn(move || run(me, cfg.lease / 16, |p| p.renew_leases()))
-                    .map_err(|e| Error::io("lease thread", e))?,
-            );
+            spawn("casblk-lease", cfg.lease / 16, |p| p.renew_leases())?;
         }
         Ok(())
     }
 
-    /// Stops the thread (a round under way finishes first), then
+    /// Wakes the tasks: their next step runs now.
+    fn wake_tasks(&self) {
+        for (_, wake) in lock(&self.running).iter() {
+            wake.wake();
+        }
+    }
+
+    /// Stops the tasks (a round under way finishes first), then
     /// releases every lease, so the next store takes them at once.
     pub fn stop(&self) {
         *lock(&self.stop) = true;
-        self.wake.notify_all();
-        for t in std::mem::take(&mut *lock(&self.thread)) {
-            let _ = t.join();
-        }
+        // Out of the lock first: a stopping task may wake the others.
+        let running = std::mem::take(&mut *lock(&self.running));
+        drop(running);
         for (name, l) in std::mem::take(&mut *lock(&self.held)) {
             leases::release(&name, l);
         }
@@ -305,7 +310,7 @@ impl Publisher {
         };
         e.show(&lock(&e.state));
         lock(&self.images).insert(name.to_string(), Arc::new(e));
-        self.wake.notify_all();
+        self.wake_tasks();
     }
 
     /// What publication has done for `name`, if it is published: as of
@@ -331,16 +336,21 @@ impl Publisher {
     }
 }
 
-/// A publisher thread: `work` every `period`, until stopped or the
-/// publisher is gone.
-fn run(me: Weak<Publisher>, period: Duration, work: fn(&Publisher)) {
-    loop {
-        let Some(p) = me.upgrade() else { return };
-        work(&p);
-        let stop = lock(&p.stop);
-        if *stop {
-            return;
+/// A publisher task: `work` every `period` (sooner when woken), until
+/// stopped or the publisher is gone.
+struct Periodic {
+    me: Weak<Publisher>,
+    period: Duration,
+    work: fn(&Publisher),
+}
+
+impl Task for Periodic {
+    fn step(&mut self, _cx: &Context<'_>) -> Step {
+        let Some(p) = self.me.upgrade() else { return Step::Done };
+        (self.work)(&p);
+        if *lock(&p.stop) {
+            return Step::Done;
         }
-        let _ = p.wake.wait_timeout(stop, period);
+        Step::Wait(Some(self.period))
     }
 }

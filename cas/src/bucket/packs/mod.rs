@@ -53,6 +53,7 @@ mod pack_file;
 pub mod packidx;
 mod room;
 mod upload;
+mod uploader;
 
 pub use upload::{pack_key, packidx_key, PART_BYTES};
 
@@ -63,17 +64,18 @@ pub use foreign::FULL_SCAN_EVERY;
 pub(crate) use pack_file::{RemotePackFile, RemoteReads};
 
 use super::RemoteOptions;
+use crate::background::BackgroundCpu;
 use crate::chunk::pack::slot_offset;
 use crate::chunk::tier::{SealedPack, Tier};
 use crate::chunk::PackFiles;
 use crate::error::{Error, Result};
 use crate::objects::Objects;
 use crate::storage::Storage;
+use crate::tasks::{TaskHandle, Tasks, Wake};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// What the remote side of a chunk store has done ([`PackTier::stats`]).
@@ -120,11 +122,13 @@ struct State {
 /// The remote side of an open chunk store, shared with its uploader
 /// threads: the tier its sealed packs go to.
 pub struct PackTier {
-    /// Itself, for the uploader threads it starts.
+    /// Itself, for the uploader tasks it starts.
     me: Weak<PackTier>,
     objects: Arc<dyn Objects>,
     pending_max_bytes: u64,
     upload_threads: usize,
+    /// Who runs the uploaders.
+    tasks: Tasks,
     store_id: u64,
     storage: Arc<dyn Storage>,
     dir: PathBuf,
@@ -134,11 +138,12 @@ pub struct PackTier {
     reads: Arc<RemoteReads>,
     local_keep_bytes: u64,
     state: Mutex<State>,
-    /// Signalled when a job is queued, a pack uploaded, or on stop.
+    /// Signalled when a job is queued, a pack uploaded, or on stop (and the
+    /// uploaders woken).
     changed: Condvar,
     /// Serialises catalog writes, so an older catalog never replaces a newer.
     catalog_write: Mutex<()>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    uploaders: Mutex<Vec<(TaskHandle, Wake)>>,
     /// Where the next import's listing of `packidx/` starts (foreign.rs).
     pub(crate) import_scan: Mutex<foreign::ImportScan>,
 }
@@ -157,6 +162,7 @@ impl PackTier {
             objects: opts.objects.clone(),
             pending_max_bytes: opts.pending_max_bytes,
             upload_threads: opts.upload_threads,
+            tasks: opts.tasks.clone(),
             store_id: catalog.store_id,
             storage,
             dir,
@@ -172,7 +178,7 @@ impl PackTier {
             }),
             changed: Condvar::new(),
             catalog_write: Mutex::new(()),
-            threads: Mutex::new(Vec::new()),
+            uploaders: Mutex::new(Vec::new()),
             import_scan: Mutex::default(),
         })
     }
@@ -186,9 +192,18 @@ impl PackTier {
         crate::sync::lock(&self.state)
     }
 
-    /// True when uploader threads run.
+    /// True when uploader tasks run.
     pub(crate) fn has_threads(&self) -> bool {
-        !crate::sync::lock(&self.threads).is_empty()
+        !crate::sync::lock(&self.uploaders).is_empty()
+    }
+
+    /// Something changed (a job queued, a pack uploaded, a stop): wakes
+    /// the waiters and the uploaders.
+    fn notify(&self) {
+        self.changed.notify_all();
+        for (_, wake) in crate::sync::lock(&self.uploaders).iter() {
+            wake.wake();
+        }
     }
 
     /// Records `jobs` as sealed, durably, then queues them. The caller has
@@ -207,14 +222,14 @@ impl PackTier {
         };
         self.write_catalog(&bytes)?;
         self.state().queue.extend(jobs);
-        self.changed.notify_all();
+        self.notify();
         Ok(())
     }
 
     /// Queues a pack the catalog already holds as sealed (at open).
     pub(crate) fn requeue(&self, job: SealedPack) {
         self.state().queue.push_back(job);
-        self.changed.notify_all();
+        self.notify();
     }
 
     /// Bytes of sealed packs not yet uploaded.
@@ -266,39 +281,6 @@ impl PackTier {
         }
     }
 
-    /// An uploader thread: takes queued packs until stopped; a failed
-    /// upload goes to the back of the queue and the thread backs off.
-    fn uploader(&self) {
-        let mut failures: u32 = 0;
-        loop {
-            let job = {
-                let mut s = self.state();
-                loop {
-                    if s.stop {
-                        return;
-                    }
-                    if let Some(j) = s.queue.pop_front() {
-                        break j;
-                    }
-                    s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
-                }
-            };
-            match self.upload_one(&job) {
-                Ok(()) => failures = 0,
-                Err(_) => {
-                    self.state().queue.push_back(job);
-                    failures = failures.saturating_add(1);
-                    let backoff =
-                        Duration::from_millis(100u64 << failures.min(6)).min(Duration::from_secs(5));
-                    let s = self.state();
-                    if !s.stop {
-                        let _ = self.changed.wait_timeout(s, backoff);
-                    }
-                }
-            }
-        }
-    }
-
     /// Uploads one pack and records it (see the module docs); a failure is
     /// counted, logged and returned.
     fn upload_one(&self, job: &SealedPack) -> Result<()> {
@@ -311,7 +293,7 @@ impl PackTier {
                     s.stats.uploaded_bytes += bytes;
                     s.local_uploaded.push_back((job.id, slot_offset(job.slots)));
                 }
-                self.changed.notify_all();
+                self.notify();
                 if let Err(e) = self.evict_local() {
                     // Retried by the next eviction (see `evict`).
                     tracing::warn!(error = %e, "deleting the local copy of an uploaded pack failed");
@@ -481,29 +463,25 @@ impl Tier for PackTier {
         self.evict_local()
     }
 
-    /// Starts the uploader threads (`upload_threads` of them).
+    /// Starts the uploaders (`upload_threads` of them, uploader.rs).
     fn run(&self) -> Result<()> {
-        let me = self.me.upgrade().expect("a tier runs only while it is held");
-        let mut threads = crate::sync::lock(&self.threads);
         for i in 0..self.upload_threads {
-            let r = me.clone();
-            let t = std::thread::Builder::new()
-                .name(format!("casblk-upload-{i}"))
-                .spawn(move || r.uploader())
-                .map_err(|e| Error::io("uploader thread", e))?;
-            threads.push(t);
+            let task = uploader::UploadTask { tier: self.me.clone(), failures: 0 };
+            let name = format!("casblk-upload-{i}");
+            let handle = self.tasks.try_spawn(&name, BackgroundCpu::Normal, Box::new(task))?;
+            let wake = handle.waker();
+            crate::sync::lock(&self.uploaders).push((handle, wake));
         }
         Ok(())
     }
 
-    /// Stops the uploader threads (an upload under way finishes or fails
-    /// first) and waits for them.
+    /// Stops the uploaders (an upload under way finishes or fails first)
+    /// and waits for them.
     fn stop(&self) {
         self.state().stop = true;
-        self.changed.notify_all();
-        let threads = std::mem::take(&mut *crate::sync::lock(&self.threads));
-        for t in threads {
-            let _ = t.join();
-        }
+        self.notify();
+        // Out of the lock first: a stopping uploader may notify.
+        let uploaders = std::mem::take(&mut *crate::sync::lock(&self.uploaders));
+        drop(uploaders);
     }
 }
