@@ -28,7 +28,7 @@ impl ChunkStore {
     /// slot's bytes never change while its pack exists. One whose pack GC
     /// repacked and deleted follows the pack's forward table. Only an
     /// unlocated ref, or one no table leads on from (the chunk was swept),
-    /// asks the index ([`ChunkStats::read_index_lookups`]).
+    /// asks the index ([`ChunkStats::read_index_lookups`](super::ChunkStats::read_index_lookups)).
     /// Errors as [`ChunkStore::read`].
     pub fn read_ref(&self, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
         if out.len() != CHUNK_BYTES {
