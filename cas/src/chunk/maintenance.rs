@@ -190,6 +190,30 @@ impl ChunkStore {
             .collect()
     }
 
+    /// Closes the active pack for GC when at least `dead_fraction` of the
+    /// slots it spans are dead, so that this pass can repack it like any
+    /// other: without it a store smaller than one pack kept every chunk it
+    /// ever dropped (a guest's fstrim gave the store nothing back). Every
+    /// insert runs under the writer lock, so no write into the pack is in
+    /// flight; the next insert starts a new pack. Not with a remote tier,
+    /// where a closed pack is sealed for upload and never repacked here.
+    /// Returns whether it closed one.
+    pub(crate) fn gc_retire_active(&self, dead_fraction: f64) -> bool {
+        let mut guard = lock(&self.writer);
+        let w = &mut *guard;
+        if w.host_slot.is_some() {
+            return false;
+        }
+        self.note_slots(w);
+        let Some(id) = w.active.as_ref().map(|a| a.id) else { return false };
+        let Some(p) = w.packs.get(&id) else { return false };
+        if p.slots == 0 || f64::from(p.slots - p.live) / f64::from(p.slots) < dead_fraction {
+            return false;
+        }
+        w.active = None;
+        true
+    }
+
     /// Copies the live chunks of pack `id` (not the active pack) into the
     /// active pack, puts index entries for the copies and frees the old
     /// slots. Each chunk read is hashed and looked up: the entry naming its

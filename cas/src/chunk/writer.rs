@@ -204,7 +204,7 @@ impl ChunkStore {
     }
 
     /// Records the active pack's high-water slot in its counts.
-    fn note_slots(&self, w: &mut Writer) {
+    pub(super) fn note_slots(&self, w: &mut Writer) {
         if let Some(a) = &w.active {
             if let Some(p) = w.packs.get_mut(&a.id) {
                 p.slots = p.slots.max(a.next_slot);

@@ -111,6 +111,8 @@ pub struct GcReport {
     pub manifest_pages_reclaimed: u64,
     /// Forward tables deleted: no manifest named their packs any more.
     pub forward_tables_retired: u64,
+    /// The active pack was closed to be repacked (enough of it was dead).
+    pub active_pack_retired: bool,
 }
 
 /// Runs one GC pass over `chunks`, treating `manifests` as every image's
@@ -157,7 +159,8 @@ pub fn run(chunks: &ChunkStore, manifests: &[&Manifest], opts: &GcOptions) -> Re
     report.chunks_dead = swept.removed;
     chunks.sync()?;
 
-    // Repack.
+    // Repack; the active pack too, once enough of it is dead.
+    report.active_pack_retired = chunks.gc_retire_active(opts.repack_dead_fraction);
     for usage in chunks.pack_usage() {
         if usage.active || usage.sealed || usage.slots == 0 {
             continue;
