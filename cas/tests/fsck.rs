@@ -254,15 +254,26 @@ fn the_on_disk_index_is_checked_whole_and_damage_to_it_is_named() {
     // A flipped byte in a run's page, in its keys, in the slots file, in
     // the root: each named. An open refuses all but the page (an open
     // reads no pages; a lookup or merge that reads it fails instead).
-    let run_file = index_files(&mem, "index-run-")[0].clone();
-    let len = mem.open(&run_file, OpenMode::Existing).unwrap().len().unwrap();
-    for (path, offset, kind) in [
-        (run_file.clone(), 4096 + 100, "index-run"),
-        (run_file.clone(), len - 6, "index-run"),
-        (index_files(&mem, "index-slots-")[0].clone(), 30, "index-slots"),
-        (store_dir().join("chunks/index-root"), 20, "index-root"),
+    // Each case builds the store again: a background merge may or may not
+    // have finished before the close, so the run files are listed anew.
+    for (which, at_end, kind) in [
+        ("index-run-", Some(false), "index-run"),
+        ("index-run-", Some(true), "index-run"),
+        ("index-slots-", None, "index-slots"),
+        ("index-root", None, "index-root"),
     ] {
         let mem = build_with_runs();
+        let path = match which {
+            "index-root" => store_dir().join("chunks/index-root"),
+            prefix => index_files(&mem, prefix)[0].clone(),
+        };
+        let len = mem.open(&path, OpenMode::Existing).unwrap().len().unwrap();
+        let offset = match (which, at_end) {
+            (_, Some(false)) => 4096 + 100,
+            (_, Some(true)) => len - 6,
+            ("index-slots-", None) => 30,
+            _ => 20,
+        };
         flip(&mem, &path, offset);
         let r = check(&mem);
         assert!(kinds(&r).contains(&kind), "{path:?} at {offset}: {:#?}", r.problems);

@@ -326,15 +326,23 @@ fn corrupt(path: &Path, offset: u64, detail: impl Into<String>) -> Error {
 
 impl Drop for ChunkStore {
     /// Stops the tier's work, and waits for a running merge of index
-    /// runs: its run, not yet named by a root, is deleted by the next open,
-    /// which must not race its writes.
+    /// runs (the next open must not race its writes). Its run, which no
+    /// root names yet, is deleted: a clean close leaves no file an fsck
+    /// would report as a leftover (if this fails, the next open deletes it).
     fn drop(&mut self) {
         if let Some(t) = &self.tier {
             t.stop();
         }
         let job = self.sync_state.get_mut().unwrap_or_else(|p| p.into_inner()).merge.take();
         if let Some(job) = job {
+            let run_id = job.run_id;
             let _ = job.wait();
+            for name in [dedup::run::run_file_name(run_id), dedup::run::keys_spill_name(run_id)] {
+                let path = self.dir.join(name);
+                if self.storage.exists(&path) {
+                    let _ = self.storage.remove_file(&path);
+                }
+            }
         }
     }
 }
