@@ -2,9 +2,11 @@
 //! shared by the tests of this crate and of the `casblk` binary.
 //!
 //! The binary is the one `ci/setup --garage` builds ($CASBLK_GARAGE_BIN, or
-//! the one in $CASBLK_VM_CACHE). Without it a test is skipped with a line
-//! that says so, unless CASBLK_REQUIRE_GARAGE=1 (CI), where its absence
-//! fails the test.
+//! the one in $CASBLK_VM_CACHE). Without it a test fails, saying how to
+//! build it: a missing binary must not pass for a working tier. A
+//! developer who means to run without it sets CASBLK_SKIP_GARAGE=1; each
+//! test then skipped says so on stderr and is counted, one line each, in
+//! `target/test-skips.txt` (ci/test fails on any line there).
 
 use crate::RemoteConfig;
 use std::path::{Path, PathBuf};
@@ -33,16 +35,17 @@ pub fn garage_bin() -> Option<PathBuf> {
 }
 
 impl GarageCluster {
-    /// Starts `nodes` nodes with their state in `dir`, or None (after
-    /// saying why) when there is no Garage binary and CI does not require
-    /// one. Panics if the cluster does not start.
+    /// Starts `nodes` nodes with their state in `dir`, or None when there
+    /// is no Garage binary and CASBLK_SKIP_GARAGE=1 says to skip (the skip
+    /// is printed and counted). Panics if there is no binary otherwise, or
+    /// if the cluster does not start.
     pub fn start(dir: &Path, nodes: u32) -> Option<GarageCluster> {
         let Some(bin) = garage_bin() else {
             assert!(
-                std::env::var("CASBLK_REQUIRE_GARAGE").as_deref() != Ok("1"),
-                "CASBLK_REQUIRE_GARAGE=1 but no Garage binary: run ci/setup --garage"
+                std::env::var("CASBLK_SKIP_GARAGE").as_deref() == Ok("1"),
+                "no Garage binary: run ci/setup --garage (or set CASBLK_SKIP_GARAGE=1 to skip the Garage tests)"
             );
-            eprintln!("skipped: no Garage binary (ci/setup --garage builds it)");
+            record_skip(dir);
             return None;
         };
         // One start at a time: each picks free ports, and two starting
@@ -74,6 +77,23 @@ impl GarageCluster {
             .output()
             .expect("run ci/garage");
         assert!(out.status.success(), "ci/garage {what} {n}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// Where skipped tests are counted: `target/test-skips.txt` of the workspace.
+pub fn skips_file() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-skips.txt")
+}
+
+/// Says on stderr that the test whose cluster would live in `dir` is
+/// skipped, and appends a line to `skips_file()`.
+fn record_skip(dir: &Path) {
+    let what = format!("skipped (CASBLK_SKIP_GARAGE=1, no Garage binary): {}", dir.display());
+    eprintln!("{what}");
+    use std::io::Write;
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(skips_file());
+    if let Ok(mut f) = file {
+        let _ = writeln!(f, "{what}");
     }
 }
 

@@ -4,8 +4,9 @@
 //! endpoint failover.
 //!
 //! Needs the Garage binary `ci/setup --garage` builds ($CASBLK_GARAGE_BIN,
-//! or the one in $CASBLK_VM_CACHE). Without it the tests say so and pass,
-//! unless CASBLK_REQUIRE_GARAGE=1 (CI), where its absence fails them.
+//! or the one in $CASBLK_VM_CACHE). Without it they fail, unless
+//! CASBLK_SKIP_GARAGE=1 says to skip them (each skip is printed and
+//! counted in target/test-skips.txt).
 
 use cas::objects::{ObjectErrorKind, Objects};
 use casblk_remote::testing::GarageCluster as Cluster;
