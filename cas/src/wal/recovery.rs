@@ -483,15 +483,38 @@ mod tests {
     }
 
     #[test]
-    fn scanners_survive_garbage() {
+    fn scanners_find_nothing_in_garbage_and_a_record_hidden_in_it() {
         let mut rng = StdRng::seed_from_u64(0x1234_5678);
-        for len in [0usize, 1, 63, 64, 511, 512, 600, 4096] {
+        for len in [0usize, 1, 63, 64, 511, 512, 600, 4096, 65536] {
             let mut buf = vec![0u8; len];
             rng.fill(&mut buf[..]);
-            let _ = scan_segment(&buf, 1, &mut |_, _| {});
-            let _ = find_durability_proof(&buf, 0, 1);
-            let _ = find_durability_proof(&buf, u64::MAX, 1);
-            let _ = holds_any_record(&buf);
+            // Random bytes hold no record: nothing is seen, the scan stops
+            // at the first slot, and nothing proves anything durable.
+            let mut seen = 0;
+            let (next, end) = scan_segment(&buf, 1, &mut |_, _| seen += 1);
+            assert_eq!((seen, next), (0, 1), "len {len}");
+            assert!(
+                matches!(end, SegmentEnd::BadSlot { offset, .. } if offset == SEGMENT_HEADER_BYTES as u64),
+                "len {len}: {end:?}"
+            );
+            assert_eq!(find_durability_proof(&buf, 0, 1), None, "len {len}");
+            assert_eq!(find_durability_proof(&buf, u64::MAX, 1), None, "len {len}");
+            assert!(!holds_any_record(&buf), "len {len}");
         }
+        // A valid record written over garbage at a 64-byte boundary past
+        // the segment header is found, by both the proof search and the
+        // any-record probe; the sequential scan still stops before it.
+        let mut buf = vec![0u8; 16384];
+        rng.fill(&mut buf[..]);
+        let payload = vec![7u8; 512];
+        let at = SEGMENT_HEADER_BYTES + 64 * 37;
+        let record = RecordHeader::write(9, 5, 0, 512).encode(&payload);
+        buf[at..at + record.len()].copy_from_slice(&record);
+        buf[at + record.len()..at + record.len() + 512].copy_from_slice(&payload);
+        assert_eq!(find_durability_proof(&buf, 0, 5).map(|(pos, h)| (pos, h.seq)), Some((at as u64, 9)));
+        assert_eq!(find_durability_proof(&buf, 0, 6), None, "its durable_seq 5 proves nothing past 5");
+        assert!(holds_any_record(&buf));
+        let (next, _) = scan_segment(&buf, 1, &mut |_, _| {});
+        assert_eq!(next, 1, "the record is not where seq 1 would be");
     }
 }
