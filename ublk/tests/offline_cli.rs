@@ -82,6 +82,50 @@ fn exit_status_says_clean_damaged_or_could_not_run() {
 }
 
 #[test]
+fn fsck_repair_removes_leftovers_and_leaves_damage_alone() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    build(&dir);
+    // Leftovers of interrupted writes: the store's and an image's file
+    // that never reached their renames. fsck names them; --repair removes
+    // them, and only them.
+    let leftovers = [dir.join("STORE.tmp"), dir.join("images/vm/IMAGE.tmp")];
+    for f in &leftovers {
+        std::fs::write(f, b"half-written").unwrap();
+    }
+    let stranger = dir.join("notes.txt");
+    std::fs::write(&stranger, b"an operator's file").unwrap();
+    let out = casblk(&dir, &["fsck"]);
+    let text = text_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    for f in &leftovers {
+        let line = text.lines().find(|l| l.contains(&*f.display().to_string())).unwrap_or("");
+        assert!(line.starts_with("problem: orphan-file: "), "{text}");
+        assert!(f.exists(), "a dry run removes nothing");
+    }
+    let out = casblk(&dir, &["fsck", "--repair"]);
+    let text = text_of(&out);
+    assert_eq!(out.status.code(), Some(0), "repaired, then clean: {text}");
+    for f in &leftovers {
+        assert!(text.contains(&f.display().to_string()), "--repair says what it removed: {text}");
+        assert!(!f.exists(), "{} is still there", f.display());
+    }
+    assert!(stranger.exists(), "a file casblk does not write is left alone");
+    let out = casblk(&dir, &["fsck"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text_of(&out));
+
+    // Damage is not repairable: --repair leaves it and still exits 1.
+    let pack = dir.join("chunks/pack-00000001.pack");
+    let mut bytes = std::fs::read(&pack).unwrap();
+    bytes[4096 + 9] ^= 4;
+    std::fs::write(&pack, &bytes).unwrap();
+    let out = casblk(&dir, &["fsck", "--repair"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text_of(&out));
+    assert_eq!(std::fs::read(&pack).unwrap(), bytes, "--repair never rewrites a damaged chunk");
+}
+
+#[test]
 fn export_writes_every_byte_and_leaves_holes_sparse() {
     let _serial = serial();
     use std::os::unix::fs::MetadataExt;
@@ -158,6 +202,11 @@ fn import_then_export_round_trips_a_raw_image() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("256 blocks deduplicated"));
+}
+
+/// What a command printed on stdout, whatever its exit status.
+fn text_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn stdout(out: &Output) -> String {
