@@ -1,7 +1,7 @@
-# `del` while IO runs: deleting one CAS device under fio returns within a
-# bound, its fio ends (its in-flight requests complete or fail) instead of
-# hanging, and the same store daemon goes on serving the other image with
-# no error.
+# `del` while IO runs: a device fio holds open is refused, naming fio;
+# with --force, deleting it returns within a bound, its fio ends (its
+# in-flight requests complete or fail) instead of hanging, and the same
+# store daemon goes on serving the other image with no error.
 source "$(dirname "$0")/lib.sh"
 store=$(new_store a 256M)
 "$CASBLK" --store "$store" image create b --size 256M >/dev/null
@@ -17,8 +17,11 @@ start_fio_verify "$b" 32M "$SCRATCH/b.txt"
 writes() { "$CASBLK" stats -n "$(dev_id "$a")" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['images'][0]['ops']['write']['count'])"; }
 for _ in $(seq 120); do [ "$(writes)" -gt 200 ] && break; sleep 0.5; done
 [ "$(writes)" -gt 200 ] || fail "fio wrote nothing to $a within 60 s"
+expect_error "del of a device fio holds" "$CASBLK" del -n "$(dev_id "$a")"
+refusal=$("$CASBLK" del -n "$(dev_id "$a")" 2>&1) || true
+grep -q "fio (pid " <<<"$refusal" || fail "del's refusal does not name fio: $refusal"
 t0=$SECONDS
-timeout 30 "$CASBLK" del -n "$(dev_id "$a")" || fail "del under IO failed or took over 30 s"
+timeout 30 "$CASBLK" del --force -n "$(dev_id "$a")" || fail "del --force under IO failed or took over 30 s"
 took=$((SECONDS - t0))
 for _ in $(seq 200); do kill -0 "$fa" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$fa" 2>/dev/null; then

@@ -19,7 +19,11 @@ pub struct Cli {
 pub enum Command {
     /// Create /dev/ublkbN and serve it; returns once the device is usable.
     Add(AddArgs),
-    /// Stop and delete devices.
+    /// Stop and delete devices. A device that is mounted, used by another
+    /// block device, or held open by a process (QEMU with a guest's disk,
+    /// fio, ...) is refused, naming who holds it; --force stops one held
+    /// open anyway, and its holder's IO then fails with EIO. Flushed data
+    /// is never lost: a store daemon flushes each image it detaches.
     Del(DelArgs),
     /// Serve again devices whose daemon died (kill -9, a crash): the same
     /// /dev/ublkbN, with its mounts and open handles; IO in flight is reissued.
@@ -314,7 +318,7 @@ pub struct RecoverArgs {
     pub all: bool,
 
     /// Serve in the foreground instead of daemonizing (one device only).
-    #[arg(long, requires = "id")]
+    #[arg(long, requires = "id", conflicts_with = "all")]
     pub foreground: bool,
 }
 
@@ -338,15 +342,21 @@ pub struct DaemonArgs {
 }
 
 #[derive(Args, Debug)]
-#[group(required = true, multiple = false)]
+#[group(skip)]
+#[command(group(clap::ArgGroup::new("which").required(true).multiple(false)))]
 pub struct DelArgs {
     /// Device id to delete.
-    #[arg(short = 'n', long = "number")]
+    #[arg(short = 'n', long = "number", group = "which")]
     pub id: Option<u32>,
 
     /// Delete every ublk device.
-    #[arg(short = 'a', long = "all")]
+    #[arg(short = 'a', long = "all", group = "which")]
     pub all: bool,
+
+    /// Delete a device even while a process holds it open (its IO then
+    /// fails with EIO); a mounted device is still refused.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -354,4 +364,40 @@ pub struct ListArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Cli, Command};
+    use clap::Parser;
+
+    fn del(args: &[&str]) -> Result<(Option<u32>, bool, bool), clap::Error> {
+        let cli = Cli::try_parse_from([&["casblk", "del"], args].concat())?;
+        match cli.command {
+            Command::Del(d) => Ok((d.id, d.all, d.force)),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn del_takes_one_of_number_or_all_and_force_with_either() {
+        assert_eq!(del(&["-n", "3"]).unwrap(), (Some(3), false, false));
+        assert_eq!(del(&["-n", "3", "--force"]).unwrap(), (Some(3), false, true));
+        assert_eq!(del(&["-a", "--force"]).unwrap(), (None, true, true));
+        assert!(del(&[]).is_err(), "a device or -a is needed");
+        assert!(del(&["--force"]).is_err(), "--force alone names no device");
+        assert!(del(&["-n", "1", "-a"]).is_err(), "one device or all, not both");
+    }
+
+    #[test]
+    fn recover_takes_one_of_number_or_all_and_foreground_with_a_number() {
+        let parse = |args: &[&str]| match Cli::try_parse_from([&["casblk", "recover"], args].concat())?.command {
+            Command::Recover(r) => Ok::<_, clap::Error>((r.id, r.all, r.foreground)),
+            other => panic!("parsed as {other:?}"),
+        };
+        assert_eq!(parse(&["-n", "2", "--foreground"]).unwrap(), (Some(2), false, true));
+        assert_eq!(parse(&["-a"]).unwrap(), (None, true, false));
+        assert!(parse(&["-a", "--foreground"]).is_err(), "--foreground needs one device");
+        assert!(parse(&[]).is_err());
+    }
 }

@@ -51,7 +51,7 @@ fn holders(id: u32) -> Vec<String> {
 /// How long `del` waits for a stopped device to go away.
 const DEL_WAIT: Duration = Duration::from_secs(10);
 
-fn delete(id: u32) -> Result<()> {
+fn delete(id: u32, force: bool) -> Result<()> {
     // The kernel's DEL waits until nobody holds the disk, so deleting a
     // mounted device would hang: refuse it with the reason instead.
     if let Some(mnt) = mount_point(id) {
@@ -60,6 +60,15 @@ fn delete(id: u32) -> Result<()> {
     let held = holders(id);
     if !held.is_empty() {
         bail!("/dev/ublkb{id} is in use by {}; remove those first", held.join(", "));
+    }
+    // A process holding it (a VM's disk) would see its IO fail: refused
+    // unless forced, naming who holds it.
+    let open = crate::device::openers::openers(id);
+    if !open.is_empty() && !force {
+        bail!(
+            "/dev/ublkb{id} is open in {}; stop them first, or --force to fail their IO",
+            crate::device::openers::describe(&open)
+        );
     }
     let ctrl = open_device(id)?;
     // STOP first so the serving daemon sees its queues go down; then the
@@ -89,7 +98,7 @@ pub fn del(args: &DelArgs) -> Result<()> {
     if args.all {
         let mut failed = Vec::new();
         for id in device_ids() {
-            if let Err(e) = delete(id) {
+            if let Err(e) = delete(id, args.force) {
                 eprintln!("casblk: {e:#}");
                 failed.push(id);
             }
@@ -100,7 +109,7 @@ pub fn del(args: &DelArgs) -> Result<()> {
         return Ok(());
     }
     match args.id {
-        Some(id) => delete(id),
+        Some(id) => delete(id, args.force),
         None => bail!("del needs -n ID or -a"),
     }
 }
@@ -141,7 +150,7 @@ pub fn upgrade(args: &UpgradeArgs) -> Result<()> {
     require_driver()?;
     let ids: Vec<u32> = match args.id {
         Some(id) => vec![id],
-        None => crate::device::state::DeviceState::ids(),
+        None => crate::device::state::DeviceState::existing_ids(),
     };
     let mut by_daemon: std::collections::BTreeMap<i32, Vec<crate::device::state::DeviceState>> =
         Default::default();
@@ -159,7 +168,7 @@ pub fn upgrade(args: &UpgradeArgs) -> Result<()> {
             crate::device::state::Target::Cas { store, .. } => {
                 let service = crate::client::handoff(store)?;
                 // The store's daemon hands over every device it serves.
-                let all: Vec<_> = crate::device::state::DeviceState::ids()
+                let all: Vec<_> = crate::device::state::DeviceState::existing_ids()
                     .into_iter()
                     .filter_map(|id| crate::device::state::DeviceState::load(id).ok())
                     .filter(|s| matches!(&s.target, crate::device::state::Target::Cas { store: other, .. } if other == store))

@@ -1,8 +1,9 @@
 //! The device layer every target shares: a ublk device's shape, its
 //! lifecycle from ADD (or START_USER_RECOVERY) to its deletion, and the
 //! pieces around it: the driver (`driver`), device parameters (`params`),
-//! the per-queue ring (`ring`), launching a daemon (`launch`), and what a
-//! device leaves in /run for recovery (`state`, `recovering`).
+//! the per-queue ring (`ring`), launching a daemon (`launch`), who holds a
+//! device open (`openers`), and what a device leaves in /run for recovery
+//! (`state`, `recovering`).
 //!
 //! ```text
 //!  Device::create(id, shape, start, ..)      ADD_DEV with user recovery (and user
@@ -20,6 +21,7 @@
 
 pub mod driver;
 pub mod launch;
+pub mod openers;
 pub mod params;
 pub mod recovering;
 pub mod ring;

@@ -133,6 +133,25 @@ impl DeviceState {
         ids.sort_unstable();
         ids
     }
+
+    /// The ids of every device that has a state file and still exists.
+    /// A state file whose device the driver no longer has (deleted by a
+    /// path that could not remove the file) describes nothing a command
+    /// can act on: it is removed, so that `upgrade -a` does not try to
+    /// hand over a device that is gone.
+    pub fn existing_ids() -> Vec<u32> {
+        Self::ids()
+            .into_iter()
+            .filter(|&id| {
+                let exists = std::path::Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists();
+                if !exists {
+                    tracing::warn!(dev = id, "removing the state file of a device that no longer exists");
+                    let _ = Self::remove(id);
+                }
+                exists
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
