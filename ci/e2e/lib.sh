@@ -123,6 +123,77 @@ kill_daemon() {
     fail "daemon $1 survived SIGKILL"
 }
 
+# io_completions DEV...: reads plus writes the devices have completed
+# (/sys/block/*/stat fields 1 and 5).
+io_completions() {
+    local n=0 d f
+    for d in "$@"; do
+        read -r -a f <"/sys/block/$(basename "$(readlink -f "$d")")/stat" || fail "no stat for $d"
+        n=$((n + f[0] + f[4]))
+    done
+    echo "$n"
+}
+
+# kill_under_io PID DEV...: kill -9 of daemon PID while each of its
+# devices DEV has IO going. Each device must complete a request within 3 s
+# (looked at every 50 ms), and the kill follows the last one seen at once,
+# so IO was flowing to the daemon when it died; then, for 1 s, nothing may
+# complete (the IO the dead daemon held waits for the recovery: a request
+# failed at once would count as completed). The driver does not keep that
+# IO in /sys/block/*/inflight (it requeues it), so completions are the
+# evidence. Sets KILL_COMPLETIONS (completions at the kill, for
+# wait_io_resumed).
+kill_under_io() {
+    local pid=$1 d i n
+    shift
+    local -A start
+    for d in "$@"; do start[$d]=$(io_completions "$d"); done
+    for d in "$@"; do
+        for i in $(seq 60); do
+            [ "$(io_completions "$d")" -gt "${start[$d]}" ] && break
+            sleep 0.05
+        done
+        [ "$(io_completions "$d")" -gt "${start[$d]}" ] || fail "no IO completed on $d in 3 s: the kill would not land under IO"
+    done
+    kill_daemon "$pid"
+    KILL_COMPLETIONS=$(io_completions "$@")
+    sleep 1
+    n=$(io_completions "$@")
+    [ "$n" -eq "$KILL_COMPLETIONS" ] || fail "$((n - KILL_COMPLETIONS)) requests completed on $* in the second after the kill: IO failed instead of waiting"
+    tally kill9_under_io 1
+}
+
+# wait_io_resumed DEV...: after a recovery, until the devices complete IO
+# again (bounded, 120 s): the IO that waited through the kill goes on.
+wait_io_resumed() {
+    local deadline=$((SECONDS + 120))
+    while [ "$(io_completions "$@")" -le "$KILL_COMPLETIONS" ]; do
+        [ "$SECONDS" -lt "$deadline" ] || fail "no IO completed on $* within 120 s of the recovery"
+        sleep 0.2
+    done
+}
+
+# io_flusher_threads PID...: one line per thread of each process, "PID
+# TID NAME ok" when its flags (/proc/PID/task/TID/stat, field 9) carry
+# both bits PR_SET_IO_FLUSHER sets (PF_MEMALLOC_NOIO 0x80000 and
+# PF_LOCAL_THROTTLE 0x100000), else "PID TID NAME MISSING(flags)".
+io_flusher_threads() {
+    local p
+    for p in "$@"; do
+        # One awk over every thread's stat: the name sits between the first
+        # "(" and the last ")"; the fields after it start at field 3.
+        awk -v pid="$p" '{
+            i = index($0, "("); j = 0
+            for (k = length($0); k > i; k--) if (substr($0, k, 1) == ")") { j = k; break }
+            name = substr($0, i + 1, j - i - 1); gsub(/ /, "_", name)
+            split(substr($0, j + 2), f, " ")
+            flags = f[7] + 0
+            if (int(flags / 524288) % 2 == 1 && int(flags / 1048576) % 2 == 1) print pid, $1, name, "ok"
+            else printf "%s %s %s MISSING(%#x)\n", pid, $1, name, flags
+        }' /proc/"$p"/task/*/stat 2>/dev/null || true
+    done
+}
+
 # The driver's state of device ID: live, quiesced, dead, ...
 device_state() {
     "$CASBLK" list --json | python3 -c "import json,sys; print([d['state'] for d in json.load(sys.stdin) if d['id']==$1][0])"

@@ -17,6 +17,22 @@
 //! the same run with THP off). Its hot structures are
 //! small (the chunk cache is 16 MiB by default), so the TLB reach lost is
 //! minor; storage daemons commonly run with THP off for this reason.
+//!
+//! Reclaim must never wait on the daemon's own devices. A daemon thread
+//! that allocates under memory pressure enters direct reclaim, which may
+//! write back dirty pages of a filesystem mounted on one of its own
+//! `/dev/ublkbN`: that writeback waits for the daemon, which waits for
+//! memory, a deadlock. The daemon therefore runs as an IO flusher
+//! (`PR_SET_IO_FLUSHER`: reclaim by its threads does no IO, and they are
+//! throttled only by their own writes, not by others' dirty pages). The
+//! flags are per thread and every thread inherits them from the one that
+//! creates it, so setting them here, before the daemon starts its first
+//! thread, covers every thread it will ever have: the queue threads,
+//! workers, sync threads, log writeback, compaction and its pipeline, GC,
+//! the index merge, the bucket tier's uploaders, publisher and lease
+//! renewal, the object store client's runtime, and the kernel's io_uring
+//! workers created for them. No thread needs to be without them.
+//! `ci/e2e/t-cas-io-flusher.sh` reads every daemon thread's flags.
 
 /// Allocations at least this large get their own mapping, returned to the
 /// kernel when freed. Set explicitly, it stops glibc from raising the
@@ -31,10 +47,43 @@ const TRIM_THRESHOLD_BYTES: i32 = 1 << 20;
 /// holding on to its own free memory.
 const ARENAS_MAX: i32 = 4;
 
+/// `prctl(PR_SET_IO_FLUSHER)` (Linux 5.6+).
+const PR_SET_IO_FLUSHER: libc::c_int = 57;
+const PR_GET_IO_FLUSHER: libc::c_int = 58;
+
+/// Set to 1, the daemon does not make itself an IO flusher: only for
+/// showing what `t-cas-memory-pressure` guards against.
+const NO_IO_FLUSHER_ENV: &str = "CASBLK_TEST_NO_IO_FLUSHER";
+
+/// Makes the calling thread, and every thread it creates from now on, an
+/// IO flusher. Needs CAP_SYS_RESOURCE (the daemon runs as root); without
+/// it the daemon still runs, and says so once.
+pub fn io_flusher() {
+    if std::env::var(NO_IO_FLUSHER_ENV).as_deref() == Ok("1") {
+        tracing::warn!("{NO_IO_FLUSHER_ENV}=1: not an IO flusher (a test of what the flag prevents)");
+        return;
+    }
+    // SAFETY: PR_SET_IO_FLUSHER takes only integer arguments.
+    let rc = unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) };
+    if rc != 0 {
+        tracing::warn!(
+            error = %std::io::Error::last_os_error(),
+            "cannot run as an IO flusher (needs CAP_SYS_RESOURCE): memory reclaim may wait on this daemon's own devices"
+        );
+    }
+}
+
+/// Whether the calling thread is an IO flusher.
+pub fn is_io_flusher() -> bool {
+    // SAFETY: PR_GET_IO_FLUSHER takes only integer arguments.
+    unsafe { libc::prctl(PR_GET_IO_FLUSHER, 0, 0, 0, 0) == 1 }
+}
+
 /// Applies the daemon's memory settings to this process, before it starts
 /// threads. A setting the system lacks (a kernel without THP, a libc other
 /// than glibc) is skipped and logged at debug level.
 pub fn daemon_mode() {
+    io_flusher();
     // SAFETY: PR_SET_THP_DISABLE takes only integer arguments and touches
     // no memory of this process.
     let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
@@ -57,6 +106,41 @@ pub fn daemon_mode() {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_thread_started_after_is_an_io_flusher() {
+        // A thread of its own: the test harness's other threads keep theirs.
+        std::thread::spawn(|| {
+            super::daemon_mode();
+            if !super::is_io_flusher() {
+                // Only a process without CAP_SYS_RESOURCE may fail (some
+                // sandboxes drop it even for root); t-cas-io-flusher checks
+                // the daemon's threads on a real device.
+                assert!(
+                    !has_sys_resource(),
+                    "with CAP_SYS_RESOURCE the thread could not become an IO flusher"
+                );
+                eprintln!("skipped: no CAP_SYS_RESOURCE here, so no IO_FLUSHER to check");
+                return;
+            }
+            let child = std::thread::spawn(super::is_io_flusher).join().unwrap();
+            assert!(child, "a thread started after daemon_mode inherits IO_FLUSHER");
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Whether this process has CAP_SYS_RESOURCE (bit 24 of CapEff).
+    fn has_sys_resource() -> bool {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                let hex =
+                    s.lines().find(|l| l.starts_with("CapEff:"))?.split_whitespace().nth(1)?.to_string();
+                u64::from_str_radix(&hex, 16).ok()
+            })
+            .is_some_and(|caps| caps & (1 << 24) != 0)
+    }
+
     #[test]
     fn the_process_opts_out_of_huge_pages() {
         super::daemon_mode();
