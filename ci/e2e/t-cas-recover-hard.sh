@@ -2,9 +2,9 @@
 # compaction busy (writers waiting at the log-capacity gate), and kill -9
 # of the recovering daemon itself, before it took the device over (`list`
 # shows the device as recovering meanwhile), then `recover` again. Each
-# E2E_ROUNDS times (default 2); fio's verify passes across all of it.
+# E2E_ROUNDS times (default 1; the long mode runs 20); fio's verify passes across all of it.
 source "$(dirname "$0")/lib.sh"
-rounds=${E2E_ROUNDS:-2}
+rounds=${E2E_ROUNDS:-1}
 store=$(new_store vm 512M)
 dev=$(add_image "$store" vm --log-quota 32M)
 id=$(dev_id "$dev")
@@ -32,7 +32,7 @@ stopped() { local st; read -r st <"/proc/$1/stat" 2>/dev/null || return 1; st=${
 for round in $(seq "$rounds"); do
     start_fio_verify "$dev" 64M "$SCRATCH/fio$round.txt"
     sleep 3
-    kill_daemon "$(daemon_pid "$dev")"
+    kill_under_io "$(daemon_pid "$dev")" "$dev"
     # The recovering daemon stops itself after naming itself in the log,
     # before it opens the store (CASBLK_TEST_STOP_AT): kill it there.
     seen=$(grep -c "store daemon starting" /run/casblk/casblk.log)
@@ -54,6 +54,7 @@ for round in $(seq "$rounds"); do
     [ "$state" = quiesced ] || fail "round $round: after the recovering daemon died the device is $state"
     got=$("$CASBLK" recover -n "$id") || fail "round $round: the second recover failed"
     [ "$got" = "$dev" ] || fail "round $round: recover printed '$got', not $dev"
+    wait_io_resumed "$dev"
     finish_fio "$SCRATCH/fio$round.txt" "a kill -9 during recover (round $round)"
     note "round $round: recovering daemon $pid killed (list said recovering), recovered again, fio verified"
 done

@@ -304,10 +304,17 @@ pub struct StoreSettings {
     /// spare CPU, normal as the request path [default: batch].
     #[arg(long, value_name = "CLASS", value_parser = clap::builder::PossibleValuesParser::new(cas::BackgroundCpu::ALL.map(cas::BackgroundCpu::name)), conflicts_with = "backing")]
     pub background_cpu: Option<String>,
+
+    /// Whether the daemon runs GC passes by itself when the store has grown
+    /// or blocks were dropped; with off, space comes back only through
+    /// `casblk gc` [default: on].
+    #[arg(long = "gc-auto", value_name = "on|off", value_parser = ["on", "off"], conflicts_with = "backing")]
+    pub gc_auto: Option<String>,
 }
 
 #[derive(Args, Debug)]
-#[group(required = true, multiple = false, id = "which")]
+#[group(skip)]
+#[command(group(clap::ArgGroup::new("which").required(true).multiple(false)))]
 pub struct RecoverArgs {
     /// Device id to recover.
     #[arg(short = 'n', long = "number", group = "which")]

@@ -34,6 +34,13 @@ impl StoreSettings {
             o.background_cpu =
                 cas::BackgroundCpu::parse(name).map_err(|e| anyhow::anyhow!("--background-cpu: {e}"))?;
         }
+        match self.gc_auto.as_deref() {
+            None => {}
+            Some("on") => o.gc_auto.enabled = true,
+            Some("off") => o.gc_auto.enabled = false,
+            // Over the wire the value is not clap-checked.
+            Some(other) => bail!("--gc-auto {other}: use on or off"),
+        }
         if let Some(budget) = self.memory_budget_bytes {
             o.memory_budget_bytes = budget;
             o.compaction_memory_bytes = o.compaction_memory_bytes.min(budget / COMPACTION_SHARE_DIVISOR);
@@ -65,7 +72,12 @@ impl StoreSettings {
         .map(|(flag, want, has)| (flag, want.map(|w| w.to_string()), has.to_string()));
         let class =
             ("--background-cpu", self.background_cpu.clone(), running.background_cpu.name().to_string());
-        sizes.into_iter().chain([class]).find_map(|(flag, want, has)| match want {
+        let gc = (
+            "--gc-auto",
+            self.gc_auto.clone(),
+            if running.gc_auto.enabled { "on" } else { "off" }.to_string(),
+        );
+        sizes.into_iter().chain([class, gc]).find_map(|(flag, want, has)| match want {
             Some(w) if w != has => Some(format!(
                 "the store's daemon already runs with {flag} {has}, not {w}: store settings apply when \
                  the daemon starts (delete the store's devices first, or leave the flag out)"
@@ -93,8 +105,10 @@ mod tests {
             memory_budget_bytes: Some(256 << 20),
             compaction_threads: Some(1),
             background_cpu: Some("idle".into()),
+            gc_auto: Some("off".into()),
         };
         let o = s.options().unwrap();
+        assert!(!o.gc_auto.enabled);
         assert_eq!(o.chunk_cache_bytes, 1 << 20);
         assert_eq!(o.manifest_cache_bytes, 2 << 20);
         assert_eq!(o.log_quota_bytes, 64 << 20);
@@ -143,5 +157,9 @@ mod tests {
         assert!(e.contains("--background-cpu batch, not normal"), "{e}");
         let same = StoreSettings { background_cpu: Some("batch".into()), ..Default::default() };
         assert_eq!(same.conflict(&running), None);
+        let gc = StoreSettings { gc_auto: Some("off".into()), ..Default::default() };
+        assert!(gc.conflict(&running).unwrap().contains("--gc-auto on, not off"));
+        let typo = StoreSettings { gc_auto: Some("of".into()), ..Default::default() };
+        assert!(typo.options().unwrap_err().to_string().contains("--gc-auto of"));
     }
 }
