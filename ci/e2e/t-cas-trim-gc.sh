@@ -1,10 +1,11 @@
 # A guest's fstrim gives the space back without an operator: a file
 # deleted on ext4 over a store image, fstrim, and the daemon's automatic
 # GC sweeps its chunks. The store has not grown since the last pass, so
-# the dropped block mappings alone start it (cas::gc::auto).
+# the dropped block mappings alone start it (cas::gc::auto). Passes here
+# are at least 15 s apart (--gc-auto-interval; 60 s by default).
 source "$(dirname "$0")/lib.sh"
 store=$(new_store trim 1G)
-dev=$(add_image "$store" trim)
+dev=$(add_image "$store" trim --gc-auto-interval 15)
 mnt=$SCRATCH/mnt-trim
 mkdir -p "$mnt"
 mkfs.ext4 -q "$dev"
@@ -17,7 +18,7 @@ sync
 wait_compacted "$store"
 
 # until_auto_pass N: until the daemon has run more than N automatic passes
-# (60 s after the last pass or the open, looked at every 10 s).
+# (15 s after the last pass or the open).
 until_auto_pass() {
     local p deadline=$((SECONDS + 150))
     while [ "$SECONDS" -lt "$deadline" ]; do
@@ -47,7 +48,7 @@ note "fstrim after the rm: $trimmed bytes"
 sync
 wait_compacted "$store"
 # The unlink's metadata writes store a few new chunks; nothing is swept
-# but by a pass. The next pass may already be due (60 s after the first,
+# but by a pass. The next pass may already be due (15 s after the first,
 # which can have run while the file was still being written): then it is
 # counted, and the chunks read around the count show which side of it they
 # are on.

@@ -310,6 +310,12 @@ pub struct StoreSettings {
     /// `casblk gc` [default: on].
     #[arg(long = "gc-auto", value_name = "on|off", value_parser = ["on", "off"], conflicts_with = "backing")]
     pub gc_auto: Option<String>,
+
+    /// The shortest time from one GC pass to the next automatic one; the
+    /// daemon looks at the store every quarter of it, at most every 10 s
+    /// [default: 60].
+    #[arg(long = "gc-auto-interval", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=86_400), conflicts_with = "backing")]
+    pub gc_auto_interval_s: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -398,10 +404,11 @@ mod tests {
 
     #[test]
     fn recover_takes_one_of_number_or_all_and_foreground_with_a_number() {
-        let parse = |args: &[&str]| match Cli::try_parse_from([&["casblk", "recover"], args].concat())?.command {
-            Command::Recover(r) => Ok::<_, clap::Error>((r.id, r.all, r.foreground)),
-            other => panic!("parsed as {other:?}"),
-        };
+        let parse =
+            |args: &[&str]| match Cli::try_parse_from([&["casblk", "recover"], args].concat())?.command {
+                Command::Recover(r) => Ok::<_, clap::Error>((r.id, r.all, r.foreground)),
+                other => panic!("parsed as {other:?}"),
+            };
         assert_eq!(parse(&["-n", "2", "--foreground"]).unwrap(), (Some(2), false, true));
         assert_eq!(parse(&["-a"]).unwrap(), (None, true, false));
         assert!(parse(&["-a", "--foreground"]).is_err(), "--foreground needs one device");

@@ -7,6 +7,10 @@ use anyhow::{bail, Result};
 /// Compaction's share of the memory budget when `--memory-budget` is given:
 /// a quarter, up to the default's 128 MiB.
 const COMPACTION_SHARE_DIVISOR: u64 = 4;
+/// The longest `--gc-auto-interval` (a day), in seconds.
+const MAX_GC_AUTO_INTERVAL_S: u64 = 86_400;
+/// The automatic GC task looks at the store at least this often, in ms.
+const GC_AUTO_CHECK_MAX_MS: u64 = 10_000;
 
 impl StoreSettings {
     /// The store options these settings give, or an error naming the flag.
@@ -40,6 +44,13 @@ impl StoreSettings {
             Some("off") => o.gc_auto.enabled = false,
             // Over the wire the value is not clap-checked.
             Some(other) => bail!("--gc-auto {other}: use on or off"),
+        }
+        if let Some(s) = self.gc_auto_interval_s {
+            if !(1..=MAX_GC_AUTO_INTERVAL_S).contains(&s) {
+                bail!("--gc-auto-interval {s}: use 1 to {MAX_GC_AUTO_INTERVAL_S} seconds");
+            }
+            o.gc_auto.min_interval_ms = s * 1000;
+            o.gc_auto.check_interval_ms = (s * 1000 / 4).clamp(1, GC_AUTO_CHECK_MAX_MS);
         }
         if let Some(budget) = self.memory_budget_bytes {
             o.memory_budget_bytes = budget;
@@ -77,7 +88,12 @@ impl StoreSettings {
             self.gc_auto.clone(),
             if running.gc_auto.enabled { "on" } else { "off" }.to_string(),
         );
-        sizes.into_iter().chain([class, gc]).find_map(|(flag, want, has)| match want {
+        let interval = (
+            "--gc-auto-interval",
+            self.gc_auto_interval_s.map(|s| s.to_string()),
+            (running.gc_auto.min_interval_ms / 1000).to_string(),
+        );
+        sizes.into_iter().chain([class, gc, interval]).find_map(|(flag, want, has)| match want {
             Some(w) if w != has => Some(format!(
                 "the store's daemon already runs with {flag} {has}, not {w}: store settings apply when \
                  the daemon starts (delete the store's devices first, or leave the flag out)"
@@ -106,6 +122,7 @@ mod tests {
             compaction_threads: Some(1),
             background_cpu: Some("idle".into()),
             gc_auto: Some("off".into()),
+            gc_auto_interval_s: Some(30),
         };
         let o = s.options().unwrap();
         assert!(!o.gc_auto.enabled);
@@ -159,6 +176,14 @@ mod tests {
         assert_eq!(same.conflict(&running), None);
         let gc = StoreSettings { gc_auto: Some("off".into()), ..Default::default() };
         assert!(gc.conflict(&running).unwrap().contains("--gc-auto on, not off"));
+        let interval = StoreSettings { gc_auto_interval_s: Some(15), ..Default::default() };
+        assert!(interval.conflict(&running).unwrap().contains("--gc-auto-interval 60, not 15"));
+        let o = interval.options().unwrap();
+        assert_eq!((o.gc_auto.min_interval_ms, o.gc_auto.check_interval_ms), (15_000, 3_750));
+        let long = StoreSettings { gc_auto_interval_s: Some(3600), ..Default::default() };
+        assert_eq!(long.options().unwrap().gc_auto.check_interval_ms, GC_AUTO_CHECK_MAX_MS);
+        let zero = StoreSettings { gc_auto_interval_s: Some(0), ..Default::default() };
+        assert!(zero.options().unwrap_err().to_string().contains("--gc-auto-interval 0"));
         let typo = StoreSettings { gc_auto: Some("of".into()), ..Default::default() };
         assert!(typo.options().unwrap_err().to_string().contains("--gc-auto of"));
     }
