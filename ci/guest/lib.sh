@@ -94,6 +94,9 @@ guest_end() {
     done
     wait "$pid" 2>/dev/null || true
     guest_reports "$name" | grep -q '^done rc=0' || guest_fail "$name" "did not end with done rc=0"
+    # Where the guest's time went: each step and the guest's uptime at it.
+    note "guest $name steps (at guest seconds): $(guest_reports "$name" | grep -av '^fsynced\|^kernel:' |
+        awk '{t = "?"; for (i = 2; i <= NF; i++) if ($i ~ /^at_s=/) t = substr($i, 6); printf "%s@%s ", $1, t}')"
     t0=$(eval "echo \$GUEST_T0_$name")
     note "guest $name ended cleanly after $((SECONDS - t0)) s (booted to its agent at $(guest_reports "$name" | sed -n 's/^up uptime_s=\([0-9.]*\).*/\1/p') s of guest time)"
 }
