@@ -135,8 +135,9 @@ io_completions() {
 }
 
 # kill_under_io PID DEV...: kill -9 of daemon PID while each of its
-# devices DEV has IO going. Each device must complete a request within 3 s
-# (looked at every 50 ms), and the kill follows the last one seen at once,
+# devices DEV has IO going. Each device must complete a request within 15 s
+# (looked at every 50 ms; emulated, a device can pause for seconds while
+# its log syncs), and the kill follows the last one seen at once,
 # so IO was flowing to the daemon when it died; then, for 1 s, nothing may
 # complete (the IO the dead daemon held waits for the recovery: a request
 # failed at once would count as completed). The driver does not keep that
@@ -149,11 +150,11 @@ kill_under_io() {
     local -A start
     for d in "$@"; do start[$d]=$(io_completions "$d"); done
     for d in "$@"; do
-        for i in $(seq 60); do
+        for i in $(seq 300); do
             [ "$(io_completions "$d")" -gt "${start[$d]}" ] && break
             sleep 0.05
         done
-        [ "$(io_completions "$d")" -gt "${start[$d]}" ] || fail "no IO completed on $d in 3 s: the kill would not land under IO"
+        [ "$(io_completions "$d")" -gt "${start[$d]}" ] || fail "no IO completed on $d in 15 s (in flight: $(cat "/sys/block/$(basename "$(readlink -f "$d")")/inflight" | xargs)): the kill would not land under IO"
     done
     kill_daemon "$pid"
     KILL_COMPLETIONS=$(io_completions "$@")

@@ -9,15 +9,15 @@
 # in flight reads as before or as one of that round's writes), and after
 # the open fsck is clean.
 #
-#   E2E_POWERCUT_POINTS   replay points (default 12; the long mode uses 240)
-#   E2E_POWERCUT_ROUNDS   write + FLUSH rounds recorded (default 8)
+#   E2E_POWERCUT_POINTS   replay points (default 8: one at each of the 6 marks, 2 between them; the long mode uses 240)
+#   E2E_POWERCUT_ROUNDS   write + FLUSH rounds recorded (default 5)
 source "$(dirname "$0")/lib.sh"
 modprobe -a loop dm-log-writes 2>/dev/null || true
 export DM_DISABLE_UDEV=1
 replay=$(dirname "$CASBLK")/replay_log
 [ -x "$replay" ] || fail "no $replay: build it with cargo build --release -p casblk-ci --bin replay_log"
-points=${E2E_POWERCUT_POINTS:-12}
-rounds=${E2E_POWERCUT_ROUNDS:-8}
+points=${E2E_POWERCUT_POINTS:-8}
+rounds=${E2E_POWERCUT_ROUNDS:-5}
 dm=casblk-lw-$$
 mib=$((1 << 20))
 image_mib=32
