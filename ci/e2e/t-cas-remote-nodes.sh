@@ -3,6 +3,10 @@
 # and publishes to the bucket; a write made while it is down is published
 # with it down; it is started again. fio sees no error, and another store
 # fetches the image with another node down and serves the same bytes.
+# In the long mode only: 250-460 s under emulation, the longest test, and
+# the bucket tier's single-node paths (t-cas-remote, t-cas-remote-kill) run
+# in the default suite.
+# e2e-long-only
 source "$(dirname "$0")/lib.sh"
 start_garage 3
 # Publications of image vm by STORE's daemon so far.
