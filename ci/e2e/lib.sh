@@ -123,12 +123,16 @@ kill_daemon() {
     fail "daemon $1 survived SIGKILL"
 }
 
+# block_sysfs DEV: the device's directory under /sys/block (DEV may be a
+# symlink such as /dev/casblk/<image>).
+block_sysfs() { echo "/sys/block/$(basename "$(readlink -f "$1")")"; }
+
 # io_completions DEV...: reads plus writes the devices have completed
 # (/sys/block/*/stat fields 1 and 5).
 io_completions() {
     local n=0 d f
     for d in "$@"; do
-        read -r -a f <"/sys/block/$(basename "$(readlink -f "$d")")/stat" || fail "no stat for $d"
+        read -r -a f <"$(block_sysfs "$d")/stat" || fail "no stat for $d"
         n=$((n + f[0] + f[4]))
     done
     echo "$n"
@@ -154,7 +158,7 @@ kill_under_io() {
             [ "$(io_completions "$d")" -gt "${start[$d]}" ] && break
             sleep 0.05
         done
-        [ "$(io_completions "$d")" -gt "${start[$d]}" ] || fail "no IO completed on $d in 15 s (in flight: $(cat "/sys/block/$(basename "$(readlink -f "$d")")/inflight" | xargs)): the kill would not land under IO"
+        [ "$(io_completions "$d")" -gt "${start[$d]}" ] || fail "no IO completed on $d in 15 s (in flight: $(xargs <"$(block_sysfs "$d")/inflight")): the kill would not land under IO"
     done
     kill_daemon "$pid"
     KILL_COMPLETIONS=$(io_completions "$@")

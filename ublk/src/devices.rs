@@ -63,12 +63,14 @@ fn delete(id: u32, force: bool) -> Result<()> {
     }
     // A process holding it (a VM's disk) would see its IO fail: refused
     // unless forced, naming who holds it.
-    let open = crate::device::openers::openers(id);
-    if !open.is_empty() && !force {
-        bail!(
-            "/dev/ublkb{id} is open in {}; stop them first, or --force to fail their IO",
-            crate::device::openers::describe(&open)
-        );
+    if !force {
+        let open = crate::device::openers::openers(id);
+        if !open.is_empty() {
+            bail!(
+                "/dev/ublkb{id} is open in {}; stop them first, or --force to fail their IO",
+                crate::device::openers::describe(&open)
+            );
+        }
     }
     let ctrl = open_device(id)?;
     // STOP first so the serving daemon sees its queues go down; then the
