@@ -294,3 +294,38 @@ fsck_clean() {
     [ "$rc" -eq 0 ] || { cat "$SCRATCH/fsck.txt"; fail "casblk fsck of $store exited $rc"; }
     tail -n 1 "$SCRATCH/fsck.txt"
 }
+
+# check_features DEV: `casblk features` against the running driver and
+# DEV, a device casblk added for a cas image: every flag offered is named
+# (no "BITn"), the mask line is the sum of the lines, every flag listed as
+# "asked for" is on DEV, and every flag DEV has is asked for or "set by the
+# kernel". On 7.3 the flags 6.12 lacks are offered; on 6.12 none of them.
+check_features() {
+    local dev=$1 out mask sum=0 name bit use asked by_kernel flags f
+    out=$("$CASBLK" features) || fail "casblk features failed"
+    mask=$(awk '$1 == "UBLK_FEATURES" {print $2}' <<<"$out")
+    [ -n "$mask" ] || fail "no UBLK_FEATURES line in: $out"
+    while read -r name bit use; do
+        [ "$name" = UBLK_FEATURES ] && continue
+        [[ $name == BIT* ]] && fail "flag $bit has no name: $name"
+        [ -n "$use" ] || fail "$name: no word on whether casblk uses it"
+        sum=$((sum | bit))
+    done <<<"$out"
+    [ $((sum)) -eq $((mask)) ] || fail "the listed flags sum to $(printf '%#x' "$sum"), the mask is $mask"
+    asked=$(awk '$3 == "asked" {print $1}' <<<"$out")
+    by_kernel=$(awk '/set by the kernel/ {print $1}' <<<"$out")
+    flags=$("$CASBLK" list --json | python3 -c "import json,sys; print(*[f for d in json.load(sys.stdin) if d['bdev']=='$dev' for f in d['flags']])")
+    [ -n "$flags" ] || fail "casblk list shows no flags for $dev"
+    for f in $asked; do
+        [[ " $flags " == *" $f "* ]] || fail "features says casblk asks for $f, but $dev has only: $flags"
+    done
+    for f in $flags; do
+        grep -qx "$f" <<<"$asked"$'\n'"$by_kernel" || fail "$dev carries $f, which features lists as not used"
+    done
+    local newer=(USER_RECOVERY_FAIL_IO UPDATE_SIZE QUIESCE SAFE_STOP_DEV NO_AUTO_PART_SCAN)
+    case $(uname -r) in
+        7.*) for f in "${newer[@]}"; do grep -q "^$f " <<<"$out" || fail "the $(uname -r) driver does not offer $f"; done ;;
+        6.12.*) for f in "${newer[@]}"; do grep -q "^$f " <<<"$out" && fail "the 6.12 driver offers $f"; done ;;
+    esac
+    note "features on $(uname -r): mask $mask, $(grep -vc UBLK_FEATURES <<<"$out") flags; $dev carries $flags (asked for: $(echo $asked))"
+}

@@ -1,18 +1,17 @@
 # fio with verify=crc32c through a store image: random mixed sizes with
 # periodic fsync (FLUSH), then O_DSYNC writes (FUA), then writes of up to
-# 512 KiB, then a verify-only pass after detaching and reattaching.
+# 512 KiB, then a verify-only pass after detaching and reattaching. First
+# `casblk features` is checked against the driver and the device.
+# e2e-7.3  (also run on the 7.3 kernel: the smoke group)
 source "$(dirname "$0")/lib.sh"
 store=$(new_store vm 256M)
 dev=$(add_image "$store" vm -q 2 -d 32)
 cd "$SCRATCH"
-# Where the driver offers user copy, the device has it: the daemon moves
-# request data through the char device itself (every run below).
-features=$("$CASBLK" features)
-if [[ $features == *USER_COPY* ]]; then
-    flags=$("$CASBLK" list --json | python3 -c "import json,sys; print(*[d['flags'] for d in json.load(sys.stdin) if d['bdev']=='$dev'])")
-    [[ $flags == *USER_COPY* ]] || fail "$dev was added without USER_COPY (its flags: $flags)"
-    note "user copy: on"
-fi
+# `casblk features` against this driver and this device (lib.sh): among
+# others, where the driver offers user copy the device has it, so the
+# daemon moves request data through the char device itself (every run
+# below).
+check_features "$dev"
 run_fio() {
     local name=$1; shift
     fio --name="$name" --filename="$dev" --ioengine=io_uring --direct=1 --verify=crc32c \

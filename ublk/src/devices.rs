@@ -11,11 +11,33 @@ use serde::Serialize;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// What casblk does with driver feature bit `bit` (`casblk features`).
+fn feature_use(bit: u32) -> &'static str {
+    use libublk::sys as u;
+    match 1u32.checked_shl(bit).unwrap_or(0) {
+        f if f == u::UBLK_F_USER_RECOVERY || f == u::UBLK_F_USER_RECOVERY_REISSUE => {
+            "asked for: a device outlives its daemon (recover, upgrade)"
+        }
+        f if f == u::UBLK_F_USER_COPY => "asked for by cas images: the daemon copies request data itself",
+        f if f == u::UBLK_F_URING_CMD_COMP_IN_TASK
+            || f == u::UBLK_F_CMD_IOCTL_ENCODE
+            || f == u::UBLK_F_PER_IO_DAEMON
+            || f == u::UBLK_F_BUF_REG_OFF_DAEMON
+            || f == u::UBLK_F_SAFE_STOP_DEV =>
+        {
+            "set by the kernel on every device"
+        }
+        _ => "not used",
+    }
+}
+
+/// `casblk features`: every flag the driver offers, by name, and whether
+/// casblk uses it.
 pub fn features() -> Result<()> {
     let mask = driver_features()?;
     println!("{:<24} {:#x}", "UBLK_FEATURES", mask);
-    for (bit, name) in (0..64).filter(|b| mask & (1u64 << b) != 0).zip(feature_names(mask)) {
-        println!("{:<24} {:#x}", name, 1u64 << bit);
+    for (bit, name) in (0..64u32).filter(|b| mask & (1u64 << b) != 0).zip(feature_names(mask)) {
+        println!("{:<24} {:<10} {}", name, format!("{:#x}", 1u64 << bit), feature_use(bit));
     }
     Ok(())
 }

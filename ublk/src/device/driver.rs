@@ -33,6 +33,7 @@ const FEATURE_NAMES: &[&str] = &[
     "SAFE_STOP_DEV",
     "NO_AUTO_PART_SCAN",
     "SHMEM_ZC",
+    "IO_DESC_SIZE",
 ];
 
 /// Fails with a clear message when the ublk driver is not loaded.
