@@ -23,7 +23,11 @@ pub enum Command {
     /// block device, or held open by a process (QEMU with a guest's disk,
     /// fio, ...) is refused, naming who holds it; --force stops one held
     /// open anyway, and its holder's IO then fails with EIO. Flushed data
-    /// is never lost: a store daemon flushes each image it detaches.
+    /// is never lost: a store daemon flushes each image it detaches. Where
+    /// the ublk driver has safe stop (Linux 7.0+) the driver itself refuses
+    /// a device anyone has open, so a holder no scan can see (one that
+    /// opens it during del, a memory mapping) keeps it too; on older
+    /// kernels del sees only processes, mounts and stacked devices.
     Del(DelArgs),
     /// Serve again devices whose daemon died (kill -9, a crash): the same
     /// /dev/ublkbN, with its mounts and open handles; IO in flight is reissued.

@@ -101,7 +101,36 @@ fn delete(id: u32, force: bool) -> Result<()> {
     // A refused DEL is not yet a failure: the serving daemon, seeing its
     // queues stop, may be removing the device itself (the VM suite saw
     // "io_uring IO failure" here once while the device went away anyway).
-    let _ = ctrl.kill_dev();
+    //
+    // Where the driver has safe stop (7.0+), an unforced stop is the
+    // driver's TRY_STOP_DEV: it refuses while anyone has the disk open,
+    // deciding under the disk's open mutex, so an opener that came after
+    // the scan above, or that no process file shows (a memory mapping),
+    // keeps its device. Elsewhere the scan is all there is.
+    if !force && driver_features().is_ok_and(crate::device::ctrl_cmd::has_try_stop) {
+        use crate::device::ctrl_cmd::{try_stop, TryStop};
+        match try_stop(id)? {
+            TryStop::Stopped => {}
+            TryStop::Busy => {
+                let open = crate::device::openers::openers(id);
+                if open.is_empty() {
+                    bail!(
+                        "/dev/ublkb{id} is open (the driver refuses to stop it; no process has it as a file: \
+                         a memory mapping or a kernel user holds it); close it first, or --force to fail its IO"
+                    );
+                }
+                bail!(
+                    "/dev/ublkb{id} is open in {}; stop them first, or --force to fail their IO",
+                    crate::device::openers::describe(&open)
+                );
+            }
+            // No disk to stop (never started, or stopped already): DEL
+            // below still removes the device.
+            TryStop::Other(_) => {}
+        }
+    } else {
+        let _ = ctrl.kill_dev();
+    }
     let del_error = ctrl.del_dev_async().err().and_then(|_| ctrl.del_dev().err());
     let deadline = Instant::now() + DEL_WAIT;
     while Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists() {

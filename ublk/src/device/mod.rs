@@ -1,6 +1,7 @@
 //! The device layer every target shares: a ublk device's shape, its
 //! lifecycle from ADD (or START_USER_RECOVERY) to its deletion, and the
-//! pieces around it: the driver (`driver`), device parameters (`params`),
+//! pieces around it: the driver (`driver`, and `ctrl_cmd` for the control
+//! commands libublk does not send), device parameters (`params`),
 //! the per-queue ring (`ring`), launching a daemon (`launch`), who holds a
 //! device open (`openers`), and what a device leaves in /run for recovery
 //! (`state`, `recovering`).
@@ -19,6 +20,7 @@
 //! A target (`targets::raw`, `targets::cas`) provides the device's size,
 //! capabilities and queue threads; everything else is here.
 
+pub mod ctrl_cmd;
 pub mod driver;
 pub mod launch;
 pub mod openers;
