@@ -3,6 +3,7 @@
 # and finishes with no error and its verify passing (E2E_ROUNDS times,
 # default 1; the long mode runs 20); then a live upgrade under fio, and a
 # kill with no IO at all.
+# e2e-7.3  (also run on the 7.3 kernel: the smoke group)
 source "$(dirname "$0")/lib.sh"
 store=$(new_store vm 256M)
 dev=$(add_image "$store" vm)

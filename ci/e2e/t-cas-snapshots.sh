@@ -4,6 +4,7 @@
 # snapshot of a mounted ext4 passes fsck -fn; a clone mounts beside its
 # parent; mkfs on a clone of an empty image; rollback through the daemon;
 # a qcow2 from qemu-img/qemu-io imports and compares equal on the device.
+# e2e-7.3  (also run on the 7.3 kernel: the smoke group)
 source "$(dirname "$0")/lib.sh"
 store=$(new_store vm 256M)
 dev=$(add_image "$store" vm)
