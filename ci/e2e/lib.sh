@@ -322,10 +322,14 @@ check_features() {
     for f in $flags; do
         grep -qx "$f" <<<"$asked"$'\n'"$by_kernel" || fail "$dev carries $f, which features lists as not used"
     done
+    for f in $by_kernel; do
+        [[ " $flags " == *" $f "* ]] || fail "features says the kernel sets $f on every device, but $dev has only: $flags"
+    done
     local newer=(USER_RECOVERY_FAIL_IO UPDATE_SIZE QUIESCE SAFE_STOP_DEV NO_AUTO_PART_SCAN)
     case $(uname -r) in
         7.*) for f in "${newer[@]}"; do grep -q "^$f " <<<"$out" || fail "the $(uname -r) driver does not offer $f"; done ;;
         6.12.*) for f in "${newer[@]}"; do grep -q "^$f " <<<"$out" && fail "the 6.12 driver offers $f"; done ;;
     esac
+    case $(uname -r) in "${CASBLK_VM_KERNEL:-}"*) ;; *) fail "asked for kernel $CASBLK_VM_KERNEL (CASBLK_VM_KERNEL), running $(uname -r)" ;; esac
     note "features on $(uname -r): mask $mask, $(grep -vc UBLK_FEATURES <<<"$out") flags; $dev carries $flags (asked for: $(echo $asked))"
 }

@@ -9,7 +9,7 @@ store=$(new_store vm 256M)
 dev=$(add_image "$store" vm)
 id=$(dev_id "$dev")
 [ -f "/run/casblk/dev-$id.json" ] || fail "no state file for device $id"
-"$CASBLK" features | grep -q USER_RECOVERY_REISSUE || fail "the driver lacks user recovery with reissue"
+grep -q USER_RECOVERY_REISSUE <<<"$("$CASBLK" features)" || fail "the driver lacks user recovery with reissue"
 cd "$SCRATCH"
 for round in $(seq "${E2E_ROUNDS:-1}"); do
     start_fio_verify "$dev" 64M "$SCRATCH/fio$round.txt"

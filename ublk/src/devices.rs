@@ -22,10 +22,12 @@ fn feature_use(bit: u32) -> &'static str {
         f if f == u::UBLK_F_URING_CMD_COMP_IN_TASK
             || f == u::UBLK_F_CMD_IOCTL_ENCODE
             || f == u::UBLK_F_PER_IO_DAEMON
-            || f == u::UBLK_F_BUF_REG_OFF_DAEMON
-            || f == u::UBLK_F_SAFE_STOP_DEV =>
+            || f == u::UBLK_F_BUF_REG_OFF_DAEMON =>
         {
             "set by the kernel on every device"
+        }
+        f if f == u::UBLK_F_SAFE_STOP_DEV => {
+            "set by the kernel on every device; del stops through it (TRY_STOP_DEV)"
         }
         _ => "not used",
     }
@@ -108,26 +110,7 @@ fn delete(id: u32, force: bool) -> Result<()> {
     // the scan above, or that no process file shows (a memory mapping),
     // keeps its device. Elsewhere the scan is all there is.
     if !force && driver_features().is_ok_and(crate::device::ctrl_cmd::has_try_stop) {
-        use crate::device::ctrl_cmd::{try_stop, TryStop};
-        match try_stop(id)? {
-            TryStop::Stopped => {}
-            TryStop::Busy => {
-                let open = crate::device::openers::openers(id);
-                if open.is_empty() {
-                    bail!(
-                        "/dev/ublkb{id} is open (the driver refuses to stop it; no process has it as a file: \
-                         a memory mapping or a kernel user holds it); close it first, or --force to fail its IO"
-                    );
-                }
-                bail!(
-                    "/dev/ublkb{id} is open in {}; stop them first, or --force to fail their IO",
-                    crate::device::openers::describe(&open)
-                );
-            }
-            // No disk to stop (never started, or stopped already): DEL
-            // below still removes the device.
-            TryStop::Other(_) => {}
-        }
+        safe_stop(id)?;
     } else {
         let _ = ctrl.kill_dev();
     }
@@ -144,6 +127,50 @@ fn delete(id: u32, force: bool) -> Result<()> {
     }
     crate::device::recovering::forget(id);
     crate::device::state::DeviceState::remove(id)
+}
+
+/// How long an unforced del retries a safe stop the driver refuses while
+/// no process holds the device: a short-lived kernel-side opener (udev's
+/// probe after an add or after a writer closes the device) goes away.
+const SAFE_STOP_RETRY: Duration = Duration::from_secs(3);
+
+/// Stops device `id` with the driver's TRY_STOP_DEV, which refuses while
+/// anyone has the disk open (see `delete`). A refusal names the processes
+/// holding it; with none to name, it is retried for `SAFE_STOP_RETRY`.
+/// No disk to stop (never started, or stopped already) is not an error:
+/// DEL still removes the device. Any other error stops the del, rather
+/// than falling back to a stop that would fail a holder's IO.
+fn safe_stop(id: u32) -> Result<()> {
+    use crate::device::ctrl_cmd::{try_stop, TryStop};
+    let deadline = Instant::now() + SAFE_STOP_RETRY;
+    loop {
+        match try_stop(id)? {
+            TryStop::Stopped => return Ok(()),
+            TryStop::Other(errno) if errno == libc::ENODEV => return Ok(()),
+            TryStop::Other(errno) => {
+                bail!(
+                    "the driver's safe stop of ublk device {id} failed: {}",
+                    std::io::Error::from_raw_os_error(errno)
+                )
+            }
+            TryStop::Busy => {
+                let open = crate::device::openers::openers(id);
+                if !open.is_empty() {
+                    bail!(
+                        "/dev/ublkb{id} is open in {}; stop them first, or --force to fail their IO",
+                        crate::device::openers::describe(&open)
+                    );
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "/dev/ublkb{id} is open (the driver refuses to stop it; no process has it as a file: \
+                         a memory mapping or a kernel user holds it); close it first, or --force to fail its IO"
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
 }
 
 pub fn del(args: &DelArgs) -> Result<()> {

@@ -41,9 +41,9 @@ pub fn try_stop(id: u32) -> Result<TryStop> {
 }
 
 /// One control command on a fresh ring: the kernel's result (0 or -errno).
-/// A control command runs to completion in the submitting call (the
-/// driver does not queue it), so the wait is for a completion already
-/// posted.
+/// The driver may hand the command to an io_uring worker (it returns
+/// -EAGAIN when called without blocking), so this waits for the one
+/// completion, as libublk's own control path does.
 fn send(cmd_op: u32, dev_id: u32, data: u64) -> Result<i32> {
     let control = std::fs::OpenOptions::new()
         .read(true)
