@@ -100,8 +100,11 @@ add_image() { local s=$1 n=$2; shift 2; "$CASBLK" --store "$s" add --image "$n" 
 # an fsync every 64 and a crc32c verify after, in the background (its pid
 # in FIO_PID); finish_fio OUT WHAT waits for it and fails on any error.
 start_fio_verify() {
+    # At most 800 IOPS each way: a kill a few seconds in must land under
+    # IO. Unthrottled, a quiet VM wrote and verified 64 MiB in 16 s (1,659
+    # write IOPS), and t-cas-recover's kill came after fio had finished.
     fio --name=verify --filename="$1" --rw=randwrite --bs=4k --size="$2" --iodepth=16 --ioengine=io_uring \
-        --direct=1 --fsync=64 --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 \
+        --direct=1 --fsync=64 --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 --rate_iops=800 \
         --output="$3" &
     FIO_PID=$!
 }
@@ -139,9 +142,11 @@ io_completions() {
 }
 
 # kill_under_io PID DEV...: kill -9 of daemon PID while each of its
-# devices DEV has IO going. Each device must complete a request within 15 s
+# devices DEV has IO going. Each device must complete a request within 60 s
 # (looked at every 50 ms; emulated, a device can pause for seconds while
-# its log syncs), and the kill follows the last one seen at once,
+# its log syncs, and fio can take long to start: t-cas-recover saw no
+# completion within 15 s once, in a full suite), and the kill follows the
+# last one seen at once,
 # so IO was flowing to the daemon when it died; then, for 1 s, nothing may
 # complete (the IO the dead daemon held waits for the recovery: a request
 # failed at once would count as completed). The driver does not keep that
@@ -154,11 +159,14 @@ kill_under_io() {
     local -A start
     for d in "$@"; do start[$d]=$(io_completions "$d"); done
     for d in "$@"; do
-        for i in $(seq 300); do
+        for i in $(seq 1200); do
             [ "$(io_completions "$d")" -gt "${start[$d]}" ] && break
             sleep 0.05
         done
-        [ "$(io_completions "$d")" -gt "${start[$d]}" ] || fail "no IO completed on $d in 15 s (in flight: $(xargs <"$(block_sysfs "$d")/inflight")): the kill would not land under IO"
+        if [ "$(io_completions "$d")" -le "${start[$d]}" ]; then
+            ps -eo pid,stat,etime,comm | awk 'NR == 1 || $4 ~ /^(fio|casblk|qemu)/' >&2
+            fail "no IO completed on $d in 60 s (in flight: $(xargs <"$(block_sysfs "$d")/inflight")): the kill would not land under IO"
+        fi
     done
     kill_daemon "$pid"
     KILL_COMPLETIONS=$(io_completions "$@")

@@ -14,6 +14,7 @@ cd "$SCRATCH"
 for round in $(seq "${E2E_ROUNDS:-1}"); do
     start_fio_verify "$dev" 64M "$SCRATCH/fio$round.txt"
     sleep 4
+    kill -0 "$FIO_PID" 2>/dev/null || { cat "$SCRATCH/fio$round.txt"; fail "fio ended before the kill"; }
     old=$(daemon_pid "$dev")
     kill_under_io "$old" "$dev"
     state=$(device_state "$id")
