@@ -75,6 +75,14 @@ fn holders(id: u32) -> Vec<String> {
 /// How long `del` waits for a stopped device to go away.
 const DEL_WAIT: Duration = Duration::from_secs(10);
 
+/// The refusal of an unforced del of a device processes hold open.
+fn held_open(id: u32, open: &[crate::device::openers::Opener]) -> anyhow::Error {
+    anyhow::anyhow!(
+        "/dev/ublkb{id} is open in {}; stop them first, or --force to fail their IO",
+        crate::device::openers::describe(open)
+    )
+}
+
 fn delete(id: u32, force: bool) -> Result<()> {
     // The kernel's DEL waits until nobody holds the disk, so deleting a
     // mounted device would hang: refuse it with the reason instead.
@@ -90,10 +98,7 @@ fn delete(id: u32, force: bool) -> Result<()> {
     if !force {
         let open = crate::device::openers::openers(id);
         if !open.is_empty() {
-            bail!(
-                "/dev/ublkb{id} is open in {}; stop them first, or --force to fail their IO",
-                crate::device::openers::describe(&open)
-            );
+            return Err(held_open(id, &open));
         }
     }
     let ctrl = open_device(id)?;
@@ -156,10 +161,7 @@ fn safe_stop(id: u32) -> Result<()> {
             TryStop::Busy => {
                 let open = crate::device::openers::openers(id);
                 if !open.is_empty() {
-                    bail!(
-                        "/dev/ublkb{id} is open in {}; stop them first, or --force to fail their IO",
-                        crate::device::openers::describe(&open)
-                    );
+                    return Err(held_open(id, &open));
                 }
                 if Instant::now() > deadline {
                     bail!(
