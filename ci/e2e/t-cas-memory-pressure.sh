@@ -105,7 +105,7 @@ events=$(tr '\n' ' ' <"$cg/memory.events")
 klog=$(kernel_log_since "$klog")
 bad=$(grep -E "blocked for more than|I/O error|EXT4-fs error|Remounting filesystem read-only|Out of memory" <<<"$klog" || true)
 [ -z "$bad" ] || { printf '%s\n' "$bad" | head -n 20; fail "the kernel reported trouble under memory pressure (above)"; }
-grep -E " $SCRATCH/mnt " /proc/mounts | grep -q " rw," || fail "ext4 on the device went read-only"
+grep -qE " $SCRATCH/mnt [^ ]+ rw," /proc/mounts || fail "ext4 on the device went read-only"
 umount "$SCRATCH/mnt"
 echo 3 >/proc/sys/vm/drop_caches
 mount "$dev" "$SCRATCH/mnt"

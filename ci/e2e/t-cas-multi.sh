@@ -10,7 +10,7 @@ db=$(add_image "$store" b -q 2)
 [ "$(daemon_pid "$da")" = "$(daemon_pid "$db")" ] || fail "two images of one store got two daemons"
 dd if=/dev/urandom of="$da" bs=64k count=16 oflag=direct status=none
 dd if="$db" of=/dev/null bs=64k count=16 iflag=direct status=none
-"$CASBLK" --store "$store" image list | grep -q "^a .*$da" || fail "image list does not show a attached"
+grep -q "^a .*$da" <<<"$("$CASBLK" --store "$store" image list)" || fail "image list does not show a attached"
 "$CASBLK" --store "$store" stats --json > "$SCRATCH/all.json"
 "$CASBLK" stats -n "$(dev_id "$db")" --json > "$SCRATCH/b.json"
 python3 - "$SCRATCH/all.json" "$SCRATCH/b.json" <<'PY' || fail "stats JSON is not as documented"
@@ -25,7 +25,7 @@ assert a["ops"]["write"]["count"] >= 16, a["ops"]["write"]
 assert "cas" in a["counters"] and "sched" in a["counters"]
 print("stats ok")
 PY
-"$CASBLK" stats -n "$(dev_id "$da")" | grep -q "^a " || fail "stats table lacks image a"
+grep -q "^a " <<<"$("$CASBLK" stats -n "$(dev_id "$da")")" || fail "stats table lacks image a"
 
 # --watch: one snapshot per interval until interrupted, writes counted as
 # they happen (JSON, one line each), and the table form clears the screen.

@@ -24,7 +24,8 @@ note "store A wrote 8 MiB and detached"
 # Store B takes the image over and serves the same bytes.
 b=$(new_store scratch 1M)
 remote_set "$b"
-"$CASBLK" --store "$b" image fetch vm | grep -q "^vm: generation" || fail "fetch printed no report"
+fetched=$("$CASBLK" --store "$b" image fetch vm) || fail "image fetch failed"
+grep -q "^vm: generation" <<<"$fetched" || fail "fetch printed no report"
 devb=$(add_image "$b" vm)
 cmp -n $((8 << 20)) "$SCRATCH/data" "$devb" || fail "store B's device differs from what store A wrote"
 note "store B serves what store A wrote"

@@ -56,7 +56,7 @@ sleep 3
 touch "$SCRATCH/stop"
 wait "$writer" || fail "the ext4 writer got an IO error across the recovery"
 wait "$qio" || { cat "$(ls -t "$SCRATCH"/qemu-io.*.txt | head -n1)"; fail "qemu-io failed or saw an error across the recovery"; }
-grep -E "^/dev/ublkb$(dev_id "$dev") " /proc/mounts | grep -q " rw," || fail "ext4 was remounted read-only"
+grep -qE "^/dev/ublkb$(dev_id "$dev") [^ ]+ [^ ]+ rw," /proc/mounts || fail "ext4 was remounted read-only"
 klog=$(kernel_log_since "$klog")
 errs=$(grep -E "ublkb[0-9]+" <<<"$klog" | grep -iE "error|fail" || true)
 [ -z "$errs" ] || { printf '%s\n' "$errs" | tail -n 20; fail "the kernel logged IO errors"; }

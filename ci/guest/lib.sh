@@ -63,7 +63,7 @@ guest_wait() {
     while :; do
         line=$(guest_reports "$name" | grep -a -m1 "^$word" || true)
         [ -z "$line" ] || { echo "$line"; return 0; }
-        guest_reports "$name" | grep -q '^FAIL' && guest_fail "$name" "reported a failure while the harness waited for '$word'"
+        grep -q '^FAIL' <<<"$(guest_reports "$name")" && guest_fail "$name" "reported a failure while the harness waited for '$word'"
         pid_alive "$pid" || guest_fail "$name" "QEMU exited before the guest reported '$word'"
         [ "$SECONDS" -lt "$deadline" ] || guest_fail "$name" "no '$word' within $limit s"
         sleep 1
@@ -93,7 +93,7 @@ guest_end() {
         sleep 1
     done
     wait "$pid" 2>/dev/null || true
-    guest_reports "$name" | grep -q '^done rc=0' || guest_fail "$name" "did not end with done rc=0"
+    grep -q '^done rc=0' <<<"$(guest_reports "$name")" || guest_fail "$name" "did not end with done rc=0"
     # Where the guest's time went: each step and the guest's uptime at it.
     note "guest $name steps (at guest seconds): $(guest_reports "$name" | grep -av '^fsynced\|^kernel:' |
         awk '{t = "?"; for (i = 2; i <= NF; i++) if ($i ~ /^at_s=/) t = substr($i, 6); printf "%s@%s ", $1, t}')"
