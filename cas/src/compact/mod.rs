@@ -277,6 +277,9 @@ impl Compactor {
                 durable_seq: durable,
                 batch_bytes: (self.cfg.batch_bytes / reads).max(1),
                 batch_blocks: self.cfg.batch_blocks,
+                // Read after `durable`: a record past an older end is
+                // accepted only once the image grew, so every record up
+                // to `durable` lies inside this size.
                 image_sectors: image.size_bytes() / SECTOR_BYTES,
             },
             per_commit: inserter::PerCommit { reads, bytes: self.cfg.batch_bytes },

@@ -87,7 +87,9 @@ pub struct ImageConfig {
 /// One open image. See the module docs.
 pub struct Image {
     name: String,
-    size_bytes: u64,
+    /// Grows while open (`Store::resize_image`), never shrinks: never
+    /// larger than the size in the image's `IMAGE` file.
+    size_bytes: std::sync::atomic::AtomicU64,
     read_only: bool,
     log: Arc<Log>,
     overlay: RwLock<Overlay>,
@@ -197,7 +199,7 @@ impl Image {
             ),
             durability,
             name: cfg.name,
-            size_bytes: cfg.size_bytes,
+            size_bytes: std::sync::atomic::AtomicU64::new(cfg.size_bytes),
             read_only: cfg.read_only,
             log,
             overlay: RwLock::new(overlay),
@@ -215,7 +217,15 @@ impl Image {
     }
 
     pub fn size_bytes(&self) -> u64 {
-        self.size_bytes
+        self.size_bytes.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Grows the image to `size_bytes` (a smaller size is ignored): requests
+    /// up to the new end are accepted from now on. The caller has made
+    /// the size durable first (the `IMAGE` file), so a record written past
+    /// the old end always replays into an image that reaches it.
+    pub(crate) fn grow_to(&self, size_bytes: u64) {
+        self.size_bytes.fetch_max(size_bytes, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// What replaying the log found when this image was opened.
@@ -239,10 +249,11 @@ impl Image {
                 "range {offset}+{len} is not a non-empty multiple of {SECTOR_BYTES} bytes"
             )));
         }
-        if offset.checked_add(len).is_none_or(|end| end > self.size_bytes) {
+        let size_bytes = self.size_bytes();
+        if offset.checked_add(len).is_none_or(|end| end > size_bytes) {
             return Err(Error::InvalidArgument(format!(
-                "range {offset}+{len} is outside image {} of {} bytes",
-                self.name, self.size_bytes
+                "range {offset}+{len} is outside image {} of {size_bytes} bytes",
+                self.name
             )));
         }
         Ok(())
@@ -767,6 +778,6 @@ enum Found {
 
 impl std::fmt::Debug for Image {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Image").field("name", &self.name).field("size_bytes", &self.size_bytes).finish()
+        f.debug_struct("Image").field("name", &self.name).field("size_bytes", &self.size_bytes()).finish()
     }
 }

@@ -49,6 +49,7 @@ mod names;
 mod open;
 mod options;
 mod remote_images;
+mod resize;
 mod snapshot;
 mod stats;
 
@@ -61,6 +62,7 @@ pub use memory::MemoryLoan;
 pub use names::{check_image_dir_name, validate_image_name, IMAGE_NAME_BYTES_MAX, IMAGE_NAME_CHARS};
 pub use options::{StoreOptions, StoreRemote, IMAGE_BYTES_MAX};
 pub use remote_images::{FetchAs, FetchReport};
+pub use resize::Resized;
 pub use snapshot::{snapshot_name, SNAPSHOT_SEPARATOR};
 pub use stats::SpaceStats;
 
@@ -379,11 +381,7 @@ impl Store {
     /// `IMAGE@SNAP` is made of two checked names).
     fn prepare_dir(&self, name: &str, size_bytes: u64) -> Result<(PathBuf, ImageHeader)> {
         let dir = self.image_dir(name)?;
-        if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES) || size_bytes > IMAGE_BYTES_MAX {
-            return Err(Error::InvalidArgument(format!(
-                "image size {size_bytes} must be a non-zero multiple of {BLOCK_BYTES} up to {IMAGE_BYTES_MAX}"
-            )));
-        }
+        check_image_size(size_bytes)?;
         let s = &*self.storage;
         if s.exists(&dir.join(IMAGE_FILE)) {
             return Err(Error::AlreadyExists(format!("image {name}")));
@@ -566,4 +564,14 @@ impl Store {
         self.storage.remove_dir_all(&dir)?;
         self.storage.sync_dir(&self.dir.join("images"))
     }
+}
+
+/// Refuses an image size that is zero, not whole blocks, or over the limit.
+fn check_image_size(size_bytes: u64) -> Result<()> {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES) || size_bytes > IMAGE_BYTES_MAX {
+        return Err(Error::InvalidArgument(format!(
+            "image size {size_bytes} must be a non-zero multiple of {BLOCK_BYTES} up to {IMAGE_BYTES_MAX}"
+        )));
+    }
+    Ok(())
 }

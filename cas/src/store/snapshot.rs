@@ -90,7 +90,10 @@ impl Store {
         }
         let _maint = lock(&self.maint);
         let _open = self.open.lock();
-        let (dir, fresh) = self.prepare_dir(&name, header.size_bytes)?;
+        // Read again under `maint`: a grow since the check above may have
+        // let the frozen tree reach past the size read then.
+        let size_bytes = self.header(image)?.size_bytes;
+        let (dir, fresh) = self.prepare_dir(&name, size_bytes)?;
         manifest.freeze_into(&dir.join(MANIFEST_FILE), 0)?;
         let h = ImageHeader { kind: ImageKind::Snapshot, origin: Some(image.to_string()), ..fresh };
         self.install_image(&dir, h)?;

@@ -114,6 +114,9 @@ struct ImageState {
     series: u64,
     ranges: Ranges,
     stats: PublishStats,
+    /// The image size the last root carried: a grow is published even
+    /// with no commit after it (the root's key stays that generation's).
+    published_size_bytes: u64,
     /// When a commit was first seen unpublished.
     behind_since: Option<Instant>,
     /// What this holder published that newer roots replaced.
@@ -290,6 +293,7 @@ impl Publisher {
         image.gate_reclaim(manifest.covered());
         let lease_epoch = lease.as_ref().map_or(0, Lease::epoch);
         let state = ImageState {
+            published_size_bytes: 0,
             file_id: None,
             series: 0,
             ranges: Ranges::default(),

@@ -148,7 +148,10 @@ impl Publisher {
             // Never committed: nothing to publish, nothing held.
             return Ok(Outcome::UpToDate(0));
         };
-        if st.file_id == Some(file_id) && root.generation == st.stats.counters.published_generation {
+        if st.file_id == Some(file_id)
+            && root.generation == st.stats.counters.published_generation
+            && st.published_size_bytes == image.size_bytes()
+        {
             return Ok(Outcome::UpToDate(root.generation));
         }
         if st.stats.refused.is_some() && root.generation == st.stats.counters.manifest_generation {
@@ -221,6 +224,7 @@ impl Publisher {
         st.ranges = grown;
         st.stats.refused = None;
         st.stats.counters.published_generation = root.generation;
+        st.published_size_bytes = obj.size_bytes;
         st.stats.counters.published_covered_seq = root.covered;
         st.stats.counters.ranges = st.ranges.list.len() as u64;
         st.stats.counters.publications += 1;

@@ -1,0 +1,85 @@
+//! Growing an image, open or not (`resize_image`).
+//!
+//! The size lives in one place on disk, the image's `IMAGE` file (offset
+//! 16; no manifest, log record or chunk records it), so a grow is one
+//! atomic rewrite of that file, then the open image's size in memory.
+//! That order keeps the rule recovery relies on: the size in memory is
+//! never larger than any size a crash could leave on disk, so every log
+//! record (which `Image` accepts only inside its size in memory) replays
+//! into an image that reaches it. A crash leaves the old size or the new
+//! one; rerunning the same grow finishes it (at the size it already has,
+//! it only brings the open image up to it).
+//!
+//! No format changes: an older casblk reads a grown `IMAGE` as it reads
+//! any. Snapshots keep their size (a snapshot of a grown image has the
+//! new one; a clone of an older snapshot may be grown on its own).
+//! Shrinking is refused: it needs the mappings past the new end dropped
+//! from the manifest first, so that a later grow cannot show them again.
+//!
+//! With a remote, the open image's lease covers the rewrite, and the
+//! publisher publishes a root with the new size even when no write
+//! follows (bucket::manifests::round).
+
+use super::files::{ImageHeader, ImageKind};
+use super::{check_image_size, lock, Store, IMAGE_FILE};
+use crate::error::{Error, Result};
+use crate::image::Image;
+use std::sync::Arc;
+
+/// What `resize_image` did.
+pub struct Resized {
+    pub old_bytes: u64,
+    pub new_bytes: u64,
+    /// The image, open (the caller publishes it before closing, with a
+    /// remote: `Store::drain_to_bucket`).
+    pub image: Arc<Image>,
+}
+
+impl Store {
+    /// Grows image `name` to `size_bytes`, whether it is open or not. At
+    /// its present size it succeeds and changes nothing on disk.
+    pub fn resize_image(&self, name: &str, size_bytes: u64) -> Result<Resized> {
+        check_image_size(size_bytes)?;
+        let old = check_growable(name, &self.header(name)?, size_bytes)?;
+        // Open (and, with a remote, leased) before the rewrite.
+        let image = self.open_image(name)?;
+        // `maint` orders the rewrite with snapshots, which read the size
+        // under it, so a snapshot's tree never reaches past its size;
+        // `open` with openers, which read `IMAGE` under it.
+        let _maint = lock(&self.maint);
+        let _open = self.open.lock();
+        let header = self.header(name)?;
+        check_growable(name, &header, size_bytes)?;
+        if header.size_bytes != size_bytes {
+            let dir = self.image_dir(name)?;
+            let grown = ImageHeader { size_bytes, ..header };
+            super::files::write_atomic(&*self.storage, &dir, IMAGE_FILE, &grown.encode())?;
+        }
+        image.grow_to(size_bytes);
+        Ok(Resized { old_bytes: old, new_bytes: size_bytes, image })
+    }
+}
+
+/// The image's present size, if `header` may grow to `size_bytes`.
+fn check_growable(name: &str, header: &ImageHeader, size_bytes: u64) -> Result<u64> {
+    match header.kind {
+        ImageKind::Image => {}
+        ImageKind::Snapshot => {
+            return Err(Error::InvalidArgument(format!(
+                "{name} is a snapshot, and snapshots keep their size: clone it and resize the clone"
+            )))
+        }
+        ImageKind::Replica => {
+            return Err(Error::InvalidArgument(format!(
+                "{name} is a read-only replica and keeps the size it was published with"
+            )))
+        }
+    }
+    if size_bytes < header.size_bytes {
+        return Err(Error::InvalidArgument(format!(
+            "image {name} is {} bytes; shrinking it to {size_bytes} is not supported (only growing)",
+            header.size_bytes
+        )));
+    }
+    Ok(header.size_bytes)
+}

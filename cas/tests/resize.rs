@@ -1,0 +1,194 @@
+//! Growing images (store/resize.rs): open and closed, with faults and
+//! crashes at every step of the `IMAGE` rewrite, with snapshots and
+//! clones, and what it refuses.
+
+mod common;
+
+use cas::storage::{CrashMode, Fault, FaultOp, MemStorage};
+use cas::{Error, Image, Store};
+use common::*;
+use std::sync::Arc;
+
+const OLD_BYTES: u64 = 1 << 20;
+const NEW_BYTES: u64 = 3 << 20;
+
+fn write(image: &Image, token: u64, first_sector: u64, sectors: u64) {
+    image.write(first_sector * SECTOR as u64, &payload(token, first_sector, sectors), false).unwrap();
+}
+
+fn sectors(bytes: u64) -> u64 {
+    bytes / SECTOR as u64
+}
+
+fn setup() -> (MemStorage, Arc<Store>, Arc<Image>) {
+    let (mem, store) = mem_store(small_opts());
+    store.create_image("vm", OLD_BYTES).unwrap();
+    let image = store.open_image("vm").unwrap();
+    (mem, store, image)
+}
+
+fn listed_size(store: &Store, name: &str) -> u64 {
+    store.list_images().unwrap().into_iter().find(|i| i.name == name).unwrap().size_bytes
+}
+
+#[test]
+fn an_open_image_grows_and_keeps_its_data_through_a_crash() {
+    let (mem, store, image) = setup();
+    let last = sectors(OLD_BYTES) - 8;
+    write(&image, 1, last, 8);
+    image.flush().unwrap();
+    store.compact_once(&image).unwrap();
+    let past = image.write(OLD_BYTES, &payload(2, sectors(OLD_BYTES), 8), false).unwrap_err();
+    assert!(matches!(past, Error::InvalidArgument(_)), "{past}");
+
+    let r = store.resize_image("vm", NEW_BYTES).unwrap();
+    assert_eq!((r.old_bytes, r.new_bytes), (OLD_BYTES, NEW_BYTES));
+    assert!(Arc::ptr_eq(&r.image, &image), "the open image itself grows");
+    assert_eq!(image.size_bytes(), NEW_BYTES);
+    assert_eq!(listed_size(&store, "vm"), NEW_BYTES);
+    // The new end is writable at once, straddling the old end too; past it is not.
+    write(&image, 3, last, 16);
+    write(&image, 4, sectors(NEW_BYTES) - 8, 8);
+    let beyond = image.write(NEW_BYTES, &payload(5, sectors(NEW_BYTES), 8), false).unwrap_err();
+    assert!(matches!(beyond, Error::InvalidArgument(_)), "{beyond}");
+    image.flush().unwrap();
+    let want = read_tokens(&image).unwrap();
+    assert_eq!(want.len() as u64, sectors(NEW_BYTES));
+    assert!(want[sectors(OLD_BYTES) as usize + 100..sectors(NEW_BYTES) as usize - 8].iter().all(|&t| t == 0));
+
+    // Half of it compacted, half only in the log: both replay past the old end.
+    store.compact_once(&image).unwrap();
+    write(&image, 6, sectors(OLD_BYTES) + 64, 32);
+    image.flush().unwrap();
+    let want = read_tokens(&image).unwrap();
+    drop((r, image, store));
+    mem.crash(CrashMode::LoseUnsynced);
+    let store = reopen(&mem, small_opts()).unwrap();
+    let image = store.open_image("vm").unwrap();
+    assert_eq!(image.size_bytes(), NEW_BYTES);
+    same_tokens(&read_tokens(&image).unwrap(), &want, "the grown image after a crash");
+}
+
+#[test]
+fn a_closed_image_grows_and_a_rerun_changes_nothing() {
+    let (mem, store, image) = setup();
+    write(&image, 1, 0, 8);
+    image.flush().unwrap();
+    drop(image);
+    let r = store.resize_image("vm", NEW_BYTES).unwrap();
+    assert_eq!(r.old_bytes, OLD_BYTES);
+    drop(r);
+    let again = store.resize_image("vm", NEW_BYTES).unwrap();
+    assert_eq!((again.old_bytes, again.new_bytes), (NEW_BYTES, NEW_BYTES));
+    drop((again, store));
+    mem.crash(CrashMode::LoseUnsynced);
+    let store = reopen(&mem, small_opts()).unwrap();
+    let image = store.open_image("vm").unwrap();
+    assert_eq!(image.size_bytes(), NEW_BYTES);
+    let got = read_tokens(&image).unwrap();
+    assert!(got[..8].iter().all(|&t| t == 1) && got[8..].iter().all(|&t| t == 0));
+}
+
+/// A fault at each step of the rewrite (the temporary file's write and
+/// sync, the rename, the directory's sync), then a crash: the image has
+/// the old size or the new one, never a size its open image exceeded,
+/// and its data either way; the grow then goes through.
+#[test]
+fn a_fault_or_crash_in_a_grow_leaves_the_old_size_or_the_new() {
+    let mut seen = std::collections::BTreeSet::new();
+    for op in [FaultOp::Write, FaultOp::Sync, FaultOp::Namespace] {
+        for skip in 0..2 {
+            for torn in [false, true] {
+                let what = format!("{op:?} skip {skip} torn {torn}");
+                let (mem, store, image) = setup();
+                write(&image, 1, 0, 16);
+                image.flush().unwrap();
+                mem.inject(Fault {
+                    op,
+                    path_contains: Some("/images/vm/IMAGE".into()),
+                    skip,
+                    errno: libc::EIO,
+                    sticky: false,
+                });
+                let grew = store.resize_image("vm", NEW_BYTES);
+                mem.clear_faults();
+                match &grew {
+                    Ok(_) => assert_eq!(image.size_bytes(), NEW_BYTES, "{what}"),
+                    Err(e) => {
+                        assert_eq!(image.size_bytes(), OLD_BYTES, "{what}: {e}");
+                        let past = image.write(OLD_BYTES, &payload(2, sectors(OLD_BYTES), 8), false);
+                        assert!(past.is_err(), "{what}: a write past the old end after a failed grow");
+                    }
+                }
+                if grew.is_ok() {
+                    write(&image, 3, sectors(OLD_BYTES), 8);
+                    image.flush().unwrap();
+                }
+                let want = read_tokens(&image).unwrap();
+                drop((grew, image, store));
+                mem.crash(if torn { CrashMode::Torn { seed: skip } } else { CrashMode::LoseUnsynced });
+                let store = reopen(&mem, small_opts()).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+                let image = store.open_image("vm").unwrap_or_else(|e| panic!("{what}: open: {e}"));
+                let size = image.size_bytes();
+                assert!(size == OLD_BYTES || size == NEW_BYTES, "{what}: size {size}");
+                seen.insert(size);
+                let got = read_tokens(&image).unwrap();
+                same_tokens(&got[..want.len().min(got.len())], &want[..want.len().min(got.len())], &what);
+                store.resize_image("vm", NEW_BYTES).unwrap_or_else(|e| panic!("{what}: the rerun: {e}"));
+                write(&image, 4, sectors(NEW_BYTES) - 8, 8);
+                image.flush().unwrap();
+            }
+        }
+    }
+    assert_eq!(seen.len(), 2, "crashes left only the sizes {seen:?}");
+}
+
+#[test]
+fn snapshots_keep_their_size_and_a_clone_grows_on_its_own() {
+    let (_mem, store, image) = setup();
+    write(&image, 1, 0, 8);
+    let small = store.snapshot_image("vm", "small").unwrap();
+    store.resize_image("vm", NEW_BYTES).unwrap();
+    write(&image, 2, sectors(NEW_BYTES) - 8, 8);
+    let big = store.snapshot_image("vm", "big").unwrap();
+    assert_eq!(listed_size(&store, &small), OLD_BYTES);
+    assert_eq!(listed_size(&store, &big), NEW_BYTES);
+    let refused = store.resize_image(&small, NEW_BYTES).err().expect("a snapshot grew");
+    assert!(
+        matches!(&refused, Error::InvalidArgument(m) if m.contains("snapshots keep their size")),
+        "{refused}"
+    );
+    assert_eq!(store.open_image(&big).unwrap().size_bytes(), NEW_BYTES);
+
+    store.clone_image(&small, "c").unwrap();
+    let clone = store.resize_image("c", 2 * OLD_BYTES).unwrap().image;
+    write(&clone, 3, sectors(2 * OLD_BYTES) - 8, 8);
+    let got = read_tokens(&clone).unwrap();
+    assert!(got[..8].iter().all(|&t| t == 1), "the clone has its snapshot's data");
+    assert!(got[8..got.len() - 8].iter().all(|&t| t == 0), "and nothing of the image's later writes");
+    assert_eq!(listed_size(&store, &small), OLD_BYTES);
+    assert_eq!(image.size_bytes(), NEW_BYTES);
+}
+
+#[test]
+fn a_resize_refuses_what_it_cannot_do_and_changes_nothing() {
+    let (_mem, store, image) = setup();
+    let cases: [(&str, u64, &str); 5] = [
+        ("vm", OLD_BYTES + 512, "multiple of 4096"),
+        ("vm", 0, "non-zero"),
+        ("vm", (1 << 50) + 4096, "up to"),
+        ("vm", OLD_BYTES - 4096, "shrinking"),
+        ("none", NEW_BYTES, "not found"),
+    ];
+    for (name, size, says) in cases {
+        let e = store.resize_image(name, size).err().unwrap_or_else(|| panic!("{name} {size} accepted"));
+        assert!(e.to_string().contains(says), "{name} {size}: {e}");
+        let kind_ok = match says {
+            "not found" => matches!(e, Error::NotFound(_)),
+            _ => matches!(e, Error::InvalidArgument(_)),
+        };
+        assert!(kind_ok, "{name} {size}: {e:?}");
+    }
+    assert_eq!(image.size_bytes(), OLD_BYTES);
+    assert_eq!(listed_size(&store, "vm"), OLD_BYTES);
+}
