@@ -62,8 +62,23 @@ struct Model {
 }
 
 impl Model {
-    fn new() -> Model {
-        Model { current: vec![0; SECTORS], durable: vec![0; SECTORS], later: vec![HashSet::new(); SECTORS] }
+    fn new(sectors: usize) -> Model {
+        Model { current: vec![0; sectors], durable: vec![0; sectors], later: vec![HashSet::new(); sectors] }
+    }
+
+    /// A model holding `tokens`, all durable (a new clone, a rollback).
+    fn from_tokens(tokens: &[u64]) -> Model {
+        let mut m = Model::new(tokens.len());
+        m.current.copy_from_slice(tokens);
+        m.durable.copy_from_slice(tokens);
+        m
+    }
+
+    /// The image grew to `sectors`: zeros past the old end, durable.
+    fn grow(&mut self, sectors: usize) {
+        self.current.resize(sectors, 0);
+        self.durable.resize(sectors, 0);
+        self.later.resize(sectors, HashSet::new());
     }
 
     fn visible(&mut self, first: usize, n: usize, token: u64) {
@@ -86,7 +101,26 @@ impl Model {
     }
 
     /// After a crash: every sector is its durable value or a later one.
+    /// A grow cut short by a fault may have reached the disk or not: the
+    /// image then has either size, and nothing was written past the old end.
     fn check_crash(&mut self, got: &[u64]) -> Result<(), String> {
+        if got.len() > self.current.len() {
+            self.grow(got.len());
+        } else if got.len() < self.current.len() {
+            let past = got.len()..self.current.len();
+            if self.current[past.clone()].iter().chain(&self.durable[past.clone()]).any(|&t| t != 0)
+                || self.later[past].iter().any(|l| !l.is_empty())
+            {
+                return Err(format!(
+                    "after crash the image has {} sectors, the model {} with writes past the end",
+                    got.len(),
+                    self.current.len()
+                ));
+            }
+            self.current.truncate(got.len());
+            self.durable.truncate(got.len());
+            self.later.truncate(got.len());
+        }
         for (s, &g) in got.iter().enumerate() {
             if g != self.durable[s] && !self.later[s].contains(&g) {
                 return Err(format!(
@@ -99,6 +133,14 @@ impl Model {
         self.durable.copy_from_slice(got);
         self.later.iter_mut().for_each(HashSet::clear);
         Ok(())
+    }
+
+    /// The whole image: its size, then every sector.
+    fn check_all(&self, got: &[u64], what: &str) -> Result<(), String> {
+        if got.len() != self.current.len() {
+            return Err(format!("{what}: {} sectors, the model has {}", got.len(), self.current.len()));
+        }
+        self.check_exact(0, got, what)
     }
 
     fn check_exact(&self, first: usize, got: &[u64], what: &str) -> Result<(), String> {
@@ -166,6 +208,9 @@ struct Run {
     rng: StdRng,
     /// Draws the snapshot steps (None: the sequence has none).
     snap_rng: Option<StdRng>,
+    /// Draws the grow steps (None: the sequence has none; a fourth
+    /// generator, so the other steps of a seed stay as they were).
+    resize_rng: Option<StdRng>,
     others: BTreeMap<String, Other>,
     next_name: u64,
     mem: MemStorage,
@@ -186,6 +231,8 @@ struct Run {
     journal: Vec<String>,
     /// Compaction passes and writeback syncs the background steps ran.
     background_work: (u64, u64),
+    /// Grows done, and grows through a fault then a crash.
+    grows: (u64, u64),
 }
 
 impl Run {
@@ -216,9 +263,7 @@ impl Run {
                     check_same(&got, tokens, &format!("snapshot {name} reopened"))?
                 }
                 OtherKind::Clone { model, .. } if crashed => model.check_crash(&got)?,
-                OtherKind::Clone { model, .. } => {
-                    model.check_exact(0, &got, &format!("clone {name} reopened"))?
-                }
+                OtherKind::Clone { model, .. } => model.check_all(&got, &format!("clone {name} reopened"))?,
             }
             other.image = Some(image);
         }
@@ -229,7 +274,7 @@ impl Run {
         if crashed {
             self.model.check_crash(&got)?;
         } else {
-            self.model.check_exact(0, &got, "clean reopen")?;
+            self.model.check_all(&got, "clean reopen")?;
         }
         self.store = Some(store);
         self.image = Some(image);
@@ -387,7 +432,7 @@ impl Run {
             Err(e) => return self.engine_error(format!("compaction {stop:?}"), e, None),
         }
         let got = read_tokens(self.image())?;
-        self.model.check_exact(0, &got, "after compaction")
+        self.model.check_all(&got, "after compaction")
     }
 
     /// Injects one fault into the chunk store, the manifest or the log's
@@ -414,7 +459,7 @@ impl Run {
         let r = store.compact_once(self.image());
         self.mem.clear_faults();
         let got = read_tokens(self.image())?;
-        self.model.check_exact(0, &got, "after a compaction fault")?;
+        self.model.check_all(&got, "after a compaction fault")?;
         if r.is_err() {
             let torn = self.rng.gen_bool(0.5);
             self.crash_and_reopen(torn)?;
@@ -501,7 +546,7 @@ impl Run {
         self.background_work.0 += after.compaction.passes - before.compaction.passes;
         self.background_work.1 += after.writeback_syncs - before.writeback_syncs;
         let got = read_tokens(self.image())?;
-        self.model.check_exact(0, &got, "after background steps")
+        self.model.check_all(&got, "after background steps")
     }
 
     /// Records what op `i` left: counters that differ if any background
@@ -533,12 +578,7 @@ impl Run {
         if self.trace && pick < 40 {
             eprintln!("snapshot step {pick}");
         }
-        let clones: Vec<String> = self
-            .others
-            .iter()
-            .filter(|(_, o)| matches!(o.kind, OtherKind::Clone { .. }))
-            .map(|(n, _)| n.clone())
-            .collect();
+        let clones = self.clone_names();
         let snaps: Vec<String> = self
             .others
             .iter()
@@ -555,9 +595,7 @@ impl Run {
                 let Some(OtherKind::Snapshot { tokens }) = self.others.get(&snap).map(|o| &o.kind) else {
                     unreachable!()
                 };
-                let mut model = Model::new();
-                model.current.copy_from_slice(tokens);
-                model.durable.copy_from_slice(tokens);
+                let model = Model::from_tokens(tokens);
                 let store = self.store();
                 match store.clone_image(&snap, &name) {
                     Ok(()) => {}
@@ -584,7 +622,7 @@ impl Run {
                     model.flushed();
                     store.compact_once(image).map_err(|e| format!("compact clone {name}: {e}"))?;
                 }
-                model.check_exact(0, &read_tokens(image)?, &format!("clone {name}"))?;
+                model.check_all(&read_tokens(image)?, &format!("clone {name}"))?;
             }
             25..=27 if !snaps.is_empty() => {
                 let snap = snaps[pick_other % snaps.len()].clone();
@@ -597,11 +635,9 @@ impl Run {
                 if let Err(e) = self.store().rollback_image("m", short) {
                     return self.engine_error(format!("rollback to {snap}"), e, None);
                 }
-                self.model = Model::new();
-                self.model.current.copy_from_slice(&tokens);
-                self.model.durable.copy_from_slice(&tokens);
+                self.model = Model::from_tokens(&tokens);
                 let image = self.store().open_image("m").map_err(|e| format!("open after rollback: {e}"))?;
-                self.model.check_exact(0, &read_tokens(&image)?, "after rollback")?;
+                self.model.check_all(&read_tokens(&image)?, "after rollback")?;
                 self.image = Some(image);
             }
             28..=31 if !self.others.is_empty() => {
@@ -628,6 +664,102 @@ impl Run {
             _ => {}
         }
         Ok(())
+    }
+
+    /// The clones' names.
+    fn clone_names(&self) -> Vec<String> {
+        self.others
+            .iter()
+            .filter(|(_, o)| matches!(o.kind, OtherKind::Clone { .. }))
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Maybe one grow step, drawn from the fourth generator: `m` (or a
+    /// clone) grows and is written past its old end; or `m` grows through
+    /// a fault in its `IMAGE` file, then a crash, after which it has the
+    /// old size or the new one (`Model::check_crash`).
+    fn resize_step(&mut self, token: u64) -> Result<(), String> {
+        let Some(rng) = self.resize_rng.as_mut() else { return Ok(()) };
+        let pick = rng.gen_range(0..100);
+        let blocks = rng.gen_range(1..=128usize);
+        let pick_other = rng.gen::<usize>();
+        let (skip, torn) = (rng.gen_range(0..4u64), rng.gen_bool(0.5));
+        let at = rng.gen::<u64>();
+        if self.faulted || pick >= 10 {
+            return Ok(());
+        }
+        const GROWN_BYTES_MAX: usize = 4 << 20;
+        let clones = self.clone_names();
+        let name = match pick {
+            7..=9 if !clones.is_empty() => clones[pick_other % clones.len()].clone(),
+            _ => "m".to_string(),
+        };
+        let old = if name == "m" {
+            self.model.current.len()
+        } else {
+            let OtherKind::Clone { model, .. } = &self.others[&name].kind else { unreachable!() };
+            model.current.len()
+        };
+        let new = old + blocks * 8;
+        if new * SECTOR > GROWN_BYTES_MAX {
+            return Ok(());
+        }
+        if self.trace {
+            eprintln!("grow {name} from {old} to {new} sectors (step {pick})");
+        }
+        if (5..=6).contains(&pick) {
+            let op = [FaultOp::Write, FaultOp::Sync, FaultOp::Namespace][(skip % 3) as usize];
+            self.mem.inject(Fault {
+                op,
+                path_contains: Some("/images/m/IMAGE".into()),
+                skip: skip / 3,
+                errno: libc::EIO,
+                sticky: false,
+            });
+            let r = self.store().resize_image("m", (new * SECTOR) as u64);
+            self.mem.clear_faults();
+            match r {
+                Ok(r) if r.image.size_bytes() == (new * SECTOR) as u64 => self.model.grow(new),
+                Ok(r) => return Err(format!("grew to {} bytes, not {}", r.image.size_bytes(), new * SECTOR)),
+                Err(e) => {
+                    if self.image().size_bytes() != (old * SECTOR) as u64 {
+                        return Err(format!(
+                            "a failed grow left m at {} bytes: {e}",
+                            self.image().size_bytes()
+                        ));
+                    }
+                }
+            }
+            self.grows.1 += 1;
+            return self.crash_and_reopen(torn);
+        }
+        let r = match self.store().resize_image(&name, (new * SECTOR) as u64) {
+            Ok(r) => r,
+            Err(e) => return Err(format!("grow {name} to {new} sectors: {e}")),
+        };
+        // A write straddling the old end, then the new end's last sectors.
+        let n = 1 + (at % (new - old).min(64) as u64) as usize;
+        let first = old.saturating_sub(n / 2);
+        let image = r.image;
+        for (first, n) in [(first, n), (new - 8, 8)] {
+            image
+                .write((first * SECTOR) as u64, &payload(token, first as u64, n as u64), false)
+                .map_err(|e| format!("write {name} {first}+{n} after its grow: {e}"))?;
+        }
+        let model = if name == "m" {
+            &mut self.model
+        } else {
+            let OtherKind::Clone { model, .. } = &mut self.others.get_mut(&name).expect("listed").kind else {
+                unreachable!()
+            };
+            model
+        };
+        self.grows.0 += 1;
+        model.grow(new);
+        model.visible(first, n, token);
+        model.visible(new - 8, 8, token);
+        model.check_all(&read_tokens(&image)?, &format!("{name} after its grow"))
     }
 
     /// Snapshots `m`; with `fault_skip`, through a fault in the snapshot's
@@ -685,9 +817,7 @@ impl Run {
                 OtherKind::Snapshot { tokens } => {
                     check_same(&got, tokens, &format!("{what}: snapshot {name}"))?
                 }
-                OtherKind::Clone { model, .. } => {
-                    model.check_exact(0, &got, &format!("{what}: clone {name}"))?
-                }
+                OtherKind::Clone { model, .. } => model.check_all(&got, &format!("{what}: clone {name}"))?,
             }
         }
         Ok(())
@@ -696,7 +826,7 @@ impl Run {
 
 /// One random sequence, with or without the snapshot steps; Err names
 /// what went wrong.
-fn sequence_with(seed: u64, snapshots: bool) -> Result<Replay, String> {
+fn sequence_with(seed: u64, snapshots: bool, resizes: bool) -> Result<Replay, String> {
     let stepper = Stepper::new();
     let (mem, store) = mem_store(opts(seed, &stepper));
     store.create_image("m", IMAGE_BYTES).map_err(|e| e.to_string())?;
@@ -704,12 +834,13 @@ fn sequence_with(seed: u64, snapshots: bool) -> Result<Replay, String> {
     let mut run = Run {
         rng: StdRng::seed_from_u64(seed),
         snap_rng: snapshots.then(|| StdRng::seed_from_u64(seed ^ 0x5A4B_5348_4F54)),
+        resize_rng: resizes.then(|| StdRng::seed_from_u64(seed ^ 0x4752_4F57)),
         others: BTreeMap::new(),
         next_name: 1,
         mem,
         image: Some(image),
         store: Some(store),
-        model: Model::new(),
+        model: Model::new(SECTORS),
         next_token: 1,
         trace: std::env::var("CAS_MODEL_TRACE").is_ok(),
         faulted: false,
@@ -718,6 +849,7 @@ fn sequence_with(seed: u64, snapshots: bool) -> Result<Replay, String> {
         bg_rng: StdRng::seed_from_u64(seed ^ 0x4247_5441_534B),
         journal: Vec::new(),
         background_work: (0, 0),
+        grows: (0, 0),
     };
     let trace = run.trace;
     for i in 0..OPS {
@@ -725,6 +857,7 @@ fn sequence_with(seed: u64, snapshots: bool) -> Result<Replay, String> {
         let token = run.next_token;
         run.next_token += 1;
         run.snapshot_step(token).map_err(|e| format!("op {i} (snapshot step): {e}"))?;
+        run.resize_step(token).map_err(|e| format!("op {i} (grow step): {e}"))?;
         run.background_step().map_err(|e| format!("op {i} (background step): {e}"))?;
         run.note(i);
         if trace {
@@ -740,7 +873,7 @@ fn sequence_with(seed: u64, snapshots: bool) -> Result<Replay, String> {
     run.check_others("after the final gc")?;
     run.crash_and_reopen(seed.is_multiple_of(2))?;
     run.note(OPS + 1);
-    Ok(Replay { journal: run.journal, background_work: run.background_work })
+    Ok(Replay { journal: run.journal, background_work: run.background_work, grows: run.grows })
 }
 
 /// What a sequence did, for `seeds_replay_exactly`.
@@ -749,16 +882,19 @@ struct Replay {
     journal: Vec<String>,
     /// Compaction passes and writeback syncs run by background steps.
     background_work: (u64, u64),
+    /// Grows done, and grows through a fault then a crash.
+    grows: (u64, u64),
 }
 
-fn check_seed(seed: u64) {
-    check_seed_with(seed, true)
+/// A seed with snapshot and grow steps.
+fn check_seed(seed: u64) -> Replay {
+    check_seed_with(seed, true, true)
 }
 
-fn check_seed_with(seed: u64, snapshots: bool) {
-    let r = std::panic::catch_unwind(|| sequence_with(seed, snapshots));
+fn check_seed_with(seed: u64, snapshots: bool, resizes: bool) -> Replay {
+    let r = std::panic::catch_unwind(|| sequence_with(seed, snapshots, resizes));
     match r {
-        Ok(Ok(_)) => {}
+        Ok(Ok(replay)) => replay,
         Ok(Err(e)) => panic!("model test failed with seed {seed}: {e}"),
         Err(_) => panic!("model test panicked with seed {seed} (see the panic above)"),
     }
@@ -783,8 +919,8 @@ fn one_seed_from_env() {
 fn seeds_replay_exactly() {
     let mut background = (0, 0);
     for seed in 0x7E91_0000..0x7E91_0000 + 40 {
-        let first = sequence_with(seed, true).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-        let again = sequence_with(seed, true).unwrap_or_else(|e| panic!("seed {seed} replayed: {e}"));
+        let first = sequence_with(seed, true, true).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let again = sequence_with(seed, true, true).unwrap_or_else(|e| panic!("seed {seed} replayed: {e}"));
         let (a, b) = (&first.journal, &again.journal);
         if let Some(i) = a.iter().zip(b).position(|(a, b)| a != b) {
             panic!("seed {seed} took another path on replay:\n  {}\n  {}", a[i], b[i]);
@@ -802,9 +938,13 @@ fn seeds_replay_exactly() {
 fn random_sequences_match_the_model() {
     let iters: u64 = std::env::var("CAS_MODEL_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1200);
     let base: u64 = std::env::var("CAS_MODEL_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5EED_0000);
+    let mut grows = (0, 0);
     for i in 0..iters {
-        check_seed(base + i);
+        let r = check_seed(base + i);
+        grows = (grows.0 + r.grows.0, grows.1 + r.grows.1);
     }
+    eprintln!("grows over the seeds: {} done, {} through a fault and a crash", grows.0, grows.1);
+    assert!(iters < 100 || (grows.0 > 0 && grows.1 > 0), "the sequences grew nothing: {grows:?}");
 }
 
 /// A write whose payload write failed was voided with PAD; the PAD's slot
@@ -812,14 +952,14 @@ fn random_sequences_match_the_model() {
 /// damaged record followed by proof of durability (mid-log corruption).
 #[test]
 fn regression_seed_1592590497() {
-    check_seed_with(1592590497, false);
+    check_seed_with(1592590497, false, false);
 }
 
 /// A segment roll failed at its directory sync and the cleanup failed too;
 /// the next roll found the half-made segment file in its way.
 #[test]
 fn regression_seed_1592590576() {
-    check_seed_with(1592590576, false);
+    check_seed_with(1592590576, false, false);
 }
 
 /// A roll's directory sync failed and its cleanup too; a clean reopen
@@ -827,14 +967,14 @@ fn regression_seed_1592590576() {
 /// its directory entry was never synced, so a crash lost them.
 #[test]
 fn regression_seed_1000616() {
-    check_seed_with(1000616, false);
+    check_seed_with(1000616, false, false);
 }
 
 /// The writeback thread met an injected ENOSPC sync fault and failed the
 /// image; a later plain write then (rightly) got `Unavailable`.
 #[test]
 fn regression_seed_2003954() {
-    check_seed_with(2003954, false);
+    check_seed_with(2003954, false, false);
 }
 
 /// A rollback to a snapshot whose blocks were all discarded gave the image
@@ -842,5 +982,5 @@ fn regression_seed_2003954() {
 /// slot 0 of a file one page long, which the next open refused.
 #[test]
 fn regression_seed_1592590886() {
-    check_seed(1592590886);
+    check_seed_with(1592590886, true, false);
 }

@@ -14,7 +14,8 @@
 //! any. Snapshots keep their size (a snapshot of a grown image has the
 //! new one; a clone of an older snapshot may be grown on its own).
 //! Shrinking is refused: it needs the mappings past the new end dropped
-//! from the manifest first, so that a later grow cannot show them again.
+//! from the manifest first, so that a later grow cannot show them again
+//! (a rollback returns an image to its snapshot's size: store/snapshot.rs).
 //!
 //! With a remote, the open image's lease covers the rewrite, and the
 //! publisher publishes a root with the new size even when no write
@@ -39,8 +40,7 @@ impl Store {
     /// Grows image `name` to `size_bytes`, whether it is open or not. At
     /// its present size it succeeds and changes nothing on disk.
     pub fn resize_image(&self, name: &str, size_bytes: u64) -> Result<Resized> {
-        check_image_size(size_bytes)?;
-        let old = check_growable(name, &self.header(name)?, size_bytes)?;
+        let old = self.check_resize(name, size_bytes)?;
         // Open (and, with a remote, leased) before the rewrite.
         let image = self.open_image(name)?;
         // `maint` orders the rewrite with snapshots, which read the size
@@ -57,6 +57,15 @@ impl Store {
         }
         image.grow_to(size_bytes);
         Ok(Resized { old_bytes: old, new_bytes: size_bytes, image })
+    }
+}
+
+impl Store {
+    /// Whether image `name` may grow to `size_bytes` (what `resize_image`
+    /// refuses, checked without changing anything); its present size.
+    pub fn check_resize(&self, name: &str, size_bytes: u64) -> Result<u64> {
+        check_image_size(size_bytes)?;
+        check_growable(name, &self.header(name)?, size_bytes)
     }
 }
 

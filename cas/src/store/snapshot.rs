@@ -9,9 +9,9 @@
 //!   manifest holds at that moment is frozen. The snapshot holds every
 //!   write completed before the call and none begun after it returns.
 //! - `clone_image(IMAGE@SNAP, NEW)`: a writable image on the snapshot's tree.
-//! - `rollback_image(IMAGE, SNAP)`: IMAGE (closed) returns to the snapshot;
-//!   its log is covered whole, so nothing written after the snapshot
-//!   replays.
+//! - `rollback_image(IMAGE, SNAP)`: IMAGE (closed) returns to the snapshot,
+//!   its size included (an image grown since shrinks back); its log is
+//!   covered whole, so nothing written after the snapshot replays.
 //!
 //! Each writes its `IMAGE` file last (a crash leaves nothing, or the
 //! whole new image); `STORE` is at version 3 (which covers snapshots) from
@@ -130,12 +130,6 @@ impl Store {
         if snap_header.kind != ImageKind::Snapshot || snap_header.origin.as_deref() != Some(image) {
             return Err(Error::InvalidArgument(format!("{name} is not a snapshot of {image}")));
         }
-        if snap_header.size_bytes != header.size_bytes {
-            return Err(Error::InvalidArgument(format!(
-                "{name} has {} bytes and {image} {}: sizes differ",
-                snap_header.size_bytes, header.size_bytes
-            )));
-        }
         let open = self.open.lock();
         if open.get(image).is_some_and(OpenImage::is_open) {
             return Err(Error::Unavailable(format!("image {image}"), "it is open; detach it first".into()));
@@ -161,6 +155,14 @@ impl Store {
         let mut manifests = lock(&self.manifests);
         manifests.remove(image);
         source.freeze_into(&dir.join(MANIFEST_FILE), covered)?;
+        // The snapshot's size too (an image grown since): only now, with
+        // the log covered and no mapping past the snapshot's end, so a
+        // crash in between leaves the snapshot's data at the larger size
+        // (zeros past its end), which the same rollback then finishes.
+        if snap_header.size_bytes != header.size_bytes {
+            let h = ImageHeader { size_bytes: snap_header.size_bytes, ..header };
+            super::files::write_atomic(&*self.storage, &dir, IMAGE_FILE, &h.encode())?;
+        }
         // The replaced tree's chunks written since the snapshot may be
         // garbage now, and no commit counted them (cas::gc::auto).
         self.gc.nudge();
