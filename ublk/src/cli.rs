@@ -118,6 +118,17 @@ pub enum ImageCommand {
         #[arg(long, value_parser = parse_size)]
         size: u64,
     },
+    /// Grow an image. An attached image grows online where the driver has
+    /// UPDATE_SIZE (Linux 6.16+): its device shows the new size at once
+    /// (grow the filesystem on it then, e.g. resize2fs). Elsewhere delete
+    /// its device first. Snapshots keep their size; shrinking is refused.
+    Resize {
+        /// The image.
+        name: String,
+        /// The new size, in bytes or with a binary suffix: 512M, 10G, 1T.
+        #[arg(value_parser = parse_size)]
+        size: u64,
+    },
     /// List the store's images.
     List {
         /// Print JSON (sizes in bytes) instead of a table.
@@ -140,8 +151,8 @@ pub enum ImageCommand {
         /// The new image.
         new: String,
     },
-    /// Return a detached IMAGE to its snapshot IMAGE@SNAP; every write since
-    /// is discarded.
+    /// Return a detached IMAGE to its snapshot IMAGE@SNAP, size included;
+    /// every write since is discarded.
     Rollback {
         /// The image.
         image: String,

@@ -257,6 +257,29 @@ pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
             };
             println!("{name}");
         }
+        ImageCommand::Resize { name, size } => {
+            let (old, new, device) = match &daemon {
+                Some(s) => {
+                    let r = control(
+                        s,
+                        Command::ImageResize { name: name.clone(), size_bytes: size },
+                        QUERY_TIMEOUT,
+                    )?;
+                    let bytes = |k: &str| r[k].as_u64().ok_or_else(|| anyhow!("malformed reply: {r}"));
+                    (bytes("old_bytes")?, bytes("new_bytes")?, r["device"].as_str().map(String::from))
+                }
+                None => {
+                    let store = open_store(&dir, false)?;
+                    let r = store.resize_image(&name, size)?;
+                    if store.publish_stats(&name).is_some() {
+                        store.drain_to_bucket(&r.image, RESIZE_PUBLISH_TIMEOUT)?;
+                    }
+                    (r.old_bytes, r.new_bytes, None)
+                }
+            };
+            let on = device.map(|d| format!(" ({d} too)")).unwrap_or_default();
+            println!("{name}: {old} -> {new} bytes{on}");
+        }
         ImageCommand::Clone { snapshot, new } => {
             match &daemon {
                 Some(s) => {
@@ -317,6 +340,10 @@ fn absolute(path: &Path) -> Result<String> {
     let abs = std::path::absolute(path).with_context(|| format!("{}", path.display()))?;
     abs.to_str().map(String::from).ok_or_else(|| anyhow!("{} is not UTF-8", abs.display()))
 }
+
+/// Bound on publishing a grown image with a remote before the command
+/// exits (as a detach does).
+const RESIZE_PUBLISH_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Bound on a snapshot (it compacts the image's log first) and on `info`
 /// (it reads every manifest) through the daemon.

@@ -26,6 +26,7 @@ fn feature_use(bit: u32) -> &'static str {
         {
             "set by the kernel on every device"
         }
+        f if f == u::UBLK_F_UPDATE_SIZE => "used by image resize: an attached image grows online",
         f if f == u::UBLK_F_SAFE_STOP_DEV => {
             "set by the kernel on every device; del stops through it (TRY_STOP_DEV)"
         }

@@ -50,6 +50,9 @@ pub enum Command {
     ImageRollback { image: String, snap: String },
     /// Replies `cas::store::ImageDetail` with `"device"`.
     ImageInfo { name: String },
+    /// Grow an image; an attached one online, where the driver can.
+    /// Replies `{"resized": NAME, "old_bytes", "new_bytes", "device"}`.
+    ImageResize { name: String, size_bytes: u64 },
     /// Import a raw or qcow2 file (an absolute path the daemon reads) as a
     /// new image. Replies `{"imported": NAME, "summary": TEXT}`.
     ImageImport { name: String, path: String, size_bytes: Option<u64> },
@@ -129,6 +132,10 @@ mod tests {
             (
                 Command::ImageRollback { image: "vm".into(), snap: "s".into() },
                 r#"{"action":"image_rollback","args":{"image":"vm","snap":"s"},"cmd":"control","v":1}"#,
+            ),
+            (
+                Command::ImageResize { name: "vm".into(), size_bytes: 8192 },
+                r#"{"action":"image_resize","args":{"name":"vm","size_bytes":8192},"cmd":"control","v":1}"#,
             ),
             (
                 Command::ImageInfo { name: "vm".into() },

@@ -320,3 +320,44 @@ fn qcow2_imports_natively_and_exports_through_qemu_img() {
     let listed = stdout(&casblk(&dir, &["image", "list"]));
     assert!(!listed.contains("\nc "), "a refused import leaves no image: {listed}");
 }
+
+#[test]
+fn resize_grows_a_detached_image_and_refuses_what_it_cannot_do() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    build(&dir);
+    let before = tmp.path().join("before.raw");
+    stdout(&casblk(&dir, &["image", "export", "vm", before.to_str().unwrap()]));
+    assert_eq!(
+        stdout(&casblk(&dir, &["image", "resize", "vm", "3M"])).trim(),
+        "vm: 1048576 -> 3145728 bytes"
+    );
+    let list: serde_json::Value =
+        serde_json::from_str(&stdout(&casblk(&dir, &["image", "list", "--json"]))).unwrap();
+    assert_eq!(list[0]["size_bytes"], 3 << 20, "{list}");
+    let after = tmp.path().join("after.raw");
+    stdout(&casblk(&dir, &["image", "export", "vm", after.to_str().unwrap()]));
+    let (before, after) = (std::fs::read(&before).unwrap(), std::fs::read(&after).unwrap());
+    assert_eq!(after.len(), 3 << 20);
+    assert!(after[..before.len()] == before[..] && after[before.len()..].iter().all(|&b| b == 0));
+    stdout(&casblk(&dir, &["image", "snapshot", "vm", "s"]));
+    for (args, says) in [
+        (&["image", "resize", "vm", "1M"][..], "shrinking it to 1048576 is not supported"),
+        (&["image", "resize", "vm", "4097"][..], "must be a non-zero multiple of 4096"),
+        (&["image", "resize", "vm@s", "8M"][..], "snapshots keep their size"),
+        (&["image", "resize", "none", "8M"][..], "image none not found"),
+        (&["image", "resize", "vm", "2P"][..], "up to"),
+        (&["image", "resize", "vm", "ten"][..], "is not a size"),
+    ] {
+        let out = casblk(&dir, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code().is_some_and(|c| c != 0), "{args:?} succeeded");
+        assert!(
+            err.contains(says) && !err.contains("panicked") && err.trim().lines().count() <= 3,
+            "{args:?}: {err}"
+        );
+    }
+    let out = casblk(&dir, &["fsck"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+}

@@ -3,7 +3,7 @@
 //! pieces around it: the driver (`driver`, and `ctrl_cmd` for the control
 //! commands libublk does not send), device parameters (`params`),
 //! the per-queue ring (`ring`), launching a daemon (`launch`), who holds a
-//! device open (`openers`), and what a device leaves in /run for recovery
+//! device open (`openers`), a started device's size (`resize`), and what a device leaves in /run for recovery
 //! (`state`, `recovering`).
 //!
 //! ```text
@@ -26,6 +26,7 @@ pub mod launch;
 pub mod openers;
 pub mod params;
 pub mod recovering;
+pub mod resize;
 pub mod ring;
 pub mod state;
 

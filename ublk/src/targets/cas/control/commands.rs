@@ -74,6 +74,7 @@ impl Daemon {
                 info["device"] = json!(device);
                 Ok(info)
             }
+            Command::ImageResize { name, size_bytes } => self.resize(&name, size_bytes),
             Command::Gc {} => Ok(serde_json::to_value(self.store.gc()?)?),
             Command::Handoff {} => self.handoff(),
         }

@@ -1,10 +1,12 @@
 //! The store daemon's lifecycle: starting it (store, request path, control
 //! socket, signals), what it serves, and when it exits. Attaching and
 //! detaching devices (`devices.rs`), the control socket's commands
-//! (`commands.rs`) and the stats snapshot (`snapshot.rs`) are beside it.
+//! (`commands.rs`), growing an image online (`resize.rs`) and the stats
+//! snapshot (`snapshot.rs`) are beside it.
 
 mod commands;
 mod devices;
+mod resize;
 mod snapshot;
 
 use super::links;

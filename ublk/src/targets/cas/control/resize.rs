@@ -1,0 +1,66 @@
+//! `casblk image resize` in the store daemon: the store grows the image
+//! (cas::store::resize), then, if the image is attached, the device grows
+//! with it (UPDATE_SIZE, Linux 6.16+). On a driver without UPDATE_SIZE an
+//! attached image is refused before anything changes; a detached image
+//! grows anywhere and its next device has the new size.
+//!
+//! The table stays locked throughout, so no attach or detach of the image
+//! slips in between the check and the device's update. Rerunning the same
+//! resize finishes one cut short (a daemon killed after the store grew, an
+//! UPDATE_SIZE that failed): it sends UPDATE_SIZE whenever the device
+//! shows less than the image.
+
+use super::Daemon;
+use crate::device::driver::driver_features;
+use crate::device::resize::{has_update_size, shown_bytes, update_size};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+impl Daemon {
+    pub(super) fn resize(&self, name: &str, size_bytes: u64) -> Result<Value> {
+        // Bad input first, whatever the device.
+        self.store.check_resize(name, size_bytes)?;
+        let table = self.lock();
+        let device = match table.attached.get(name) {
+            None => None,
+            Some(a) => match a.dev_id {
+                Some(id) => Some(id),
+                None => bail!("image {name} is being attached; retry the resize when its device is up"),
+            },
+        };
+        if let Some(id) = device {
+            if !has_update_size(driver_features()?) {
+                bail!(
+                    "image {name} is attached as /dev/ublkb{id}, and growing an attached image needs Linux 6.16 or \
+                     later (ublk UPDATE_SIZE): delete its device (casblk del -n {id}), resize, then add it again"
+                );
+            }
+        }
+        let r = self.store.resize_image(name, size_bytes)?;
+        if let Some(id) = device {
+            let shown = shown_bytes(id)?;
+            if shown < r.new_bytes {
+                update_size(id, r.new_bytes).with_context(|| {
+                    format!(
+                        "image {name} is {} bytes, but /dev/ublkb{id} still shows {shown}: rerun the resize",
+                        r.new_bytes
+                    )
+                })?;
+            }
+            tracing::info!(
+                image = name,
+                device = id,
+                old_bytes = r.old_bytes,
+                new_bytes = r.new_bytes,
+                "grown online"
+            );
+        }
+        drop(table);
+        Ok(json!({
+            "resized": name,
+            "old_bytes": r.old_bytes,
+            "new_bytes": r.new_bytes,
+            "device": device.map(|id| format!("/dev/ublkb{id}")),
+        }))
+    }
+}
