@@ -56,20 +56,32 @@ fn control(socket: &Path, cmd: Command, timeout: Duration) -> Result<Value> {
     query(socket, &cmd.request(), timeout)
 }
 
+/// Opens store `dir` for a one-shot command. A daemon exiting after its
+/// last device went (`del`, then an image command at once) still holds
+/// the store's lock for a moment: this waits for it, up to
+/// [`LOCKED_STORE_WAIT`], as `add` does.
 fn open_store(dir: &Path, create: bool) -> Result<Arc<cas::Store>> {
-    let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
-    // A one-shot command: GC runs when asked (`casblk gc`), not by itself.
-    let opts = cas::StoreOptions {
-        remote: crate::remote::store_remote(dir)?,
-        gc_auto: cas::gc::AutoGcOptions::off(),
-        ..cas::StoreOptions::default()
-    };
-    let store = if create {
-        cas::Store::open_or_create(storage, dir, opts)
-    } else {
-        cas::Store::open(storage, dir, opts)
-    };
-    store.with_context(|| format!("store {}", dir.display()))
+    let deadline = Instant::now() + LOCKED_STORE_WAIT;
+    loop {
+        let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());
+        // A one-shot command: GC runs when asked (`casblk gc`), not by itself.
+        let opts = cas::StoreOptions {
+            remote: crate::remote::store_remote(dir)?,
+            gc_auto: cas::gc::AutoGcOptions::off(),
+            ..cas::StoreOptions::default()
+        };
+        let store = if create {
+            cas::Store::open_or_create(storage, dir, opts)
+        } else {
+            cas::Store::open(storage, dir, opts)
+        };
+        match store {
+            Err(e) if e.to_string().contains("locked by another") && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            r => return r.with_context(|| format!("store {}", dir.display())),
+        }
+    }
 }
 
 pub fn add_image(store: &Path, args: AddArgs) -> Result<()> {
