@@ -1,10 +1,11 @@
 # `del` while IO runs: a device fio holds open is refused, naming fio;
 # with --force, deleting it returns within a bound, its fio ends (its
 # in-flight requests complete or fail) instead of hanging, and the same
-# store daemon goes on serving the other image with no error. Where the
-# driver has safe stop (7.3), a device held only by a memory mapping (no
-# process has it as a file, so del's own scan cannot see it) is refused
-# by the driver itself, and goes on serving.
+# store daemon goes on serving the other image with no error; what was
+# flushed before the forced del reads back when the image is added again.
+# Where the driver has safe stop (7.3), a device held only by a memory
+# mapping (no process has it as a file, so del's own scan cannot see it)
+# is refused by the driver itself, and goes on serving.
 # e2e-7.3  (also run on the 7.3 kernel: safe stop)
 source "$(dirname "$0")/lib.sh"
 store=$(new_store a 256M)
@@ -57,6 +58,11 @@ writes() { "$CASBLK" stats -n "$(dev_id "$a")" --json | python3 -c "import json,
 for _ in $(seq 120); do [ "$(writes)" -gt 200 ] && break; sleep 0.5; done
 [ "$(writes)" -gt 200 ] || fail "fio wrote nothing to $a within 60 s"
 kill -0 "$fa" 2>/dev/null || { cat "$SCRATCH/a.txt"; fail "fio on $a ended before the del"; }
+# 4 MiB past fio's region, written and flushed (fsync) under fio's IO,
+# just before the forced del: it must be there when the image comes back.
+head -c $((4 << 20)) /dev/urandom >"$SCRATCH/flushed"
+dd if="$SCRATCH/flushed" of="$a" bs=1M seek=192 oflag=direct conv=fsync,notrunc status=none ||
+    fail "writing 4 MiB to $a under fio failed"
 expect_error "del of a device fio holds" "$CASBLK" del -n "$(dev_id "$a")"
 refusal=$("$CASBLK" del -n "$(dev_id "$a")" 2>&1) || true
 grep -q "fio (pid " <<<"$refusal" || fail "del's refusal does not name fio: $refusal"
@@ -78,6 +84,10 @@ pid_alive "$pid" || fail "the store daemon died with the deleted device"
 finish_fio "$SCRATCH/b.txt" "the delete of the other image"
 [ "$(daemon_pid "$b")" = "$pid" ] || fail "the other image is no longer served by daemon $pid"
 note "del of a device under fio took ${took} s; its fio ended; the other image's fio verified"
+a=$(add_image "$store" a)
+cmp -n $((4 << 20)) "$SCRATCH/flushed" <(dd if="$a" bs=1M skip=192 count=4 iflag=direct status=none) ||
+    fail "the 4 MiB flushed before the forced del differ after add"
+note "the 4 MiB flushed under fio before the forced del read back after add"
 "$CASBLK" del -a
 wait_no_devices
 for _ in $(seq 100); do pid_alive "$pid" || break; sleep 0.1; done
