@@ -59,11 +59,18 @@ struct Model {
     current: Vec<u64>,
     durable: Vec<u64>,
     later: Vec<HashSet<u64>>,
+    /// The size (sectors) of a grow that failed: a crash may leave it.
+    pending_grow: Option<usize>,
 }
 
 impl Model {
     fn new(sectors: usize) -> Model {
-        Model { current: vec![0; sectors], durable: vec![0; sectors], later: vec![HashSet::new(); sectors] }
+        Model {
+            current: vec![0; sectors],
+            durable: vec![0; sectors],
+            later: vec![HashSet::new(); sectors],
+            pending_grow: None,
+        }
     }
 
     /// A model holding `tokens`, all durable (a new clone, a rollback).
@@ -101,25 +108,19 @@ impl Model {
     }
 
     /// After a crash: every sector is its durable value or a later one.
-    /// A grow cut short by a fault may have reached the disk or not: the
-    /// image then has either size, and nothing was written past the old end.
+    /// A grow that failed may have reached the disk or not: the image then
+    /// has that size or the old one. A grow that succeeded is durable.
     fn check_crash(&mut self, got: &[u64]) -> Result<(), String> {
-        if got.len() > self.current.len() {
-            self.grow(got.len());
-        } else if got.len() < self.current.len() {
-            let past = got.len()..self.current.len();
-            if self.current[past.clone()].iter().chain(&self.durable[past.clone()]).any(|&t| t != 0)
-                || self.later[past].iter().any(|l| !l.is_empty())
-            {
+        let pending = self.pending_grow.take();
+        if got.len() != self.current.len() {
+            if got.len() < self.current.len() || pending != Some(got.len()) {
                 return Err(format!(
-                    "after crash the image has {} sectors, the model {} with writes past the end",
+                    "after crash the image has {} sectors, the model {} (a failed grow to {pending:?})",
                     got.len(),
                     self.current.len()
                 ));
             }
-            self.current.truncate(got.len());
-            self.durable.truncate(got.len());
-            self.later.truncate(got.len());
+            self.grow(got.len());
         }
         for (s, &g) in got.iter().enumerate() {
             if g != self.durable[s] && !self.later[s].contains(&g) {
@@ -506,6 +507,9 @@ impl Run {
 }
 
 fn check_same(got: &[u64], want: &[u64], what: &str) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} sectors, expected {}", got.len(), want.len()));
+    }
     match got.iter().zip(want).position(|(g, w)| g != w) {
         Some(s) => Err(format!("{what}: sector {s} holds {}, expected {}", got[s], want[s])),
         None => Ok(()),
@@ -684,7 +688,8 @@ impl Run {
         let pick = rng.gen_range(0..100);
         let blocks = rng.gen_range(1..=128usize);
         let pick_other = rng.gen::<usize>();
-        let (skip, torn) = (rng.gen_range(0..4u64), rng.gen_bool(0.5));
+        let (skip, torn) = (rng.gen_range(0..8u64), rng.gen_bool(0.5));
+        let rerun = rng.gen_bool(0.5);
         let at = rng.gen::<u64>();
         if self.faulted || pick >= 10 {
             return Ok(());
@@ -709,14 +714,17 @@ impl Run {
             eprintln!("grow {name} from {old} to {new} sectors (step {pick})");
         }
         if (5..=6).contains(&pick) {
-            let op = [FaultOp::Write, FaultOp::Sync, FaultOp::Namespace][(skip % 3) as usize];
-            self.mem.inject(Fault {
-                op,
-                path_contains: Some("/images/m/IMAGE".into()),
-                skip: skip / 3,
-                errno: libc::EIO,
-                sticky: false,
-            });
+            // The temporary file's write and sync, the rename, or (sticky,
+            // so the grow's own retry fails too) the directory's sync
+            // after the rename.
+            let (op, path, sticky) = match skip % 4 {
+                0 => (FaultOp::Write, "/images/m/IMAGE", false),
+                1 => (FaultOp::Sync, "/images/m/IMAGE", false),
+                2 => (FaultOp::Namespace, "/images/m/IMAGE", false),
+                _ => (FaultOp::Namespace, "/store/images/m", true),
+            };
+            let skip = if sticky { 1 } else { skip / 4 };
+            self.mem.inject(Fault { op, path_contains: Some(path.into()), skip, errno: libc::EIO, sticky });
             let r = self.store().resize_image("m", (new * SECTOR) as u64);
             self.mem.clear_faults();
             match r {
@@ -729,11 +737,18 @@ impl Run {
                             self.image().size_bytes()
                         ));
                     }
+                    self.model.pending_grow = Some(new);
                 }
             }
             self.grows.1 += 1;
-            return self.crash_and_reopen(torn);
+            if !(rerun && self.model.pending_grow.is_some()) {
+                return self.crash_and_reopen(torn);
+            }
+            // The same grow again, as the error asks: it must then be
+            // durable, whatever the failed one left (a crash follows).
+            self.model.pending_grow = None;
         }
+        let crash_after = (5..=6).contains(&pick);
         let r = match self.store().resize_image(&name, (new * SECTOR) as u64) {
             Ok(r) => r,
             Err(e) => return Err(format!("grow {name} to {new} sectors: {e}")),
@@ -759,7 +774,12 @@ impl Run {
         model.grow(new);
         model.visible(first, n, token);
         model.visible(new - 8, 8, token);
-        model.check_all(&read_tokens(&image)?, &format!("{name} after its grow"))
+        model.check_all(&read_tokens(&image)?, &format!("{name} after its grow"))?;
+        if crash_after {
+            drop(image);
+            return self.crash_and_reopen(torn);
+        }
+        Ok(())
     }
 
     /// Snapshots `m`; with `fault_skip`, through a fault in the snapshot's

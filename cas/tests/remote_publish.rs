@@ -404,3 +404,25 @@ fn a_bucket_failing_at_every_request_loses_nothing() {
     eprintln!("the workload made {after} requests");
     assert!(after > 20, "the workload made only {after} requests");
 }
+
+/// A grow with no write after it reaches the bucket: the publisher
+/// republishes the generation's root with the new size, and a fresh
+/// fetch gets an image of that size with the same data.
+#[test]
+fn a_grow_with_no_write_after_it_is_published() {
+    let objects = MemObjects::new();
+    let (_mem, a) = mem_store(opts(&objects));
+    a.create_image("vm", IMAGE_BYTES).unwrap();
+    let image = a.open_image("vm").unwrap();
+    compacted_round(&a, &image, 1);
+    let g1 = a.publish_wait("vm", WAIT).unwrap();
+    let want = read_tokens(&image).unwrap();
+    a.resize_image("vm", 2 * IMAGE_BYTES).unwrap();
+    assert_eq!(a.publish_wait("vm", WAIT).unwrap(), g1, "the same generation, republished");
+    let b = host_b(&objects);
+    b.fetch_image("vm", FetchAs::Replica).unwrap();
+    let got = fetched_tokens(&b, "vm");
+    assert_eq!(got.len() as u64 * SECTOR as u64, 2 * IMAGE_BYTES, "the fetched image has the new size");
+    same_tokens(&got[..want.len()], &want, "the fetched image's data");
+    assert!(got[want.len()..].iter().all(|&t| t == 0));
+}

@@ -233,7 +233,11 @@ fn a_rollback_restores_the_snapshots_size_and_a_later_grow_reads_zeros() {
                 let image = store.open_image("vm").unwrap();
                 let got = read_tokens(&image).unwrap();
                 let size = image.size_bytes();
-                assert!(r.is_ok() || size == NEW_BYTES || size == OLD_BYTES, "{op:?}: {size}");
+                if r.is_ok() {
+                    assert_eq!(size, OLD_BYTES, "{op:?}: a rollback that succeeded");
+                } else {
+                    assert!(size == NEW_BYTES || size == OLD_BYTES, "{op:?}: {size}");
+                }
                 assert!(got[..8].iter().all(|&t| t == 1), "{op:?}: the snapshot's data");
                 assert!(got[8..].iter().all(|&t| t == 0), "{op:?}: nothing written after the snapshot");
                 drop(image);
@@ -248,5 +252,78 @@ fn a_rollback_restores_the_snapshots_size_and_a_later_grow_reads_zeros() {
         let got = read_tokens(&image).unwrap();
         assert!(got[..8].iter().all(|&t| t == 1), "{fault:?}");
         assert!(got[8..].iter().all(|&t| t == 0), "{fault:?}: a grow after the rollback shows old writes");
+    }
+}
+
+/// A grow whose directory sync failed after its rename (sticky, so its
+/// own retry fails too) leaves the new size visible but not durable; the
+/// same grow run again makes it durable before the image takes it.
+#[test]
+fn a_grow_rerun_after_a_failed_directory_sync_is_durable() {
+    let (mem, store, image) = setup();
+    write(&image, 1, 0, 8);
+    image.flush().unwrap();
+    mem.inject(Fault {
+        op: FaultOp::Namespace,
+        path_contains: Some("/store/images/vm".into()),
+        skip: 1,
+        errno: libc::EIO,
+        sticky: true,
+    });
+    let failed = store.resize_image("vm", NEW_BYTES).err().expect("the grow failed at its directory sync");
+    mem.clear_faults();
+    assert_eq!(image.size_bytes(), OLD_BYTES, "{failed}");
+    assert_eq!(listed_size(&store, "vm"), NEW_BYTES, "the rename is visible");
+    store.resize_image("vm", NEW_BYTES).unwrap();
+    write(&image, 2, sectors(NEW_BYTES) - 8, 8);
+    image.flush().unwrap();
+    drop((image, store));
+    mem.crash(CrashMode::LoseUnsynced);
+    let store = reopen(&mem, small_opts()).unwrap();
+    let image = store.open_image("vm").unwrap_or_else(|e| panic!("a flushed write past the old end: {e}"));
+    assert_eq!(image.size_bytes(), NEW_BYTES);
+    let got = read_tokens(&image).unwrap();
+    assert!(got[..8].iter().all(|&t| t == 1) && got[got.len() - 8..].iter().all(|&t| t == 2));
+}
+
+/// A rollback to a larger snapshot writes the size before it switches
+/// the tree: a crash at any step leaves the small snapshot's data (at
+/// either size, zeros past its end), or the large one's at its size.
+#[test]
+fn a_rollback_to_a_larger_snapshot_never_leaves_a_tree_past_the_size() {
+    for skip in 0..6 {
+        let (mem, store, image) = setup();
+        write(&image, 1, 0, 8);
+        store.snapshot_image("vm", "small").unwrap();
+        store.resize_image("vm", NEW_BYTES).unwrap();
+        write(&image, 2, sectors(NEW_BYTES) - 8, 8);
+        store.snapshot_image("vm", "big").unwrap();
+        let big = read_tokens(&image).unwrap();
+        drop(image);
+        store.rollback_image("vm", "small").unwrap();
+        mem.inject(Fault {
+            op: FaultOp::Namespace,
+            path_contains: Some("/store/images/vm/".into()),
+            skip,
+            errno: libc::EIO,
+            sticky: false,
+        });
+        let r = store.rollback_image("vm", "big");
+        mem.clear_faults();
+        drop(store);
+        mem.crash(CrashMode::LoseUnsynced);
+        let store = reopen(&mem, small_opts()).unwrap();
+        let image = store.open_image("vm").unwrap();
+        let size = image.size_bytes();
+        let got = read_tokens(&image).unwrap();
+        if got == big {
+            assert_eq!(size, NEW_BYTES, "skip {skip}");
+        } else {
+            assert!(r.is_err(), "skip {skip}: the rollback succeeded but the data is not the snapshot's");
+            assert!(got[..8].iter().all(|&t| t == 1) && got[8..].iter().all(|&t| t == 0), "skip {skip}");
+            store.resize_image("vm", NEW_BYTES).unwrap();
+            let grown = read_tokens(&image).unwrap();
+            assert!(grown[8..].iter().all(|&t| t == 0), "skip {skip}: a grow shows the larger tree's blocks");
+        }
     }
 }

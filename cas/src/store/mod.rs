@@ -423,7 +423,7 @@ impl Store {
         let lease = match &self.publisher {
             Some(p) if !cfg.read_only => {
                 let c = manifest.committed();
-                p.0.acquire(name, c.file_id().map(|_| c.root()))?
+                p.0.acquire(name, c.file_id().map(|_| (c.root(), cfg.size_bytes)))?
             }
             _ => None,
         };

@@ -50,10 +50,19 @@ impl Store {
         let _open = self.open.lock();
         let header = self.header(name)?;
         check_growable(name, &header, size_bytes)?;
+        let dir = self.image_dir(name)?;
         if header.size_bytes != size_bytes {
-            let dir = self.image_dir(name)?;
             let grown = ImageHeader { size_bytes, ..header };
-            super::files::write_atomic(&*self.storage, &dir, IMAGE_FILE, &grown.encode())?;
+            if let Err(e) = super::files::write_atomic(&*self.storage, &dir, IMAGE_FILE, &grown.encode()) {
+                // If the rename happened, make it durable, so that a later
+                // open that reads the new size can trust it.
+                let _ = self.storage.sync_dir(&dir);
+                return Err(e);
+            }
+        } else {
+            // A rerun: the rename of a grow that failed at its directory
+            // sync is visible but may not be durable. Durable first.
+            self.storage.sync_dir(&dir)?;
         }
         image.grow_to(size_bytes);
         Ok(Resized { old_bytes: old, new_bytes: size_bytes, image })

@@ -152,16 +152,21 @@ impl Store {
         // The map stays locked through the switch: no `manifest(image)`
         // (stats, info) opens the directory half switched, or keeps an
         // object of the old tree for the next open.
+        // The snapshot's size too, on the side of the switch where a crash
+        // leaves the larger size with the tree it has: a larger snapshot's
+        // size before (the image's tree and log lie inside either size), a
+        // smaller one's after, when the log is covered and no mapping lies
+        // past its end. Either way the same rollback finishes it.
+        let sized = ImageHeader { size_bytes: snap_header.size_bytes, ..header.clone() };
+        let write_size = || super::files::write_atomic(&*self.storage, &dir, IMAGE_FILE, &sized.encode());
+        if snap_header.size_bytes > header.size_bytes {
+            write_size()?;
+        }
         let mut manifests = lock(&self.manifests);
         manifests.remove(image);
         source.freeze_into(&dir.join(MANIFEST_FILE), covered)?;
-        // The snapshot's size too (an image grown since): only now, with
-        // the log covered and no mapping past the snapshot's end, so a
-        // crash in between leaves the snapshot's data at the larger size
-        // (zeros past its end), which the same rollback then finishes.
-        if snap_header.size_bytes != header.size_bytes {
-            let h = ImageHeader { size_bytes: snap_header.size_bytes, ..header };
-            super::files::write_atomic(&*self.storage, &dir, IMAGE_FILE, &h.encode())?;
+        if snap_header.size_bytes < header.size_bytes {
+            write_size()?;
         }
         // The replaced tree's chunks written since the snapshot may be
         // garbage now, and no commit counted them (cas::gc::auto).

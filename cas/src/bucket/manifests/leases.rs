@@ -39,10 +39,11 @@ pub(super) fn release(name: &str, lease: Lease) {
 
 impl Publisher {
     /// Takes the lease on `name` for writing it (None without leases).
-    /// `local` is the root of the copy here (None: none yet); refused if
-    /// the bucket's newest root of `name` was published by another store
-    /// from a different tree: this copy is stale.
-    pub fn acquire(&self, name: &str, local: Option<RootRecord>) -> Result<Option<Lease>> {
+    /// `local` is the root and size of the copy here (None: none yet);
+    /// refused if the bucket's newest root of `name` was published by
+    /// another store from a different tree or at another size (a grow
+    /// republishes its generation's root): this copy is stale.
+    pub fn acquire(&self, name: &str, local: Option<(RootRecord, u64)>) -> Result<Option<Lease>> {
         let Some(cfg) = self.lease_cfg else { return Ok(None) };
         if let Some(l) = lock(&self.held).remove(name) {
             if l.is_valid() {
@@ -52,9 +53,11 @@ impl Publisher {
         let what = || format!("image {name} in {}", self.objects.describe());
         let lease = Lease::acquire(self.objects.clone(), &lease_prefix(name), self.store_id, cfg, 3)
             .map_err(|e| Error::Unavailable(what(), format!("its lease is {e}")))?;
-        if let Some(local) = local {
+        if let Some((local, local_bytes)) = local {
             if let Some((_, newest)) = fetch::newest_root(self.objects.as_ref(), name)? {
-                if newest.store_id != self.store_id && newest.root != local {
+                if newest.store_id != self.store_id
+                    && (newest.root != local || newest.size_bytes != local_bytes)
+                {
                     let _ = lease.release();
                     return Err(Error::Unavailable(
                         what(),

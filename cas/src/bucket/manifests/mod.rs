@@ -6,7 +6,8 @@
 //! A round for one image (the publish task runs one per image every
 //! `publish_interval`; [`Publisher::publish_wait`] runs them on demand):
 //! 1. take the committed tree of this moment (`Manifest::committed`);
-//!    nothing to do if its generation is the one published;
+//!    nothing to do if its generation is the one published at the
+//!    image's present size (a grow republishes the generation's root);
 //! 2. every chunk the pages not yet sent name must be whole in the bucket
 //!    (`PackTier::packs_in_bucket`: the active pack is sealed if it is
 //!    one of them); if some are on their way, the round ends and the next
@@ -18,7 +19,8 @@
 //!    the log through it.
 //!
 //! A crash anywhere leaves roots that are whole (each names only objects
-//! PUT before it, and keys are written once), and a log that still holds
+//! PUT before it, and a key is written once, or again with only the
+//! image's size larger), and a log that still holds
 //! every record the newest published root does not cover, except what
 //! the local manifest already covers at open (the gate starts there: a
 //! reopened image has its log replayed against its own manifest), which
