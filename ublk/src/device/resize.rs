@@ -14,6 +14,21 @@ pub fn has_update_size(features: u64) -> bool {
     features & u64::from(sys::UBLK_F_UPDATE_SIZE) != 0
 }
 
+/// Fails unless device `id` is live and served by process `pid` (a
+/// device deleted meanwhile, or its id reused, gets no UPDATE_SIZE).
+pub fn check_served_by(id: u32, pid: u32) -> Result<()> {
+    let ctrl = open_device(id)?;
+    let info = ctrl.dev_info();
+    if u32::from(info.state) != sys::UBLK_S_DEV_LIVE || info.ublksrv_pid != pid as i32 {
+        anyhow::bail!(
+            "ublk device {id} is {} and served by pid {}, not live in this daemon (pid {pid})",
+            super::driver::state_name(info.state),
+            info.ublksrv_pid
+        );
+    }
+    Ok(())
+}
+
 /// The size device `id` shows now, in bytes.
 pub fn shown_bytes(id: u32) -> Result<u64> {
     let ctrl = open_device(id)?;

@@ -4,17 +4,24 @@
 //! attached image is refused before anything changes; a detached image
 //! grows anywhere and its next device has the new size.
 //!
-//! The table stays locked throughout, so no attach or detach of the image
-//! slips in between the check and the device's update. Rerunning the same
-//! resize finishes one cut short (a daemon killed after the store grew, an
-//! UPDATE_SIZE that failed): it sends UPDATE_SIZE whenever the device
-//! shows less than the image.
+//! The table stays locked throughout, so no attach or detach through this
+//! daemon slips in between the check and the device's update; a `del`
+//! stops a device in the kernel, so UPDATE_SIZE goes out only to a live
+//! device this daemon serves. Rerunning the same resize finishes one cut
+//! short (a daemon killed after the store grew, an UPDATE_SIZE that
+//! failed): it sends UPDATE_SIZE whenever the device shows less than the
+//! image. A detached image with a remote is published before the reply,
+//! as a detach does.
 
 use super::Daemon;
 use crate::device::driver::driver_features;
 use crate::device::resize::{has_update_size, shown_bytes, update_size};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
+use std::time::Duration;
+
+/// How long a resize of a detached image waits for the bucket.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Daemon {
     pub(super) fn resize(&self, name: &str, size_bytes: u64) -> Result<Value> {
@@ -37,7 +44,13 @@ impl Daemon {
             }
         }
         let r = self.store.resize_image(name, size_bytes)?;
+        if device.is_none() && self.store.publish_stats(name).is_some() {
+            self.store.drain_to_bucket(&r.image, PUBLISH_TIMEOUT)?;
+        }
         if let Some(id) = device {
+            crate::device::resize::check_served_by(id, std::process::id()).with_context(|| {
+                format!("image {name} is {} bytes, but /dev/ublkb{id} was not grown", r.new_bytes)
+            })?;
             let shown = shown_bytes(id)?;
             if shown < r.new_bytes {
                 update_size(id, r.new_bytes).with_context(|| {
