@@ -337,11 +337,7 @@ struct DeviceRow {
 fn describe(id: u32) -> Result<DeviceRow> {
     let ctrl = open_device(id)?;
     let info = ctrl.dev_info();
-    let mut params = libublk::sys::ublk_params::default();
-    let size_bytes = match ctrl.get_params(&mut params) {
-        Ok(_) => params.basic.dev_sectors << 9,
-        Err(_) => 0,
-    };
+    let size_bytes = crate::device::resize::shown_bytes(&ctrl).unwrap_or(0);
     Ok(DeviceRow {
         id,
         bdev: ctrl.get_bdev_path(),

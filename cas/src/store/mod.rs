@@ -399,7 +399,8 @@ impl Store {
     }
 
     /// The second half: the `IMAGE` file, written atomically; from here on
-    /// the image exists.
+    /// the image exists. Also rewrites an existing image's header (a new
+    /// size: store/resize.rs, a rollback).
     fn install_image(&self, dir: &Path, header: ImageHeader) -> Result<()> {
         files::write_atomic(&*self.storage, dir, IMAGE_FILE, &header.encode())
     }

@@ -22,7 +22,7 @@
 //! follows (bucket::manifests::round).
 
 use super::files::{ImageHeader, ImageKind};
-use super::{check_image_size, lock, Store, IMAGE_FILE};
+use super::{check_image_size, lock, Store};
 use crate::error::{Error, Result};
 use crate::image::Image;
 use std::sync::Arc;
@@ -52,8 +52,7 @@ impl Store {
         check_growable(name, &header, size_bytes)?;
         let dir = self.image_dir(name)?;
         if header.size_bytes != size_bytes {
-            let grown = ImageHeader { size_bytes, ..header };
-            if let Err(e) = super::files::write_atomic(&*self.storage, &dir, IMAGE_FILE, &grown.encode()) {
+            if let Err(e) = self.install_image(&dir, ImageHeader { size_bytes, ..header }) {
                 // If the rename happened, make it durable, so that a later
                 // open that reads the new size can trust it.
                 let _ = self.storage.sync_dir(&dir);
@@ -67,9 +66,7 @@ impl Store {
         image.grow_to(size_bytes);
         Ok(Resized { old_bytes: old, new_bytes: size_bytes, image })
     }
-}
 
-impl Store {
     /// Whether image `name` may grow to `size_bytes` (what `resize_image`
     /// refuses, checked without changing anything); its present size.
     pub fn check_resize(&self, name: &str, size_bytes: u64) -> Result<u64> {

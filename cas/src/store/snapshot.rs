@@ -149,24 +149,23 @@ impl Store {
         let covered = (log.next_seq() - 1).max(own.covered());
         drop(log);
         drop(own);
-        // The map stays locked through the switch: no `manifest(image)`
-        // (stats, info) opens the directory half switched, or keeps an
-        // object of the old tree for the next open.
         // The snapshot's size too, on the side of the switch where a crash
         // leaves the larger size with the tree it has: a larger snapshot's
         // size before (the image's tree and log lie inside either size), a
         // smaller one's after, when the log is covered and no mapping lies
         // past its end. Either way the same rollback finishes it.
-        let sized = ImageHeader { size_bytes: snap_header.size_bytes, ..header.clone() };
-        let write_size = || super::files::write_atomic(&*self.storage, &dir, IMAGE_FILE, &sized.encode());
+        let sized = || ImageHeader { size_bytes: snap_header.size_bytes, ..header.clone() };
         if snap_header.size_bytes > header.size_bytes {
-            write_size()?;
+            self.install_image(&dir, sized())?;
         }
+        // The map stays locked through the switch: no `manifest(image)`
+        // (stats, info) opens the directory half switched, or keeps an
+        // object of the old tree for the next open.
         let mut manifests = lock(&self.manifests);
         manifests.remove(image);
         source.freeze_into(&dir.join(MANIFEST_FILE), covered)?;
         if snap_header.size_bytes < header.size_bytes {
-            write_size()?;
+            self.install_image(&dir, sized())?;
         }
         // The replaced tree's chunks written since the snapshot may be
         // garbage now, and no commit counted them (cas::gc::auto).

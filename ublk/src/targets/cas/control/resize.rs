@@ -15,7 +15,7 @@
 
 use super::Daemon;
 use crate::device::driver::driver_features;
-use crate::device::resize::{has_update_size, shown_bytes, update_size};
+use crate::device::resize::{grow_served, has_update_size};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -48,18 +48,12 @@ impl Daemon {
             self.store.drain_to_bucket(&r.image, PUBLISH_TIMEOUT)?;
         }
         if let Some(id) = device {
-            crate::device::resize::check_served_by(id, std::process::id()).with_context(|| {
-                format!("image {name} is {} bytes, but /dev/ublkb{id} was not grown", r.new_bytes)
+            grow_served(id, std::process::id(), r.new_bytes).with_context(|| {
+                format!(
+                    "image {name} is {} bytes, but /dev/ublkb{id} was not grown: rerun the resize",
+                    r.new_bytes
+                )
             })?;
-            let shown = shown_bytes(id)?;
-            if shown < r.new_bytes {
-                update_size(id, r.new_bytes).with_context(|| {
-                    format!(
-                        "image {name} is {} bytes, but /dev/ublkb{id} still shows {shown}: rerun the resize",
-                        r.new_bytes
-                    )
-                })?;
-            }
             tracing::info!(
                 image = name,
                 device = id,
