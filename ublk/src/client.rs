@@ -76,7 +76,7 @@ fn open_store(dir: &Path, create: bool) -> Result<Arc<cas::Store>> {
             cas::Store::open(storage, dir, opts)
         };
         match store {
-            Err(e) if e.to_string().contains("locked by another") && Instant::now() < deadline => {
+            Err(e) if held_by_another(&e.to_string()) && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(100));
             }
             r => return r.with_context(|| format!("store {}", dir.display())),
@@ -139,7 +139,7 @@ fn serve_via_daemon(dir: &Path, req: &AddImageArgs, foreground: bool) -> Result<
         match launch::launch(foreground, Path::new(DAEMON_LOG), move |ready| {
             daemon::serve_store(d, daemon::Serve::First(r), ready)
         }) {
-            Err(e) if format!("{e:#}").contains("locked by another") && Instant::now() < deadline => {
+            Err(e) if held_by_another(&format!("{e:#}")) && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(100));
             }
             other => return other,
@@ -150,6 +150,11 @@ fn serve_via_daemon(dir: &Path, req: &AddImageArgs, foreground: bool) -> Result<
 /// How long `add` waits for a store locked by a daemon that does not
 /// answer (starting, or exiting) before it reports the lock.
 const LOCKED_STORE_WAIT: Duration = Duration::from_secs(10);
+
+/// Whether an error (its text) says another process holds the store's lock.
+fn held_by_another(error: &str) -> bool {
+    error.contains("locked by another")
+}
 
 /// `casblk daemon`: the store daemon in the foreground, for a service
 /// manager (see `daemon::Serve::Service`).
