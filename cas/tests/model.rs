@@ -54,6 +54,13 @@ use std::time::Duration;
 const IMAGE_BYTES: u64 = 2 << 20;
 const SECTORS: usize = IMAGE_BYTES as usize / SECTOR;
 const OPS: usize = 40;
+/// Index records per flush in the sequences with index merges (8 flushes
+/// make a merge, the index's fan-in). A flush happens only at a chunk sync,
+/// so the syncs bound the merges: 100 sequences installed 19 with 8
+/// records per flush, and as many with 4.
+const INDEX_FLUSH_RECORDS: u64 = 8;
+/// Bytes of one record of the chunk index's journal.
+const INDEX_RECORD_BYTES: u64 = 45;
 
 struct Model {
     current: Vec<u64>,
@@ -163,8 +170,16 @@ impl Model {
 /// background tasks (compaction service, log writeback) run only when the
 /// sequence steps them. Automatic GC is off: the sequences run GC
 /// themselves, and a seed's task indices stay as they were recorded.
-fn opts(seed: u64, stepper: &Arc<Stepper>) -> StoreOptions {
+/// `index_merges`: the chunk index is flushed every `INDEX_FLUSH_RECORDS`
+/// records, so runs pile up and merges of them (a task each) start, run
+/// when a background step comes to them or when a sync must wait for one.
+fn opts(seed: u64, stepper: &Arc<Stepper>, index_merges: bool) -> StoreOptions {
     StoreOptions {
+        index_flush_bytes: if index_merges {
+            INDEX_FLUSH_RECORDS * INDEX_RECORD_BYTES
+        } else {
+            StoreOptions::default().index_flush_bytes
+        },
         gc_auto: cas::gc::AutoGcOptions::off(),
         compaction_threads: 1 + seed % 3,
         log_segment_bytes: 1 << 20,
@@ -234,6 +249,10 @@ struct Run {
     background_work: (u64, u64),
     /// Grows done, and grows through a fault then a crash.
     grows: (u64, u64),
+    /// Sequences with index merges (`opts`).
+    index_merges: bool,
+    /// Index merges installed by the stores closed so far.
+    merges_done: u64,
 }
 
 impl Run {
@@ -241,9 +260,16 @@ impl Run {
         self.image.as_ref().expect("open")
     }
 
-    fn crash_and_reopen(&mut self, torn: bool) -> Result<(), String> {
+    /// Drops the image and the store, counting the store's index merges.
+    fn close_store(&mut self) {
         self.image = None;
-        self.store = None;
+        if let Some(store) = self.store.take() {
+            self.merges_done += store.chunk_stats().index_merges;
+        }
+    }
+
+    fn crash_and_reopen(&mut self, torn: bool) -> Result<(), String> {
+        self.close_store();
         let mode = if torn { CrashMode::Torn { seed: self.rng.gen() } } else { CrashMode::LoseUnsynced };
         self.mem.crash(mode);
         self.reopen_and_check(true)
@@ -253,8 +279,8 @@ impl Run {
         for other in self.others.values_mut() {
             other.image = None;
         }
-        let store =
-            reopen(&self.mem, opts(self.seed, &self.stepper)).map_err(|e| format!("reopen store: {e}"))?;
+        let store = reopen(&self.mem, opts(self.seed, &self.stepper, self.index_merges))
+            .map_err(|e| format!("reopen store: {e}"))?;
         let image = store.open_image("m").map_err(|e| format!("reopen image (crashed {crashed}): {e}"))?;
         for (name, other) in self.others.iter_mut() {
             let image = store.open_image(name).map_err(|e| format!("reopen {name}: {e}"))?;
@@ -384,8 +410,7 @@ impl Run {
                 self.crash_and_reopen(torn)?;
             }
             78 => {
-                self.image = None;
-                self.store = None;
+                self.close_store();
                 self.reopen_and_check(false)?;
             }
             79..=86 => self.compact(StopAt::Never)?,
@@ -846,9 +871,9 @@ impl Run {
 
 /// One random sequence, with or without the snapshot steps; Err names
 /// what went wrong.
-fn sequence_with(seed: u64, snapshots: bool, resizes: bool) -> Result<Replay, String> {
+fn sequence_with(seed: u64, snapshots: bool, resizes: bool, index_merges: bool) -> Result<Replay, String> {
     let stepper = Stepper::new();
-    let (mem, store) = mem_store(opts(seed, &stepper));
+    let (mem, store) = mem_store(opts(seed, &stepper, index_merges));
     store.create_image("m", IMAGE_BYTES).map_err(|e| e.to_string())?;
     let image = store.open_image("m").map_err(|e| e.to_string())?;
     let mut run = Run {
@@ -870,6 +895,8 @@ fn sequence_with(seed: u64, snapshots: bool, resizes: bool) -> Result<Replay, St
         journal: Vec::new(),
         background_work: (0, 0),
         grows: (0, 0),
+        index_merges,
+        merges_done: 0,
     };
     let trace = run.trace;
     for i in 0..OPS {
@@ -893,7 +920,13 @@ fn sequence_with(seed: u64, snapshots: bool, resizes: bool) -> Result<Replay, St
     run.check_others("after the final gc")?;
     run.crash_and_reopen(seed.is_multiple_of(2))?;
     run.note(OPS + 1);
-    Ok(Replay { journal: run.journal, background_work: run.background_work, grows: run.grows })
+    run.close_store();
+    Ok(Replay {
+        journal: run.journal,
+        background_work: run.background_work,
+        grows: run.grows,
+        index_merges: run.merges_done,
+    })
 }
 
 /// What a sequence did, for `seeds_replay_exactly`.
@@ -904,15 +937,17 @@ struct Replay {
     background_work: (u64, u64),
     /// Grows done, and grows through a fault then a crash.
     grows: (u64, u64),
+    /// Index merges installed.
+    index_merges: u64,
 }
 
-/// A seed with snapshot and grow steps.
+/// A seed with snapshot and grow steps, and (odd seeds) index merges.
 fn check_seed(seed: u64) -> Replay {
-    check_seed_with(seed, true, true)
+    check_seed_with(seed, true, true, seed % 2 == 1)
 }
 
-fn check_seed_with(seed: u64, snapshots: bool, resizes: bool) -> Replay {
-    let r = std::panic::catch_unwind(|| sequence_with(seed, snapshots, resizes));
+fn check_seed_with(seed: u64, snapshots: bool, resizes: bool, index_merges: bool) -> Replay {
+    let r = std::panic::catch_unwind(|| sequence_with(seed, snapshots, resizes, index_merges));
     match r {
         Ok(Ok(replay)) => replay,
         Ok(Err(e)) => panic!("model test failed with seed {seed}: {e}"),
@@ -939,8 +974,10 @@ fn one_seed_from_env() {
 fn seeds_replay_exactly() {
     let mut background = (0, 0);
     for seed in 0x7E91_0000..0x7E91_0000 + 40 {
-        let first = sequence_with(seed, true, true).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-        let again = sequence_with(seed, true, true).unwrap_or_else(|e| panic!("seed {seed} replayed: {e}"));
+        let merges = seed % 2 == 1;
+        let first = sequence_with(seed, true, true, merges).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let again =
+            sequence_with(seed, true, true, merges).unwrap_or_else(|e| panic!("seed {seed} replayed: {e}"));
         let (a, b) = (&first.journal, &again.journal);
         if let Some(i) = a.iter().zip(b).position(|(a, b)| a != b) {
             panic!("seed {seed} took another path on replay:\n  {}\n  {}", a[i], b[i]);
@@ -958,13 +995,16 @@ fn seeds_replay_exactly() {
 fn random_sequences_match_the_model() {
     let iters: u64 = std::env::var("CAS_MODEL_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1200);
     let base: u64 = std::env::var("CAS_MODEL_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5EED_0000);
-    let mut grows = (0, 0);
+    let (mut grows, mut merges) = ((0, 0), 0);
     for i in 0..iters {
         let r = check_seed(base + i);
         grows = (grows.0 + r.grows.0, grows.1 + r.grows.1);
+        merges += r.index_merges;
     }
     eprintln!("grows over the seeds: {} done, {} through a fault and a crash", grows.0, grows.1);
+    eprintln!("index merges installed over the seeds: {merges}");
     assert!(iters < 100 || (grows.0 > 0 && grows.1 > 0), "the sequences grew nothing: {grows:?}");
+    assert!(iters < 100 || merges > 0, "the sequences merged no index runs");
 }
 
 /// A write whose payload write failed was voided with PAD; the PAD's slot
@@ -972,14 +1012,14 @@ fn random_sequences_match_the_model() {
 /// damaged record followed by proof of durability (mid-log corruption).
 #[test]
 fn regression_seed_1592590497() {
-    check_seed_with(1592590497, false, false);
+    check_seed_with(1592590497, false, false, false);
 }
 
 /// A segment roll failed at its directory sync and the cleanup failed too;
 /// the next roll found the half-made segment file in its way.
 #[test]
 fn regression_seed_1592590576() {
-    check_seed_with(1592590576, false, false);
+    check_seed_with(1592590576, false, false, false);
 }
 
 /// A roll's directory sync failed and its cleanup too; a clean reopen
@@ -987,14 +1027,14 @@ fn regression_seed_1592590576() {
 /// its directory entry was never synced, so a crash lost them.
 #[test]
 fn regression_seed_1000616() {
-    check_seed_with(1000616, false, false);
+    check_seed_with(1000616, false, false, false);
 }
 
 /// The writeback thread met an injected ENOSPC sync fault and failed the
 /// image; a later plain write then (rightly) got `Unavailable`.
 #[test]
 fn regression_seed_2003954() {
-    check_seed_with(2003954, false, false);
+    check_seed_with(2003954, false, false, false);
 }
 
 /// A rollback to a snapshot whose blocks were all discarded gave the image
@@ -1002,5 +1042,5 @@ fn regression_seed_2003954() {
 /// slot 0 of a file one page long, which the next open refused.
 #[test]
 fn regression_seed_1592590886() {
-    check_seed_with(1592590886, true, false);
+    check_seed_with(1592590886, true, false, false);
 }

@@ -7,7 +7,8 @@
 use super::journal::Journal;
 use super::pack::{self, PackHeader};
 use super::{ChunkHash, ChunkLoc};
-use crate::dedup::merge::{MergeJob, MergeSpec};
+use crate::background::BackgroundCpu;
+use crate::dedup::merge::{MergeJob, MergeRunner, MergeSpec};
 use crate::dedup::root::Root;
 use crate::dedup::run::{Entry, RunWriter};
 use crate::dedup::slots::{self, Bits};
@@ -15,6 +16,7 @@ use crate::dedup::summary::PARTITIONS;
 use crate::dedup::{self, DedupIndex, ProbeCost};
 use crate::error::Result;
 use crate::storage::{OpenMode, Storage};
+use crate::tasks::Tasks;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -172,7 +174,11 @@ impl DedupBench {
                 inputs,
             };
             self.next_id += 1;
-            self.merge = Some(MergeJob::start(spec, Box::new(|_| true), true)?);
+            self.merge = Some(MergeJob::start(
+                spec,
+                Box::new(|_| true),
+                MergeRunner::Task(&Tasks::Threads, BackgroundCpu::Normal),
+            )?);
             if !wait {
                 return Ok(());
             }

@@ -120,6 +120,8 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// only the reads that hash to the same shard.
 const CACHE_SHARDS: usize = 64;
 
+use crate::background::BackgroundCpu;
+use crate::tasks::Tasks;
 pub use crate::units::{ChunkHash, ChunkLoc, ChunkRef, ChunkTag};
 
 /// True when `data` is all zeros (a hole, never stored as a chunk).
@@ -147,11 +149,15 @@ pub struct ChunkStoreOptions {
     /// emptied) once the journal is larger than this and than what the
     /// memtable's size for the store calls for (default 4 MiB).
     pub index_checkpoint_min_bytes: u64,
-    /// Merges of index runs run on a thread of their own (default), so a
+    /// Merges of index runs run as a task of `tasks` (default), so a
     /// sync waits for one only when the runs outnumber `MERGE_WAIT_RUNS`;
     /// false runs them inside the flush that makes them due (tests that
     /// cut the storage at every operation want that order fixed).
     pub index_merge_in_background: bool,
+    /// What runs the background merges (the store's tasks: a thread each,
+    /// or a test's stepper), and in which CPU class.
+    pub tasks: Tasks,
+    pub background_cpu: BackgroundCpu,
 }
 
 impl Default for ChunkStoreOptions {
@@ -162,6 +168,8 @@ impl Default for ChunkStoreOptions {
             index_memory_budget_bytes: 1 << 30,
             index_checkpoint_min_bytes: 4 << 20,
             index_merge_in_background: true,
+            tasks: Tasks::Threads,
+            background_cpu: BackgroundCpu::default(),
         }
     }
 }
@@ -286,7 +294,8 @@ pub struct ChunkStore {
     /// [`ChunkStore::lend_memory`]); the index may use only the rest.
     pub(crate) lent_bytes: std::sync::atomic::AtomicU64,
     pub(crate) checkpoint_min_bytes: u64,
-    pub(crate) merge_in_background: bool,
+    /// Who runs index merges: None, the flush that makes one due.
+    pub(crate) merge_tasks: Option<(Tasks, BackgroundCpu)>,
     pub(crate) index: RwLock<DedupIndex>,
     pub(crate) files: Arc<RwLock<PackFiles>>,
     /// Forward tables of packs GC repacked and deleted (forward.rs).

@@ -481,14 +481,18 @@ impl ChunkStore {
                 level,
                 inputs,
             };
-            match dedup::merge::MergeJob::start(spec, valid, self.merge_in_background) {
+            let runner = match &self.merge_tasks {
+                Some((tasks, cpu)) => dedup::merge::MergeRunner::Task(tasks, *cpu),
+                None => dedup::merge::MergeRunner::InLine,
+            };
+            match dedup::merge::MergeJob::start(spec, valid, runner) {
                 Ok(job) => s.merge = Some(job),
                 Err(e) => {
                     self.poison(&e);
                     return Err(e);
                 }
             }
-            if self.merge_in_background {
+            if self.merge_tasks.is_some() {
                 return Ok(());
             }
         }

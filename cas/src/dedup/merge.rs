@@ -1,7 +1,15 @@
-//! One merge of index runs, run on its own thread so that neither the
-//! store's sync (which the compactor's commits wait on) nor inserts wait
-//! for it: at 64 M chunks a level-2 merge rewrites 16 M entries and took
-//! 12.8 s when flushes did it in line.
+//! One merge of index runs, run as a store task (`crate::tasks`: a thread
+//! of its own in the product, a step the model test chooses under a
+//! stepper) so that neither the store's sync (which the compactor's
+//! commits wait on) nor inserts wait for it: at 64 M chunks a level-2
+//! merge rewrites 16 M entries and took 12.8 s when flushes did it in line.
+//!
+//! The work is taken by whoever comes first: the task's one step, or the
+//! sync that must wait for the merge ([`MergeJob::wait`]) and finds it not
+//! started (under a stepper nothing else would run it). Dropping a job
+//! (the chunk store closing) stops the task, waiting for a merge in
+//! progress: the file it writes is then no longer being written when the
+//! next open deletes it.
 //!
 //! The job only reads its input runs (immutable files) and writes a new
 //! run under an id reserved for it; nothing names that run until the
@@ -15,12 +23,14 @@
 
 use super::run::Run;
 use super::write_merged;
-use crate::error::{Error, Result};
+use crate::background::BackgroundCpu;
+use crate::error::Result;
 use crate::storage::Storage;
+use crate::sync::lock;
+use crate::tasks::{Context, Step, Task, TaskHandle, Tasks};
 use crate::units::ChunkLoc;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Whether an entry's slot was live when the merge started.
@@ -38,27 +48,80 @@ pub(crate) struct MergeSpec {
     pub inputs: Vec<Arc<Run>>,
 }
 
-/// A merge started (on a thread, or already done in line).
+/// Who runs a merge.
+#[derive(Clone, Copy)]
+pub(crate) enum MergeRunner<'a> {
+    /// The caller, before `start` returns (tests that cut the storage at
+    /// every operation want that order fixed).
+    InLine,
+    /// A task of `tasks`, in CPU class `cpu`.
+    Task(&'a Tasks, BackgroundCpu),
+}
+
+type Work = Box<dyn FnOnce() -> Result<Option<Run>> + Send>;
+
+/// A merge's progress, shared by its job and its task.
+enum Progress {
+    NotStarted(Work),
+    Running,
+    Finished(Result<Option<Run>>, Duration),
+    /// The result was taken by `wait`.
+    Taken,
+}
+
+struct Slot {
+    progress: Mutex<Progress>,
+    finished: Condvar,
+    started: Instant,
+}
+
+impl Slot {
+    /// Runs the work if nobody has started it; true if this call ran it.
+    fn run_if_not_started(&self) -> bool {
+        let work = {
+            let mut p = lock(&self.progress);
+            match std::mem::replace(&mut *p, Progress::Running) {
+                Progress::NotStarted(work) => work,
+                other => {
+                    *p = other;
+                    return false;
+                }
+            }
+        };
+        let result = work();
+        *lock(&self.progress) = Progress::Finished(result, self.started.elapsed());
+        self.finished.notify_all();
+        true
+    }
+}
+
+/// The merge as a task: one step runs it (unless `wait` already did).
+struct MergeTask(Arc<Slot>);
+
+impl Task for MergeTask {
+    fn step(&mut self, _cx: &Context<'_>) -> Step {
+        self.0.run_if_not_started();
+        Step::Done
+    }
+}
+
+/// A merge started (as a task, or already done in line).
 pub(crate) struct MergeJob {
     /// The id reserved for the merged run (its file is deleted if the
     /// merge fails).
     pub run_id: u64,
     pub inputs: Vec<Arc<Run>>,
-    started: Instant,
-    state: State,
-}
-
-enum State {
-    Running(JoinHandle<Result<Option<Run>>>),
-    Done(Result<Option<Run>>, Duration),
+    slot: Arc<Slot>,
+    /// Declared after `slot`, dropped last: stops (joins) the task.
+    _task: Option<TaskHandle>,
 }
 
 impl MergeJob {
-    /// Starts the merge on a thread of its own (`background`) or runs it
-    /// now. Fails only if the thread cannot be started.
-    pub fn start(spec: MergeSpec, valid: Valid, background: bool) -> Result<MergeJob> {
-        let (run_id, inputs, started) = (spec.run_id, spec.inputs.clone(), Instant::now());
-        let work = move || {
+    /// Starts the merge as `runner` says. Fails only if its thread cannot
+    /// be started.
+    pub fn start(spec: MergeSpec, valid: Valid, runner: MergeRunner<'_>) -> Result<MergeJob> {
+        let (run_id, inputs) = (spec.run_id, spec.inputs.clone());
+        let work: Work = Box::new(move || {
             write_merged(
                 spec.storage.as_ref(),
                 &spec.dir,
@@ -69,41 +132,132 @@ impl MergeJob {
                 &[],
                 &*valid,
             )
+        });
+        let slot = Arc::new(Slot {
+            progress: Mutex::new(Progress::NotStarted(work)),
+            finished: Condvar::new(),
+            started: Instant::now(),
+        });
+        let task = match runner {
+            MergeRunner::InLine => {
+                slot.run_if_not_started();
+                None
+            }
+            MergeRunner::Task(tasks, cpu) => {
+                Some(tasks.try_spawn("casblk-idxmerge", cpu, Box::new(MergeTask(slot.clone())))?)
+            }
         };
-        let state = if background {
-            let handle = std::thread::Builder::new()
-                .name("casblk-index-merge".into())
-                .spawn(work)
-                .map_err(|e| Error::Io { path: PathBuf::from("index merge thread"), source: e })?;
-            State::Running(handle)
-        } else {
-            State::Done(work(), started.elapsed())
-        };
-        Ok(MergeJob { run_id, inputs, started, state })
+        Ok(MergeJob { run_id, inputs, slot, _task: task })
     }
 
     /// True once the merged run is written (or the merge failed).
     pub fn is_finished(&self) -> bool {
-        match &self.state {
-            State::Running(h) => h.is_finished(),
-            State::Done(..) => true,
-        }
+        matches!(*lock(&self.slot.progress), Progress::Finished(..))
     }
 
-    /// Waits for the merge: its run (None when every entry was stale) and
-    /// how long it took.
+    /// Waits for the merge, running it here if its task has not started
+    /// it: its run (None when every entry was stale) and how long it took
+    /// from `start`.
     pub fn wait(self) -> (Result<Option<Run>>, Duration) {
-        match self.state {
-            State::Running(h) => {
-                let result = h.join().unwrap_or_else(|_| {
-                    Err(Error::Io {
-                        path: PathBuf::from("index merge thread"),
-                        source: std::io::Error::other("the index merge thread panicked"),
-                    })
-                });
-                (result, self.started.elapsed())
+        self.slot.run_if_not_started();
+        let mut p = lock(&self.slot.progress);
+        loop {
+            match std::mem::replace(&mut *p, Progress::Taken) {
+                Progress::Finished(result, took) => return (result, took),
+                Progress::Running => {
+                    *p = Progress::Running;
+                    p = self.slot.finished.wait(p).unwrap_or_else(|e| e.into_inner());
+                }
+                Progress::NotStarted(_) | Progress::Taken => unreachable!("run above, taken once"),
             }
-            State::Done(result, took) => (result, took),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dedup::run::{hash_order, Entry};
+    use crate::storage::MemStorage;
+    use crate::tasks::Stepper;
+    use crate::units::ChunkHash;
+    use std::path::Path;
+
+    /// Eight level-0 runs of 10 entries each (ids 1..=8) in `/d`, and the
+    /// spec of their merge into run 9.
+    fn spec() -> (MemStorage, MergeSpec) {
+        let s = MemStorage::new();
+        s.create_dir_all(Path::new("/d")).unwrap();
+        let all = |_: ChunkLoc| true;
+        let mut inputs = Vec::new();
+        for id in 1..=8u64 {
+            let mut entries: Vec<Entry> = (0..10u64)
+                .map(|i| {
+                    let n = id * 100 + i;
+                    Entry {
+                        hash: ChunkHash::of(&n.to_le_bytes()),
+                        at: ChunkLoc { pack: 1, slot: n as u32, crc: 0 },
+                    }
+                })
+                .collect();
+            entries.sort_unstable_by(|a, b| hash_order(&a.hash, &b.hash));
+            let run = write_merged(&s, Path::new("/d"), 1, id, 0, &[], &entries, &all).unwrap().unwrap();
+            inputs.push(Arc::new(run));
+        }
+        let storage: Arc<dyn Storage> = Arc::new(s.clone());
+        (s, MergeSpec { storage, dir: PathBuf::from("/d"), store_id: 1, run_id: 9, level: 1, inputs })
+    }
+
+    /// Under a stepper the merge runs when the test steps its task, not
+    /// before: the model test decides where it lands among crashes.
+    #[test]
+    fn a_stepped_merge_runs_when_stepped() {
+        let (s, spec) = spec();
+        let stepper = Stepper::new();
+        let tasks = Tasks::Stepped(stepper.clone());
+        let job = MergeJob::start(spec, Box::new(|_| true), MergeRunner::Task(&tasks, BackgroundCpu::Normal))
+            .unwrap();
+        assert!(!job.is_finished());
+        assert!(!s.exists(Path::new("/d").join(super::super::run::run_file_name(9)).as_path()));
+        assert_eq!(stepper.names(), vec!["casblk-idxmerge".to_string()]);
+        assert_eq!(stepper.step_one(0), Some(Step::Done));
+        assert!(job.is_finished());
+        assert!(stepper.names().is_empty(), "the task ends after its merge");
+        let (run, _) = job.wait();
+        let run = run.unwrap().expect("80 live entries");
+        assert_eq!((run.id, run.level), (9, 1));
+    }
+
+    /// A sync that must wait for a merge its task has not started runs it
+    /// itself (under a stepper nothing else would); the task then finds
+    /// nothing to do, and dropping the job removes it.
+    #[test]
+    fn waiting_for_a_merge_not_started_runs_it() {
+        let (_s, spec) = spec();
+        let stepper = Stepper::new();
+        let tasks = Tasks::Stepped(stepper.clone());
+        let job = MergeJob::start(spec, Box::new(|_| true), MergeRunner::Task(&tasks, BackgroundCpu::Normal))
+            .unwrap();
+        let (run, _) = job.wait();
+        assert_eq!(run.unwrap().expect("merged").id, 9);
+        assert!(stepper.names().is_empty(), "the job's drop removed its task");
+    }
+
+    /// On threads, the merge runs on its own and `wait` returns its run.
+    #[test]
+    fn a_threaded_merge_finishes_on_its_own() {
+        let (_s, spec) = spec();
+        let job = MergeJob::start(
+            spec,
+            Box::new(|_| true),
+            MergeRunner::Task(&Tasks::Threads, BackgroundCpu::Normal),
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !job.is_finished() {
+            assert!(Instant::now() < deadline, "the merge thread did not finish");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(job.wait().0.unwrap().expect("merged").id, 9);
     }
 }
