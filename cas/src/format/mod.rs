@@ -10,20 +10,18 @@
 //! - a version newer than this build reads is refused with
 //!   [`Error::UnsupportedVersion`], never guessed at.
 
-mod crc32c;
-
 use crate::error::{Error, Result};
 use std::path::Path;
 
-/// crc32c (Castagnoli) of `bytes`: hardware accelerated where available
-/// (long buffers by carry-less multiplication, see `crc32c.rs`).
+/// crc32c (Castagnoli) of `bytes`, by the `crc32c` crate (the SSE4.2
+/// `crc32` instruction where the CPU has it).
 pub fn crc32c(bytes: &[u8]) -> u32 {
-    crc32c::append(0, bytes)
+    ::crc32c::crc32c(bytes)
 }
 
 /// Continues a crc32c over more bytes.
 pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
-    crc32c::append(crc, bytes)
+    ::crc32c::crc32c_append(crc, bytes)
 }
 
 /// Refuses versions above `supported` (and version 0, which is never written).
