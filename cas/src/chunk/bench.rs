@@ -7,7 +7,6 @@
 use super::journal::Journal;
 use super::pack::{self, PackHeader};
 use super::{ChunkHash, ChunkLoc};
-use crate::background::BackgroundCpu;
 use crate::dedup::merge::{MergeJob, MergeRunner, MergeSpec};
 use crate::dedup::root::Root;
 use crate::dedup::run::{Entry, RunWriter};
@@ -174,11 +173,7 @@ impl DedupBench {
                 inputs,
             };
             self.next_id += 1;
-            self.merge = Some(MergeJob::start(
-                spec,
-                Box::new(|_| true),
-                MergeRunner::Task(&Tasks::Threads, BackgroundCpu::Normal),
-            )?);
+            self.merge = Some(MergeJob::start(spec, Box::new(|_| true), MergeRunner::Task(&Tasks::Threads))?);
             if !wait {
                 return Ok(());
             }

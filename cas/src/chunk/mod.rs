@@ -120,7 +120,6 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// only the reads that hash to the same shard.
 const CACHE_SHARDS: usize = 64;
 
-use crate::background::BackgroundCpu;
 use crate::tasks::Tasks;
 pub use crate::units::{ChunkHash, ChunkLoc, ChunkRef, ChunkTag};
 
@@ -155,9 +154,8 @@ pub struct ChunkStoreOptions {
     /// cut the storage at every operation want that order fixed).
     pub index_merge_in_background: bool,
     /// What runs the background merges (the store's tasks: a thread each,
-    /// or a test's stepper), and in which CPU class.
+    /// or a test's stepper).
     pub tasks: Tasks,
-    pub background_cpu: BackgroundCpu,
 }
 
 impl Default for ChunkStoreOptions {
@@ -169,7 +167,6 @@ impl Default for ChunkStoreOptions {
             index_checkpoint_min_bytes: 4 << 20,
             index_merge_in_background: true,
             tasks: Tasks::Threads,
-            background_cpu: BackgroundCpu::default(),
         }
     }
 }
@@ -295,7 +292,7 @@ pub struct ChunkStore {
     pub(crate) lent_bytes: std::sync::atomic::AtomicU64,
     pub(crate) checkpoint_min_bytes: u64,
     /// Who runs index merges: None, the flush that makes one due.
-    pub(crate) merge_tasks: Option<(Tasks, BackgroundCpu)>,
+    pub(crate) merge_tasks: Option<Tasks>,
     pub(crate) index: RwLock<DedupIndex>,
     pub(crate) files: Arc<RwLock<PackFiles>>,
     /// Forward tables of packs GC repacked and deleted (forward.rs).
@@ -334,10 +331,11 @@ fn corrupt(path: &Path, offset: u64, detail: impl Into<String>) -> Error {
 }
 
 impl Drop for ChunkStore {
-    /// Stops the tier's work, and waits for a running merge of index
-    /// runs (the next open must not race its writes). Its run, which no
-    /// root names yet, is deleted: a clean close leaves no file an fsck
-    /// would report as a leftover (if this fails, the next open deletes it).
+    /// Stops the tier's work, cancels a merge of index runs not started
+    /// and waits for one running (the next open must not race its writes).
+    /// Its run, which no root names yet, is deleted: a clean close leaves
+    /// no file an fsck would report as a leftover (if this fails, the next
+    /// open deletes it).
     fn drop(&mut self) {
         if let Some(t) = &self.tier {
             t.stop();
@@ -345,7 +343,7 @@ impl Drop for ChunkStore {
         let job = self.sync_state.get_mut().unwrap_or_else(|p| p.into_inner()).merge.take();
         if let Some(job) = job {
             let run_id = job.run_id;
-            let _ = job.wait();
+            job.cancel();
             for name in [dedup::run::run_file_name(run_id), dedup::run::keys_spill_name(run_id)] {
                 let path = self.dir.join(name);
                 if self.storage.exists(&path) {

@@ -482,7 +482,7 @@ impl ChunkStore {
                 inputs,
             };
             let runner = match &self.merge_tasks {
-                Some((tasks, cpu)) => dedup::merge::MergeRunner::Task(tasks, *cpu),
+                Some(tasks) => dedup::merge::MergeRunner::Task(tasks),
                 None => dedup::merge::MergeRunner::InLine,
             };
             match dedup::merge::MergeJob::start(spec, valid, runner) {

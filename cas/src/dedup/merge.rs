@@ -6,10 +6,13 @@
 //!
 //! The work is taken by whoever comes first: the task's one step, or the
 //! sync that must wait for the merge ([`MergeJob::wait`]) and finds it not
-//! started (under a stepper nothing else would run it). Dropping a job
-//! (the chunk store closing) stops the task, waiting for a merge in
-//! progress: the file it writes is then no longer being written when the
-//! next open deletes it.
+//! started (under a stepper nothing else would run it). A merge that
+//! panics finishes with an error, as the thread's join made of it before.
+//! The chunk store's close cancels a merge not started and waits for one
+//! in progress ([`MergeJob::cancel`]), so the next open never races its
+//! writes. The task runs in the normal CPU class, not the store's
+//! background class: a sync waits for it under the sync lock once runs
+//! pile up.
 //!
 //! The job only reads its input runs (immutable files) and writes a new
 //! run under an id reserved for it; nothing names that run until the
@@ -24,7 +27,7 @@
 use super::run::Run;
 use super::write_merged;
 use crate::background::BackgroundCpu;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::storage::Storage;
 use crate::sync::lock;
 use crate::tasks::{Context, Step, Task, TaskHandle, Tasks};
@@ -54,8 +57,8 @@ pub(crate) enum MergeRunner<'a> {
     /// The caller, before `start` returns (tests that cut the storage at
     /// every operation want that order fixed).
     InLine,
-    /// A task of `tasks`, in CPU class `cpu`.
-    Task(&'a Tasks, BackgroundCpu),
+    /// A task of `tasks`.
+    Task(&'a Tasks),
 }
 
 type Work = Box<dyn FnOnce() -> Result<Option<Run>> + Send>;
@@ -88,7 +91,9 @@ impl Slot {
                 }
             }
         };
-        let result = work();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|_| {
+            Err(Error::io("index merge", std::io::Error::other("the index merge panicked")))
+        });
         *lock(&self.progress) = Progress::Finished(result, self.started.elapsed());
         self.finished.notify_all();
         true
@@ -143,9 +148,11 @@ impl MergeJob {
                 slot.run_if_not_started();
                 None
             }
-            MergeRunner::Task(tasks, cpu) => {
-                Some(tasks.try_spawn("casblk-idxmerge", cpu, Box::new(MergeTask(slot.clone())))?)
-            }
+            MergeRunner::Task(tasks) => Some(tasks.try_spawn(
+                "casblk-idxmerge",
+                BackgroundCpu::Normal,
+                Box::new(MergeTask(slot.clone())),
+            )?),
         };
         Ok(MergeJob { run_id, inputs, slot, _task: task })
     }
@@ -169,6 +176,21 @@ impl MergeJob {
                     p = self.slot.finished.wait(p).unwrap_or_else(|e| e.into_inner());
                 }
                 Progress::NotStarted(_) | Progress::Taken => unreachable!("run above, taken once"),
+            }
+        }
+    }
+
+    /// Gives the merge up (the store is closing): one not started never
+    /// runs; one in progress is waited for, so its file is written no more.
+    pub fn cancel(self) {
+        let mut p = lock(&self.slot.progress);
+        loop {
+            match std::mem::replace(&mut *p, Progress::Taken) {
+                Progress::Running => {
+                    *p = Progress::Running;
+                    p = self.slot.finished.wait(p).unwrap_or_else(|e| e.into_inner());
+                }
+                Progress::NotStarted(_) | Progress::Finished(..) | Progress::Taken => return,
             }
         }
     }
@@ -215,8 +237,7 @@ mod tests {
         let (s, spec) = spec();
         let stepper = Stepper::new();
         let tasks = Tasks::Stepped(stepper.clone());
-        let job = MergeJob::start(spec, Box::new(|_| true), MergeRunner::Task(&tasks, BackgroundCpu::Normal))
-            .unwrap();
+        let job = MergeJob::start(spec, Box::new(|_| true), MergeRunner::Task(&tasks)).unwrap();
         assert!(!job.is_finished());
         assert!(!s.exists(Path::new("/d").join(super::super::run::run_file_name(9)).as_path()));
         assert_eq!(stepper.names(), vec!["casblk-idxmerge".to_string()]);
@@ -236,23 +257,50 @@ mod tests {
         let (_s, spec) = spec();
         let stepper = Stepper::new();
         let tasks = Tasks::Stepped(stepper.clone());
-        let job = MergeJob::start(spec, Box::new(|_| true), MergeRunner::Task(&tasks, BackgroundCpu::Normal))
-            .unwrap();
+        let job = MergeJob::start(spec, Box::new(|_| true), MergeRunner::Task(&tasks)).unwrap();
         let (run, _) = job.wait();
         assert_eq!(run.unwrap().expect("merged").id, 9);
         assert!(stepper.names().is_empty(), "the job's drop removed its task");
+    }
+
+    /// A merge that panics (here: its validity check) finishes with an
+    /// error: `wait` returns within a bound instead of waiting for ever.
+    #[test]
+    fn a_panicking_merge_finishes_with_an_error() {
+        let (_s, spec) = spec();
+        let job = MergeJob::start(
+            spec,
+            Box::new(|_| panic!("a merge that panics")),
+            MergeRunner::Task(&Tasks::Threads),
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(job.wait().0.map(|r| r.map(|r| r.id)));
+        });
+        let got = rx.recv_timeout(Duration::from_secs(30)).expect("wait returned within 30 s");
+        let e = got.expect_err("a panicking merge is an error");
+        assert!(e.to_string().contains("the index merge panicked"), "{e}");
+    }
+
+    /// Closing the store cancels a merge its task has not started: the
+    /// work never runs, no run file appears, and the task is gone.
+    #[test]
+    fn a_cancelled_merge_never_runs() {
+        let (s, spec) = spec();
+        let stepper = Stepper::new();
+        let tasks = Tasks::Stepped(stepper.clone());
+        let job = MergeJob::start(spec, Box::new(|_| true), MergeRunner::Task(&tasks)).unwrap();
+        job.cancel();
+        assert!(stepper.names().is_empty());
+        assert!(!s.exists(Path::new("/d").join(super::super::run::run_file_name(9)).as_path()));
     }
 
     /// On threads, the merge runs on its own and `wait` returns its run.
     #[test]
     fn a_threaded_merge_finishes_on_its_own() {
         let (_s, spec) = spec();
-        let job = MergeJob::start(
-            spec,
-            Box::new(|_| true),
-            MergeRunner::Task(&Tasks::Threads, BackgroundCpu::Normal),
-        )
-        .unwrap();
+        let job = MergeJob::start(spec, Box::new(|_| true), MergeRunner::Task(&Tasks::Threads)).unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         while !job.is_finished() {
             assert!(Instant::now() < deadline, "the merge thread did not finish");

@@ -188,6 +188,13 @@ pub(crate) fn assert_refuses_damage<T: std::fmt::Debug>(
 mod tests {
     use super::*;
 
+    /// The standard check value of CRC-32C (iSCSI), whole and continued.
+    #[test]
+    fn crc32c_is_castagnoli() {
+        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+        assert_eq!(crc32c_append(crc32c(b"1234"), b"56789"), 0xe306_9283);
+    }
+
     #[test]
     fn seal_and_unseal_round_trip() {
         let mut e = Encoder::default();

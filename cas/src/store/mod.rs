@@ -181,7 +181,6 @@ impl Store {
             index_memory_budget_bytes: opts.memory_budget_bytes - opts.compaction_memory_bytes,
             index_checkpoint_min_bytes: opts.index_flush_bytes,
             tasks: opts.tasks.clone(),
-            background_cpu: opts.background_cpu,
             ..ChunkStoreOptions::default()
         };
         let remote = opts.remote_options();

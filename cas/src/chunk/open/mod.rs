@@ -100,7 +100,7 @@ impl ChunkStore {
             budget_bytes: opts.index_memory_budget_bytes,
             lent_bytes: AtomicU64::new(0),
             checkpoint_min_bytes: opts.index_checkpoint_min_bytes,
-            merge_tasks: opts.index_merge_in_background.then(|| (opts.tasks.clone(), opts.background_cpu)),
+            merge_tasks: opts.index_merge_in_background.then(|| opts.tasks.clone()),
             index: RwLock::new(parts.index),
             files: Arc::new(RwLock::new(parts.files)),
             forwards: RwLock::new(parts.forwards),
