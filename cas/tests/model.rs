@@ -941,9 +941,14 @@ struct Replay {
     index_merges: u64,
 }
 
+/// Whether a random seed's sequence has index merges (`opts`): odd seeds.
+fn with_index_merges(seed: u64) -> bool {
+    seed % 2 == 1
+}
+
 /// A seed with snapshot and grow steps, and (odd seeds) index merges.
 fn check_seed(seed: u64) -> Replay {
-    check_seed_with(seed, true, true, seed % 2 == 1)
+    check_seed_with(seed, true, true, with_index_merges(seed))
 }
 
 fn check_seed_with(seed: u64, snapshots: bool, resizes: bool, index_merges: bool) -> Replay {
@@ -974,7 +979,7 @@ fn one_seed_from_env() {
 fn seeds_replay_exactly() {
     let mut background = (0, 0);
     for seed in 0x7E91_0000..0x7E91_0000 + 40 {
-        let merges = seed % 2 == 1;
+        let merges = with_index_merges(seed);
         let first = sequence_with(seed, true, true, merges).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         let again =
             sequence_with(seed, true, true, merges).unwrap_or_else(|e| panic!("seed {seed} replayed: {e}"));

@@ -33,7 +33,7 @@ use crate::sync::lock;
 use crate::tasks::{Context, Step, Task, TaskHandle, Tasks};
 use crate::units::ChunkLoc;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Whether an entry's slot was live when the merge started.
@@ -97,6 +97,16 @@ impl Slot {
         *lock(&self.progress) = Progress::Finished(result, self.started.elapsed());
         self.finished.notify_all();
         true
+    }
+
+    /// The progress, locked, once no thread is running the work (waits
+    /// for one that is).
+    fn settled(&self) -> MutexGuard<'_, Progress> {
+        let mut p = lock(&self.progress);
+        while matches!(*p, Progress::Running) {
+            p = self.finished.wait(p).unwrap_or_else(|e| e.into_inner());
+        }
+        p
     }
 }
 
@@ -167,32 +177,16 @@ impl MergeJob {
     /// from `start`.
     pub fn wait(self) -> (Result<Option<Run>>, Duration) {
         self.slot.run_if_not_started();
-        let mut p = lock(&self.slot.progress);
-        loop {
-            match std::mem::replace(&mut *p, Progress::Taken) {
-                Progress::Finished(result, took) => return (result, took),
-                Progress::Running => {
-                    *p = Progress::Running;
-                    p = self.slot.finished.wait(p).unwrap_or_else(|e| e.into_inner());
-                }
-                Progress::NotStarted(_) | Progress::Taken => unreachable!("run above, taken once"),
-            }
+        match std::mem::replace(&mut *self.slot.settled(), Progress::Taken) {
+            Progress::Finished(result, took) => (result, took),
+            _ => unreachable!("run above, settled, taken once"),
         }
     }
 
     /// Gives the merge up (the store is closing): one not started never
     /// runs; one in progress is waited for, so its file is written no more.
     pub fn cancel(self) {
-        let mut p = lock(&self.slot.progress);
-        loop {
-            match std::mem::replace(&mut *p, Progress::Taken) {
-                Progress::Running => {
-                    *p = Progress::Running;
-                    p = self.slot.finished.wait(p).unwrap_or_else(|e| e.into_inner());
-                }
-                Progress::NotStarted(_) | Progress::Finished(..) | Progress::Taken => return,
-            }
-        }
+        *self.slot.settled() = Progress::Taken;
     }
 }
 
@@ -230,16 +224,28 @@ mod tests {
         (s, MergeSpec { storage, dir: PathBuf::from("/d"), store_id: 1, run_id: 9, level: 1, inputs })
     }
 
+    /// The merge of `spec()` started as a task of a fresh stepper.
+    fn stepped_job() -> (MemStorage, Arc<Stepper>, MergeJob) {
+        let (s, spec) = spec();
+        let stepper = Stepper::new();
+        let job =
+            MergeJob::start(spec, Box::new(|_| true), MergeRunner::Task(&Tasks::Stepped(stepper.clone())))
+                .unwrap();
+        (s, stepper, job)
+    }
+
+    /// Whether the merged run's file (run 9) exists.
+    fn merged_file_exists(s: &MemStorage) -> bool {
+        s.exists(&Path::new("/d").join(super::super::run::run_file_name(9)))
+    }
+
     /// Under a stepper the merge runs when the test steps its task, not
     /// before: the model test decides where it lands among crashes.
     #[test]
     fn a_stepped_merge_runs_when_stepped() {
-        let (s, spec) = spec();
-        let stepper = Stepper::new();
-        let tasks = Tasks::Stepped(stepper.clone());
-        let job = MergeJob::start(spec, Box::new(|_| true), MergeRunner::Task(&tasks)).unwrap();
+        let (s, stepper, job) = stepped_job();
         assert!(!job.is_finished());
-        assert!(!s.exists(Path::new("/d").join(super::super::run::run_file_name(9)).as_path()));
+        assert!(!merged_file_exists(&s));
         assert_eq!(stepper.names(), vec!["casblk-idxmerge".to_string()]);
         assert_eq!(stepper.step_one(0), Some(Step::Done));
         assert!(job.is_finished());
@@ -254,10 +260,7 @@ mod tests {
     /// nothing to do, and dropping the job removes it.
     #[test]
     fn waiting_for_a_merge_not_started_runs_it() {
-        let (_s, spec) = spec();
-        let stepper = Stepper::new();
-        let tasks = Tasks::Stepped(stepper.clone());
-        let job = MergeJob::start(spec, Box::new(|_| true), MergeRunner::Task(&tasks)).unwrap();
+        let (_s, stepper, job) = stepped_job();
         let (run, _) = job.wait();
         assert_eq!(run.unwrap().expect("merged").id, 9);
         assert!(stepper.names().is_empty(), "the job's drop removed its task");
@@ -287,13 +290,10 @@ mod tests {
     /// work never runs, no run file appears, and the task is gone.
     #[test]
     fn a_cancelled_merge_never_runs() {
-        let (s, spec) = spec();
-        let stepper = Stepper::new();
-        let tasks = Tasks::Stepped(stepper.clone());
-        let job = MergeJob::start(spec, Box::new(|_| true), MergeRunner::Task(&tasks)).unwrap();
+        let (s, stepper, job) = stepped_job();
         job.cancel();
         assert!(stepper.names().is_empty());
-        assert!(!s.exists(Path::new("/d").join(super::super::run::run_file_name(9)).as_path()));
+        assert!(!merged_file_exists(&s));
     }
 
     /// On threads, the merge runs on its own and `wait` returns its run.
