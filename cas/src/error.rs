@@ -59,7 +59,7 @@ pub enum Error {
     #[error("{0}: it is read-only")]
     ReadOnly(String),
 
-    /// A read under [`crate::storage::nowait_reads`] would have waited for
+    /// A read with [`Wait::Never`](crate::io::Wait::Never) would have waited for
     /// the device; nothing was returned. The caller retries where it may
     /// block.
     #[error("the read would block")]

@@ -21,7 +21,7 @@
 //! trees     manifest
 //! data      chunk image
 //! records   dedup objects wal
-//! base      background cache error format heap observe report storage sync tasks thread_time units
+//! base      background cache error format heap io observe report storage sync tasks thread_time units
 //! ```
 #![deny(unsafe_code)]
 
@@ -37,6 +37,7 @@ pub mod fsck;
 pub mod gc;
 pub mod heap;
 pub mod image;
+pub mod io;
 pub mod manifest;
 pub mod objects;
 pub mod observe;

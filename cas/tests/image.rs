@@ -4,6 +4,7 @@
 mod common;
 
 use cas::image::{ManifestView, BLOCK_BYTES};
+use cas::io::IoCx;
 use cas::storage::{CrashMode, Fault, FaultOp, MemStorage};
 use cas::{Error, RecordKind, Store, StoreOptions};
 use common::*;
@@ -205,7 +206,9 @@ fn full_log_blocks_writers_until_reclamation_wakes_them() {
     let need = image.log_bytes_needed(RecordKind::Write, 256 << 10);
     let mut n = 0u64;
     while let Some(r) = image.try_reserve(need) {
-        image.write_reserved(r, n * (256 << 10), &payload(n + 1, n * 512, 512), false).unwrap();
+        image
+            .write_reserved(IoCx::default(), r, n * (256 << 10), &payload(n + 1, n * 512, 512), false)
+            .unwrap();
         n += 1;
     }
     assert!(n >= 6, "only {n} writes fit in 2 MiB");
@@ -311,7 +314,7 @@ fn bad_arguments_get_clear_errors() {
     assert!(inval(image2.write(0, &big, false)));
     // A reservation too small for the request.
     let r = image.try_reserve(100).unwrap();
-    assert!(inval(image.write_reserved(r, 0, &[0u8; 512], false)));
+    assert!(inval(image.write_reserved(IoCx::default(), r, 0, &[0u8; 512], false)));
     assert_eq!(image.stats().log_reserved_bytes, 0, "a refused reservation still returns its bytes");
 }
 

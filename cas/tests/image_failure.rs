@@ -11,6 +11,7 @@
 mod common;
 
 use cas::image::CAPACITY_RETRY_MS;
+use cas::io::IoCx;
 use cas::storage::{Fault, FaultOp, MemStorage};
 use cas::{Error, RecordKind, Store, StoreOptions};
 use common::*;
@@ -39,6 +40,7 @@ fn fill_log(image: &cas::Image, write_bytes: u64) -> u64 {
         assert!(r.refusal().is_none());
         image
             .write_reserved(
+                IoCx::default(),
                 r,
                 n * write_bytes,
                 &payload(n + 1, n * write_bytes / 512, write_bytes / 512),
@@ -99,7 +101,7 @@ fn a_failed_image_fails_its_waiting_and_new_writes_within_a_bound() {
     // The scheduler's path: a refusal instead of a wait, and the write fails.
     let r = bad.try_reserve(need).expect("a failed image hands out a refusal, not a wait");
     assert!(r.refusal().is_some());
-    assert!(is_eio(&bad.write_reserved(r, 0, &payload(8, 0, 512), false).unwrap_err()));
+    assert!(is_eio(&bad.write_reserved(IoCx::default(), r, 0, &payload(8, 0, 512), false).unwrap_err()));
     assert!(is_eio(&bad.write(4096, &payload(9, 8, 8), false).unwrap_err()));
     assert!(is_eio(&bad.flush().unwrap_err()));
     let why = bad.failure().expect("the image says it failed");

@@ -3,7 +3,7 @@
 
 mod common;
 
-use cas::observe::observed;
+use cas::io::timed;
 use common::*;
 use trace::IoSource;
 
@@ -18,20 +18,20 @@ fn each_request_reports_the_sources_it_used() {
     let image = store.open_image("a").unwrap();
 
     // A write appends one log record; with FUA it also syncs the log.
-    let (r, io) = observed(|| image.write(0, &payload(1, 0, 16), false));
+    let (r, io) = timed(|cx| image.write_in(cx, 0, &payload(1, 0, 16), false));
     r.unwrap();
     assert_eq!(sources(&io), [IoSource::Log]);
-    let (r, io) = observed(|| image.write(8192, &payload(2, 16, 8), true));
+    let (r, io) = timed(|cx| image.write_in(cx, 8192, &payload(2, 16, 8), true));
     r.unwrap();
     assert_eq!(sources(&io), [IoSource::Log]);
     assert_eq!(io.ios(IoSource::Log), 2, "the record write and the sync");
-    let (r, io) = observed(|| image.flush());
+    let (r, io) = timed(|cx| image.flush_in(cx));
     r.unwrap();
     assert_eq!(sources(&io), [IoSource::Log]);
 
     // Uncompacted data comes from the log.
     let mut buf = vec![0u8; 4096];
-    let (r, io) = observed(|| image.read(0, &mut buf));
+    let (r, io) = timed(|cx| image.read_in(cx, 0, &mut buf));
     r.unwrap();
     assert_eq!(sources(&io), [IoSource::Log]);
 
@@ -43,21 +43,21 @@ fn each_request_reports_the_sources_it_used() {
     let store = reopen(&mem, small_opts()).unwrap();
     let image = store.open_image("a").unwrap();
     for _ in 0..2 {
-        let (r, io) = observed(|| image.read(0, &mut buf));
+        let (r, io) = timed(|cx| image.read_in(cx, 0, &mut buf));
         r.unwrap();
         assert_eq!(sources(&io), [IoSource::Manifest, IoSource::Chunk]);
     }
-    let (r, io) = observed(|| image.read(0, &mut buf));
+    let (r, io) = timed(|cx| image.read_in(cx, 0, &mut buf));
     r.unwrap();
     assert_eq!(sources(&io), [IoSource::Cache, IoSource::Manifest]);
     assert_eq!(decode_sector(&buf[..SECTOR], 0), Ok(1));
 
-    // A hole reads no chunk; an unobserved read records nothing.
-    let (r, io) = observed(|| image.read(65536, &mut buf));
+    // A hole reads no chunk; an untimed read records nothing.
+    let (r, io) = timed(|cx| image.read_in(cx, 65536, &mut buf));
     r.unwrap();
     assert_eq!(sources(&io), [IoSource::Manifest]);
     image.read(0, &mut buf).unwrap();
-    let ((), io) = observed(|| ());
+    let ((), io) = timed(|_| ());
     assert!(io.is_empty());
 }
 
@@ -68,7 +68,9 @@ fn spans_recorded_into_a_trace_become_its_io_phases() {
     let image = store.open_image("a").unwrap();
     let mut t = trace::RequestTrace::new(trace::Op::Write, trace::now_ns());
     t.dispatched(trace::now_ns());
-    cas::observe::into(&mut t, || image.write(0, &payload(1, 0, 8), true)).unwrap();
+    let (r, io) = timed(|cx| image.write_in(cx, 0, &payload(1, 0, 8), true));
+    r.unwrap();
+    cas::observe::record(&mut t, &io);
     t.executed(trace::now_ns());
     assert_eq!(t.io_spans().iter().map(|s| s.source).collect::<Vec<_>>(), [IoSource::Log]);
 }

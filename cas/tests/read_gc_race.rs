@@ -9,6 +9,7 @@
 mod common;
 
 use cas::image::{ChunkRef, ManifestView};
+use cas::io::{IoCx, Wait};
 use cas::Result;
 use common::*;
 use std::sync::{Arc, Mutex};
@@ -22,20 +23,20 @@ struct AfterLookup {
 }
 
 impl ManifestView for AfterLookup {
-    fn lookup(&self, block: u64) -> Result<Option<ChunkRef>> {
-        self.inner.lookup(block)
+    fn lookup(&self, block: u64, wait: Wait) -> Result<Option<ChunkRef>> {
+        self.inner.lookup(block, wait)
     }
 
-    fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkRef>]) -> Result<()> {
-        self.inner.lookup_range(first_block, out)?;
+    fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkRef>], wait: Wait) -> Result<()> {
+        self.inner.lookup_range(first_block, out, wait)?;
         if let Some(hook) = self.hook.lock().unwrap().take() {
             hook();
         }
         Ok(())
     }
 
-    fn read_chunk(&self, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
-        self.inner.read_chunk(r, out)
+    fn read_chunk(&self, r: &ChunkRef, out: &mut [u8], cx: IoCx<'_>) -> Result<()> {
+        self.inner.read_chunk(r, out, cx)
     }
 }
 

@@ -10,7 +10,8 @@ use cas::bucket::packs::packidx::PackIndex;
 use cas::bucket::packs::{open_chunks, PackTier, RemoteStats};
 use cas::bucket::packs::{pack_key, packidx_key, Catalog, PackPhase, PART_BYTES};
 use cas::bucket::RemoteOptions;
-use cas::chunk::{ChunkHash, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
+use cas::chunk::{ChunkHash, ChunkRef, ChunkStore, ChunkStoreOptions, CHUNK_BYTES, PACK_HEADER_BYTES};
+use cas::io::IoCx;
 use cas::objects::{MemObjects, ObjectFault, Objects};
 use cas::storage::{CrashMode, MemStorage, OpenMode, Storage};
 use chunk_support::{block, block_hash, crash_at_every_op, crashing, Cuts};
@@ -345,11 +346,10 @@ fn uploaded_packs_leave_the_disk_and_are_read_from_the_bucket_through_the_cache(
 
     // Cold: every read of an evicted pack misses; a read on a queue thread
     // (no blocking) is handed back.
-    {
-        let _nowait = cas::storage::nowait_reads();
-        let err = c.read(&block_hash(0), &mut vec![0u8; CHUNK_BYTES]).unwrap_err();
-        assert!(matches!(err, cas::Error::WouldBlock), "{err}");
-    }
+    let mut out = vec![0u8; CHUNK_BYTES];
+    let nowait = IoCx::default().nowait();
+    let err = c.read_ref_in(&ChunkRef::unlocated(&block_hash(0)), &mut out, nowait).unwrap_err();
+    assert!(matches!(err, cas::Error::WouldBlock), "{err}");
     read_all(&c, 0..30);
     let cold = c.remote_stats().unwrap();
     assert!(cold.gets >= 3, "{cold:?}");

@@ -4,6 +4,7 @@
 
 use crate::syncs::SyncPool;
 use crate::{DeviceCore, Done, Job, Registry, Sched, TagBuffers};
+use cas::io::IoCx;
 use sched::{Dispatch, Next, Op};
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,7 +101,9 @@ impl<B: TagBuffers> Started<B> {
         // The engine records its I/O spans (log, manifest, chunk cache,
         // chunks) into the trace; the rest of the execution is `execute`.
         let fua = job.fua;
-        let run = || execute(&core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, fua);
+        let run = |cx: IoCx<'_>| {
+            execute(cx, &core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, fua)
+        };
         let result = observed(core.traced, &mut job.trace, run);
         if core.traced {
             job.trace.executed(trace::now_ns());
@@ -129,12 +132,15 @@ pub fn read_in_place<B: TagBuffers>(
     // SAFETY: the queue thread alone serves (qid, tag) here; on a hand-off
     // below it stops using the buffer before the worker can get the read.
     let buf = unsafe { core.queues[usize::from(qid)].bufs.request_bytes(tag, len) };
-    let mut read_nowait = || match &core.read_stand_in {
+    let mut read_nowait = |cx: IoCx<'_>| match &core.read_stand_in {
         Some(stand_in) => stand_in(d.offset_bytes, buf),
-        None => core.image.read_nowait(d.offset_bytes, buf),
+        None => core.image.read_nowait_in(cx, d.offset_bytes, buf),
     };
-    let (read, io) =
-        if core.traced { cas::observe::observed(read_nowait) } else { (read_nowait(), Default::default()) };
+    let (read, io) = if core.traced {
+        cas::io::timed(read_nowait)
+    } else {
+        (read_nowait(IoCx::default()), Default::default())
+    };
     let result = match read {
         // SAFETY: as for `buf` above; the queue thread commits only after
         // this returns.
@@ -195,7 +201,8 @@ pub fn write_in_place<B: TagBuffers>(
         d.record_into(&mut job.trace, d.admitted_ns);
     }
     let (image, request) = (d.image, d.request);
-    let run = || execute(core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, fua);
+    let run =
+        |cx: IoCx<'_>| execute(cx, core, qid, tag, d.op, d.offset_bytes, d.len_bytes, d.reservation, fua);
     let result = observed(core.traced, &mut job.trace, run);
     let end = core.traced.then(trace::now_ns);
     complete(sched, &core.name, image, request);
@@ -207,10 +214,11 @@ pub fn write_in_place<B: TagBuffers>(
 }
 
 /// Executes one request on the calling thread (a worker, a sync thread, or
-/// the queue thread for a write in place) and returns the result to post or
-/// commit.
+/// the queue thread for a write in place) in the context `cx` and returns
+/// the result to post or commit.
 #[allow(clippy::too_many_arguments)]
 fn execute<B: TagBuffers>(
+    cx: IoCx<'_>,
     core: &DeviceCore<B>,
     qid: u16,
     tag: u16,
@@ -232,7 +240,7 @@ fn execute<B: TagBuffers>(
                 // kernel wait for that post. (Writes in place: the queue thread
                 // itself, which commits only after this returns.)
                 let buf = unsafe { bufs.request_bytes(tag, len as usize) };
-                match image.read(offset, buf) {
+                match image.read_in(cx, offset, buf) {
                     // SAFETY: as above.
                     Ok(()) => match unsafe { bufs.store_read(tag, len as usize) } {
                         Ok(()) => Ok(len as i32),
@@ -255,14 +263,14 @@ fn execute<B: TagBuffers>(
                 }
                 // SAFETY: as above.
                 let buf = unsafe { bufs.request_bytes(tag, len as usize) };
-                image.write_reserved(reservation, offset, buf, fua).map(|()| len as i32)
+                image.write_reserved(cx, reservation, offset, buf, fua).map(|()| len as i32)
             }
-            Op::WriteZeroes => image.write_zeroes_reserved(reserved(), offset, len, fua).map(|()| 0),
+            Op::WriteZeroes => image.write_zeroes_reserved(cx, reserved(), offset, len, fua).map(|()| 0),
             Op::Discard => image
-                .discard_reserved(reserved(), offset, len)
-                .and_then(|()| if fua { image.flush() } else { Ok(()) })
+                .discard_reserved(cx, reserved(), offset, len)
+                .and_then(|()| if fua { image.flush_in(cx) } else { Ok(()) })
                 .map(|()| 0),
-            Op::Flush => image.flush().map(|()| 0),
+            Op::Flush => image.flush_in(cx).map(|()| 0),
         };
         result.unwrap_or_else(|e| {
             tracing::warn!(image = %core.name, ?op, offset, len, "request failed: {e}");
@@ -293,12 +301,15 @@ fn complete(sched: &Sched, name: &str, image: sched::ImageId, request: sched::Re
     }
 }
 
-/// Runs the engine call `f`, its I/O recorded into `trace` when the device
-/// is traced (`cas::observe`), without observing it otherwise.
-fn observed<R>(traced: bool, trace: &mut trace::RequestTrace, f: impl FnOnce() -> R) -> R {
+/// Runs the engine call `f` in a context timed when the device is traced
+/// (`cas::io::timed`), its I/O then recorded into `trace`; untimed
+/// otherwise.
+fn observed<R>(traced: bool, trace: &mut trace::RequestTrace, f: impl FnOnce(IoCx<'_>) -> R) -> R {
     if traced {
-        cas::observe::into(trace, f)
+        let (result, times) = cas::io::timed(f);
+        cas::observe::record(trace, &times);
+        result
     } else {
-        f()
+        f(IoCx::default())
     }
 }

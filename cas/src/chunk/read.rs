@@ -8,6 +8,7 @@ use crate::dedup;
 use crate::dedup::key::Key;
 use crate::error::{Error, Result};
 use crate::format;
+use crate::io::{IoCx, Wait};
 use crate::storage::StorageFile;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ impl ChunkStore {
     /// stored, and with `ChecksumMismatch` (leaving `out` zeroed) if its
     /// bytes are damaged.
     pub fn read(&self, hash: &ChunkHash, out: &mut [u8]) -> Result<()> {
-        self.read_ref(&ChunkRef::unlocated(hash), out)
+        self.read_ref_in(&ChunkRef::unlocated(hash), out, IoCx::default())
     }
 
     /// Reads the chunk a manifest leaf names into `out` (4096 bytes),
@@ -31,6 +32,12 @@ impl ChunkStore {
     /// asks the index ([`ChunkStats::read_index_lookups`](super::ChunkStats::read_index_lookups)).
     /// Errors as [`ChunkStore::read`].
     pub fn read_ref(&self, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
+        self.read_ref_in(r, out, IoCx::default())
+    }
+
+    /// [`ChunkStore::read_ref`] in the context `cx`: its storage reads wait
+    /// as `cx.wait` allows, and its time goes to `cx` (cache or chunk).
+    pub fn read_ref_in(&self, r: &ChunkRef, out: &mut [u8], cx: IoCx<'_>) -> Result<()> {
         if out.len() != CHUNK_BYTES {
             return Err(Error::InvalidArgument(format!(
                 "chunk reads are {CHUNK_BYTES} bytes, not {}",
@@ -38,10 +45,10 @@ impl ChunkStore {
             )));
         }
         let key = Key::of_tag(&r.tag);
-        let begun = crate::observe::begin();
+        let begun = cx.begin();
         if let Some(bytes) = self.cache.get(&key) {
             out.copy_from_slice(&bytes);
-            crate::observe::end(IoSource::Cache, begun);
+            cx.end(IoSource::Cache, begun);
             return Ok(());
         }
         // Where the leaf says, or where its old pack's forward table says.
@@ -52,16 +59,16 @@ impl ChunkStore {
         let result = match located {
             Some(((at, file), forwarded)) => {
                 self.reads_forwarded.fetch_add(u64::from(forwarded), Ordering::Relaxed);
-                match self.read_slot(&file, at, out) {
+                match self.read_slot(&file, at, out, cx.wait) {
                     // A table that led astray (damaged on disk) or a failed
                     // read: the index knows where the chunk is.
-                    Err(_) if forwarded => self.read_indexed(r, out),
+                    Err(_) if forwarded => self.read_indexed(r, out, cx.wait),
                     other => other,
                 }
             }
-            None => self.read_indexed(r, out),
+            None => self.read_indexed(r, out, cx.wait),
         };
-        crate::observe::end(IoSource::Chunk, begun);
+        cx.end(IoSource::Chunk, begun);
         result?;
         // A chunk read once is not worth a copy and an eviction: it enters
         // the cache on its second miss (admission.rs).
@@ -89,22 +96,23 @@ impl ChunkStore {
     /// the read sends it back to the index, which by then has the moved
     /// chunk's entry (bounded: GC holds a pass lock and deletes one pack at
     /// a time).
-    fn read_indexed(&self, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
+    fn read_indexed(&self, r: &ChunkRef, out: &mut [u8], wait: Wait) -> Result<()> {
         self.read_index_lookups.fetch_add(1, Ordering::Relaxed);
         for _ in 0..4 {
             let open = |at: ChunkLoc| self.read_files().contains_key(&at.pack);
-            let Some(e) = self.read_index().find(&r.tag, &open)? else { break };
+            let Some(e) = self.read_index().find_in(&r.tag, &open, wait)? else { break };
             let Some(file) = self.read_files().get(&e.at.pack).cloned() else { continue };
-            return self.read_slot(&file, e.at, out);
+            return self.read_slot(&file, e.at, out, wait);
         }
         Err(Error::NotFound(format!("chunk {}", r.tag)))
     }
 
     /// Reads slot `at.slot` of `file` into `out` and checks it against
-    /// `at.crc` (`ChecksumMismatch`, `out` zeroed, if it differs).
-    fn read_slot(&self, file: &Arc<dyn StorageFile>, at: ChunkLoc, out: &mut [u8]) -> Result<()> {
+    /// `at.crc` (`ChecksumMismatch`, `out` zeroed, if it differs), reading
+    /// as `wait` allows.
+    fn read_slot(&self, file: &Arc<dyn StorageFile>, at: ChunkLoc, out: &mut [u8], wait: Wait) -> Result<()> {
         let offset = pack::slot_offset(at.slot);
-        file.read_exact_at(out, offset)?;
+        file.read_exact_at_in(out, offset, wait)?;
         let actual = format::crc32c(out);
         if actual != at.crc {
             out.fill(0);

@@ -47,7 +47,7 @@ pub fn fuzz_decode_dedup(data: &[u8]) -> Result<u64> {
                 if k[..] != e.hash.as_bytes()[..run::KEY_BYTES] {
                     return Err(Error::InvalidArgument("a key disagrees with its entry".into()));
                 }
-                if let Some(found) = r.find(&e.hash.tag())? {
+                if let Some(found) = r.find(&e.hash.tag(), crate::io::Wait::Block)? {
                     assert_eq!(found.hash, e.hash, "a run finds the entry it streams");
                 }
                 n += 1;

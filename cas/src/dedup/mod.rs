@@ -41,6 +41,7 @@ pub(crate) mod summary;
 pub use fuzz::{fuzz_decode_dedup, fuzz_reseal_dedup, fuzz_sample_dedup};
 
 use crate::error::Result;
+use crate::io::Wait;
 use crate::storage::Storage;
 use crate::units::{ChunkHash, ChunkLoc, ChunkTag};
 use key::{Key, PrefixBuild};
@@ -150,7 +151,7 @@ impl DedupIndex {
                 continue;
             }
             cost.page_reads += 1;
-            if let Some(e) = run.find(&hash.tag())? {
+            if let Some(e) = run.find(&hash.tag(), Wait::Block)? {
                 if e.hash == *hash && valid(e.at) {
                     return Ok(Some(e.at));
                 }
@@ -163,6 +164,16 @@ impl DedupIndex {
     /// looking in every run (not only those the summary names): exact
     /// whatever the summary covers.
     pub fn find(&self, tag: &ChunkTag, valid: &dyn Fn(ChunkLoc) -> bool) -> Result<Option<Entry>> {
+        self.find_in(tag, valid, Wait::Block)
+    }
+
+    /// [`Index::find`], reading run pages as `wait` allows.
+    pub fn find_in(
+        &self,
+        tag: &ChunkTag,
+        valid: &dyn Fn(ChunkLoc) -> bool,
+        wait: Wait,
+    ) -> Result<Option<Entry>> {
         let key = Key::of_tag(tag);
         for m in std::iter::once(&self.mem).chain(self.frozen.as_deref()) {
             if let Some((k, &at)) = m.get_key_value(&key) {
@@ -172,7 +183,7 @@ impl DedupIndex {
             }
         }
         for (_, run) in self.runs.iter().rev() {
-            if let Some(e) = run.find(tag)? {
+            if let Some(e) = run.find(tag, wait)? {
                 if valid(e.at) {
                     return Ok(Some(e));
                 }

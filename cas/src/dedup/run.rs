@@ -31,6 +31,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::{self, Decoder, Encoder};
+use crate::io::Wait;
 use crate::storage::{OpenMode, Storage, StorageFile};
 use crate::units::{ChunkHash, ChunkLoc, ChunkTag};
 use std::path::Path;
@@ -341,8 +342,8 @@ impl Run {
 
     /// The entry whose hash starts with `tag`, if this run has one: one
     /// page read (two when a page boundary falls inside equal 8-byte
-    /// prefixes).
-    pub fn find(&self, tag: &ChunkTag) -> Result<Option<Entry>> {
+    /// prefixes), as `wait` allows.
+    pub fn find(&self, tag: &ChunkTag, wait: Wait) -> Result<Option<Entry>> {
         let key = prefix_of(tag.as_bytes());
         let first_ge = self.fences.partition_point(|&f| f < key);
         let first_gt = self.fences.partition_point(|&f| f <= key);
@@ -352,7 +353,7 @@ impl Run {
         let mut page = vec![0u8; PAGE_BYTES];
         let mut entries = Vec::with_capacity(PAGE_RECORDS);
         for p in first_ge.saturating_sub(1)..first_gt {
-            self.read_pages(p as u64, &mut page)?;
+            self.read_pages(p as u64, &mut page, wait)?;
             entries.clear();
             decode_pages(&page, self.file.path(), self.page_offset(p as u64), &mut entries)?;
             let found =
@@ -368,8 +369,8 @@ impl Run {
         HEADER_BYTES as u64 + page * PAGE_BYTES as u64
     }
 
-    fn read_pages(&self, first: u64, buf: &mut [u8]) -> Result<()> {
-        self.file.read_exact_at(buf, self.page_offset(first))
+    fn read_pages(&self, first: u64, buf: &mut [u8], wait: Wait) -> Result<()> {
+        self.file.read_exact_at_in(buf, self.page_offset(first), wait)
     }
 
     /// Every entry in order, read `IO_PAGES` pages at a time (a merge's or
@@ -516,7 +517,7 @@ impl RunStream {
             }
             let n = (pages - self.next_page).min(IO_PAGES as u64);
             let mut bytes = vec![0u8; n as usize * PAGE_BYTES];
-            self.run.read_pages(self.next_page, &mut bytes)?;
+            self.run.read_pages(self.next_page, &mut bytes, Wait::Block)?;
             self.buf.clear();
             self.at = 0;
             let offset = self.run.page_offset(self.next_page);
@@ -583,9 +584,9 @@ mod tests {
                 es.iter().map(|e| e.hash.as_bytes()[..KEY_BYTES].try_into().unwrap()).collect();
             assert_eq!(keys, want);
             for e in &es {
-                assert_eq!(run.find(&e.hash.tag()).unwrap(), Some(*e));
+                assert_eq!(run.find(&e.hash.tag(), Wait::Block).unwrap(), Some(*e));
             }
-            assert_eq!(run.find(&hash(n + 1).tag()).unwrap(), None);
+            assert_eq!(run.find(&hash(n + 1).tag(), Wait::Block).unwrap(), None);
             let mut st = run2.stream();
             let mut got = Vec::new();
             while let Some(e) = st.next_entry().unwrap() {

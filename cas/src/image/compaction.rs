@@ -34,7 +34,7 @@ impl Image {
     pub(crate) fn make_completed_durable(&self) -> Result<u64> {
         let target = self.durability.watermark();
         if target > self.durability.durable_seq() {
-            self.make_durable(target)?;
+            self.make_durable(crate::io::IoCx::default(), target)?;
         }
         Ok(self.durability.durable_seq())
     }

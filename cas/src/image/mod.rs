@@ -40,7 +40,7 @@ pub use stats::ImageStats;
 
 use crate::background::BackgroundCpu;
 use crate::error::{Error, Result};
-use crate::observe;
+use crate::io::IoCx;
 use crate::storage::Storage;
 use crate::tasks::Tasks;
 use crate::units::SECTOR_BYTES;
@@ -390,6 +390,11 @@ impl Image {
     /// Writes `data` at `offset`, waiting for log capacity if needed (never
     /// failing for lack of it). With `fua`, durable when it returns.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.write_in(IoCx::default(), offset, data, fua)
+    }
+
+    /// [`Image::write`] in the context `cx`.
+    pub fn write_in(&self, cx: IoCx<'_>, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
         if data.len() as u64 > MAX_WRITE_BYTES {
             return Err(Error::InvalidArgument(format!(
@@ -398,21 +403,21 @@ impl Image {
             )));
         }
         let r = self.reserve_blocking(RecordKind::Write, data.len() as u64)?;
-        self.write_reserved(r, offset, data, fua)
+        self.write_reserved(cx, r, offset, data, fua)
     }
 
     /// Makes `[offset, offset + len)` read as zeros, waiting for capacity.
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
         self.check_range(offset, len)?;
         let r = self.reserve_blocking(RecordKind::WriteZeroes, len)?;
-        self.range_reserved(r, RecordKind::WriteZeroes, offset, len, fua)
+        self.range_reserved(IoCx::default(), r, RecordKind::WriteZeroes, offset, len, fua)
     }
 
     /// Deallocates `[offset, offset + len)`; it reads as zeros afterwards.
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check_range(offset, len)?;
         let r = self.reserve_blocking(RecordKind::Discard, len)?;
-        self.range_reserved(r, RecordKind::Discard, offset, len, false)
+        self.range_reserved(IoCx::default(), r, RecordKind::Discard, offset, len, false)
     }
 
     fn check_reservation(&self, r: &LogReservation, kind: RecordKind, len: u64) -> Result<()> {
@@ -438,7 +443,14 @@ impl Image {
     }
 
     /// Writes with capacity reserved beforehand (see `log_bytes_needed`).
-    pub fn write_reserved(&self, mut r: LogReservation, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+    pub fn write_reserved(
+        &self,
+        cx: IoCx<'_>,
+        mut r: LogReservation,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
         self.check_reservation(&r, RecordKind::Write, data.len() as u64)?;
         bump(&self.counters.writes, 1);
@@ -450,7 +462,7 @@ impl Image {
             let piece = &data[done..done + slot.payload_bytes as usize];
             let at = offset + done as u64;
             let header = RecordHeader::write(slot.seq, self.durability.durable_seq(), at, piece.len());
-            self.append(&slot, &header, piece)?;
+            self.append(cx, &slot, &header, piece)?;
             bump(&self.counters.write_records, 1);
             bump(&self.counters.payload_bytes_written, piece.len() as u64);
             let src = Source::Log { segment: slot.segment.clone(), position_bytes: slot.payload_position() };
@@ -462,25 +474,33 @@ impl Image {
         self.wait_visible(last_seq)?;
         if fua {
             bump(&self.counters.fua_writes, 1);
-            self.make_durable(last_seq)?;
+            self.make_durable(cx, last_seq)?;
         }
         Ok(())
     }
 
     /// WRITE_ZEROES with capacity reserved beforehand.
-    pub fn write_zeroes_reserved(&self, r: LogReservation, offset: u64, len: u64, fua: bool) -> Result<()> {
+    pub fn write_zeroes_reserved(
+        &self,
+        cx: IoCx<'_>,
+        r: LogReservation,
+        offset: u64,
+        len: u64,
+        fua: bool,
+    ) -> Result<()> {
         self.check_range(offset, len)?;
-        self.range_reserved(r, RecordKind::WriteZeroes, offset, len, fua)
+        self.range_reserved(cx, r, RecordKind::WriteZeroes, offset, len, fua)
     }
 
     /// DISCARD with capacity reserved beforehand.
-    pub fn discard_reserved(&self, r: LogReservation, offset: u64, len: u64) -> Result<()> {
+    pub fn discard_reserved(&self, cx: IoCx<'_>, r: LogReservation, offset: u64, len: u64) -> Result<()> {
         self.check_range(offset, len)?;
-        self.range_reserved(r, RecordKind::Discard, offset, len, false)
+        self.range_reserved(cx, r, RecordKind::Discard, offset, len, false)
     }
 
     fn range_reserved(
         &self,
+        cx: IoCx<'_>,
         mut r: LogReservation,
         kind: RecordKind,
         offset: u64,
@@ -492,7 +512,7 @@ impl Image {
         r.consume(slot.consumed_bytes);
         drop(r);
         let header = RecordHeader::range(kind, slot.seq, self.durability.durable_seq(), offset, len);
-        self.append(&slot, &header, &[])?;
+        self.append(cx, &slot, &header, &[])?;
         let counter = if kind == RecordKind::Discard {
             &self.counters.discard_records
         } else {
@@ -503,7 +523,7 @@ impl Image {
         self.wait_visible(slot.seq)?;
         if fua {
             bump(&self.counters.fua_writes, 1);
-            self.make_durable(slot.seq)?;
+            self.make_durable(cx, slot.seq)?;
         }
         Ok(())
     }
@@ -536,9 +556,9 @@ impl Image {
     /// Writes one record into its slot and marks it complete. If the write
     /// fails the slot is voided with PAD (the log stays whole and the image
     /// usable); if even that fails, the image fails.
-    fn append(&self, slot: &Slot, header: &RecordHeader, payload: &[u8]) -> Result<()> {
+    fn append(&self, cx: IoCx<'_>, slot: &Slot, header: &RecordHeader, payload: &[u8]) -> Result<()> {
         bump(&self.counters.log_bytes_written, u64::from(slot.record_bytes()));
-        match observe::io(IoSource::Log, || self.log.write_record(slot, header, payload)) {
+        match cx.io(IoSource::Log, || self.log.write_record(slot, header, payload)) {
             Ok(()) => {
                 self.durability.complete(slot.seq);
                 Ok(())
@@ -562,10 +582,9 @@ impl Image {
 
     /// Makes the log durable through `target`: a sync, or the wait for
     /// another thread's (group commit). Either is log I/O of the request.
-    fn make_durable(&self, target: u64) -> Result<()> {
-        let work = observe::io(IoSource::Log, || {
-            self.durability.make_durable(target, &|upto| self.log.group_sync(upto))
-        })?;
+    fn make_durable(&self, cx: IoCx<'_>, target: u64) -> Result<()> {
+        let work =
+            cx.io(IoSource::Log, || self.durability.make_durable(target, &|upto| self.log.group_sync(upto)))?;
         bump(&self.counters.sync_rounds, work.rounds);
         bump(&self.counters.syncs, work.files);
         Ok(())
@@ -574,18 +593,31 @@ impl Image {
     /// Makes every write visible before this call durable. Concurrent
     /// flushes share syncs (group commit).
     pub fn flush(&self) -> Result<()> {
+        self.flush_in(IoCx::default())
+    }
+
+    /// [`Image::flush`] in the context `cx`.
+    pub fn flush_in(&self, cx: IoCx<'_>) -> Result<()> {
         bump(&self.counters.flushes, 1);
         self.durability.check()?;
-        self.make_durable(self.durability.max_completed())
+        self.make_durable(cx, self.durability.max_completed())
     }
 
     /// Reads `buf.len()` bytes at `offset`: newest log data, else the
     /// manifest's chunk, else zeros.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_in(IoCx::default(), offset, buf)
+    }
+
+    /// [`Image::read`] in the context `cx`. A read that fails with
+    /// `Error::WouldBlock` (`cx` must not wait) is not counted.
+    pub fn read_in(&self, cx: IoCx<'_>, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
         let mut tally = ReadTally::default();
-        let result = self.read_sources(offset, buf, &mut tally);
-        self.count_read(buf.len(), &tally);
+        let result = self.read_sources(cx, offset, buf, &mut tally);
+        if !matches!(result, Err(Error::WouldBlock)) {
+            self.count_read(buf.len(), &tally);
+        }
         result
     }
 
@@ -594,15 +626,14 @@ impl Image {
     /// nothing is counted and `buf` holds no result. A ublk queue thread
     /// serves a read in place this way and hands it to a worker otherwise.
     pub fn read_nowait(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
-        self.check_range(offset, buf.len() as u64)?;
-        let _nowait = crate::storage::nowait_reads();
-        let mut tally = ReadTally::default();
-        match self.read_sources(offset, buf, &mut tally) {
+        self.read_nowait_in(IoCx::default(), offset, buf)
+    }
+
+    /// [`Image::read_nowait`] in the context `cx` (whose `wait` it overrides).
+    pub fn read_nowait_in(&self, cx: IoCx<'_>, offset: u64, buf: &mut [u8]) -> Result<bool> {
+        match self.read_in(cx.nowait(), offset, buf) {
             Err(Error::WouldBlock) => Ok(false),
-            result => {
-                self.count_read(buf.len(), &tally);
-                result.map(|()| true)
-            }
+            result => result.map(|()| true),
         }
     }
 
@@ -622,7 +653,13 @@ impl Image {
         }
     }
 
-    fn read_sources(&self, offset_bytes: u64, buf: &mut [u8], tally: &mut ReadTally) -> Result<()> {
+    fn read_sources(
+        &self,
+        cx: IoCx<'_>,
+        offset_bytes: u64,
+        buf: &mut [u8],
+        tally: &mut ReadTally,
+    ) -> Result<()> {
         let first_sector = sectors(offset_bytes);
         let pieces = read_lock(&self.overlay).lookup(first_sector, sectors(buf.len() as u64));
         for p in pieces {
@@ -634,10 +671,10 @@ impl Image {
                     tally.zero += out.len() as u64;
                 }
                 Some(Source::Log { segment, position_bytes }) => {
-                    observe::io(IoSource::Log, || segment.file.read_exact_at(out, position_bytes))?;
+                    cx.io(IoSource::Log, || segment.file.read_exact_at_in(out, position_bytes, cx.wait))?;
                     tally.log += out.len() as u64;
                 }
-                None => self.read_compacted(p.start_sector * SECTOR_BYTES, out, tally)?,
+                None => self.read_compacted(cx, p.start_sector * SECTOR_BYTES, out, tally)?,
             }
         }
         Ok(())
@@ -648,7 +685,13 @@ impl Image {
     /// only partial ones go through a scratch block on the stack (no
     /// allocation per read: 4 KiB allocations went to the allocator's
     /// shared arenas, whose locks stalled reads).
-    fn read_compacted(&self, offset_bytes: u64, out: &mut [u8], tally: &mut ReadTally) -> Result<()> {
+    fn read_compacted(
+        &self,
+        cx: IoCx<'_>,
+        offset_bytes: u64,
+        out: &mut [u8],
+        tally: &mut ReadTally,
+    ) -> Result<()> {
         if out.is_empty() {
             return Ok(());
         }
@@ -660,7 +703,7 @@ impl Image {
             let first_block = (offset_bytes + done as u64) / BLOCK_BYTES;
             let window_blocks = ((last_block - first_block + 1) as usize).min(LOOKUP_WINDOW_BLOCKS);
             let window = &mut refs[..window_blocks];
-            observe::io(IoSource::Manifest, || manifest.lookup_range(first_block, window))?;
+            cx.io(IoSource::Manifest, || manifest.lookup_range(first_block, window, cx.wait))?;
             for (block, r) in (first_block..).zip(window.iter()) {
                 let in_block = ((offset_bytes + done as u64) % BLOCK_BYTES) as usize;
                 let n = (BLOCK_BYTES as usize - in_block).min(out.len() - done);
@@ -672,11 +715,11 @@ impl Image {
                     }
                     Some(r) if n == BLOCK_BYTES as usize => {
                         // A whole block: straight into the caller's buffer.
-                        tally.count(self.read_block(&manifest, block, *r, dst)?, n);
+                        tally.count(self.read_block(cx, &manifest, block, *r, dst)?, n);
                     }
                     Some(r) => {
                         let mut scratch = [0u8; BLOCK_BYTES as usize];
-                        let found = self.read_block(&manifest, block, *r, &mut scratch)?;
+                        let found = self.read_block(cx, &manifest, block, *r, &mut scratch)?;
                         dst.copy_from_slice(&scratch[in_block..in_block + n]);
                         tally.count(found, n);
                     }
@@ -699,6 +742,7 @@ impl Image {
     /// hole.
     fn read_block(
         &self,
+        cx: IoCx<'_>,
         view: &Arc<dyn ManifestView>,
         block: u64,
         r: ChunkRef,
@@ -710,10 +754,10 @@ impl Image {
         // block can go C1 -> C2 -> C1) is read once more, then it is damage.
         let mut still_mapped = false;
         for _ in 0..REMAPPED_READ_TRIES {
-            match view.read_chunk(&r, out) {
+            match view.read_chunk(&r, out, cx) {
                 Err(Error::NotFound(what)) => {
                     view = read_lock(&self.manifest).clone();
-                    match observe::io(IoSource::Manifest, || view.lookup(block))? {
+                    match cx.io(IoSource::Manifest, || view.lookup(block, cx.wait))? {
                         Some(now) if now.tag == r.tag && still_mapped => return Err(Error::NotFound(what)),
                         Some(now) if now.tag == r.tag => (r, still_mapped) = (now, true),
                         Some(now) => (r, still_mapped) = (now, false),

@@ -47,7 +47,7 @@ fn walk(
     damaged: &mut dyn FnMut(&Error, u64, u128),
     counts: &mut TreeCounts,
 ) {
-    let p = match snap.read_page(ptr, level, first_block) {
+    let p = match snap.read_page(ptr, level, first_block, crate::io::Wait::Block) {
         Ok(p) => p,
         Err(e) => {
             counts.damaged_pages += 1;

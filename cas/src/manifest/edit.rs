@@ -385,7 +385,7 @@ impl Builder<'_> {
             }
         }
         let old_page = match old {
-            Old::Page(p) => Some(self.m.load(self.snap, p, level, first_block)?),
+            Old::Page(p) => Some(self.m.load(self.snap, p, level, first_block, crate::io::Wait::Block)?),
             _ => None,
         };
         if old_page.is_some() {

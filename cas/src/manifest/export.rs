@@ -87,7 +87,7 @@ fn walk(
     from_page: u64,
     each: &mut dyn FnMut(&ChunkRef),
 ) -> Result<()> {
-    let p = snap.read_page(ptr, level, first_block)?;
+    let p = snap.read_page(ptr, level, first_block, crate::io::Wait::Block)?;
     match &p.body {
         Body::Leaf(leaf) => {
             for i in 0..super::LEAF_ENTRIES {

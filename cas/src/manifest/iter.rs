@@ -39,7 +39,7 @@ impl ManifestIter {
             self.started = true;
             let root = self.snap.root;
             if root.height > 0 {
-                let p = self.snap.read_page(root.root, root.height - 1, 0)?;
+                let p = self.snap.read_page(root.root, root.height - 1, 0, crate::io::Wait::Block)?;
                 self.enter(p);
             }
         }
@@ -63,7 +63,7 @@ impl ManifestIter {
             *next = i + 1;
             let (level, child) = (p.level - 1, node.children[i]);
             let first = p.first_block + (i as u128 * page::span_blocks(level)) as u64;
-            let c = self.snap.read_page(child, level, first)?;
+            let c = self.snap.read_page(child, level, first, crate::io::Wait::Block)?;
             self.enter(c);
         }
     }

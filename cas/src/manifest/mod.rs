@@ -71,6 +71,7 @@ pub use root::{fuzz_decode_root, RootRecord, FIRST_TREE_PAGE};
 pub use view::CompactedView;
 
 use crate::error::{Error, Result};
+use crate::io::Wait;
 use crate::storage::{OpenMode, Storage, StorageFile};
 use page::Expect;
 use std::path::{Path, PathBuf};
@@ -131,12 +132,13 @@ pub(crate) struct Snapshot {
 }
 
 impl Snapshot {
-    /// Reads and checks the page `ptr` names (no cache).
-    pub fn read_page(&self, ptr: ChildRef, level: u8, first_block: u64) -> Result<Page> {
+    /// Reads and checks the page `ptr` names (no cache), waiting for the
+    /// device as `wait` allows.
+    pub fn read_page(&self, ptr: ChildRef, level: u8, first_block: u64, wait: Wait) -> Result<Page> {
         let file = self.file.as_ref().expect("a snapshot with pages has a file");
         let offset = ptr.page * PAGE_BYTES as u64;
         let mut buf = vec![0u8; PAGE_BYTES];
-        file.read_exact_at(&mut buf, offset)?;
+        file.read_exact_at_in(&mut buf, offset, wait)?;
         let expect = Expect {
             level,
             first_block,
@@ -227,7 +229,7 @@ impl Manifest {
         // Check the root page now, so a damaged manifest fails at open.
         let snap = m.snapshot();
         if snap.root.height > 0 {
-            m.load(&snap, snap.root.root, snap.root.height - 1, 0)?;
+            m.load(&snap, snap.root.root, snap.root.height - 1, 0, Wait::Block)?;
         }
         Ok(m)
     }
@@ -244,13 +246,14 @@ impl Manifest {
         self.opts.page_cache.new_file_id()
     }
 
-    /// A page through the cache.
+    /// A page through the cache; a miss reads as `wait` allows.
     pub(crate) fn load(
         &self,
         snap: &Snapshot,
         ptr: ChildRef,
         level: u8,
         first_block: u64,
+        wait: Wait,
     ) -> Result<Arc<Page>> {
         let cache = &self.opts.page_cache;
         if let Some(p) = cache.get(snap.file_id, ptr.page) {
@@ -258,20 +261,20 @@ impl Manifest {
             return Ok(p);
         }
         self.cache_misses.fetch_add(1, Ordering::Relaxed);
-        let p = Arc::new(snap.read_page(ptr, level, first_block)?);
+        let p = Arc::new(snap.read_page(ptr, level, first_block, wait)?);
         cache.insert(snap.file_id, ptr.page, p.clone());
         Ok(p)
     }
 
     /// The leaf holding `block` in `snap`, with the leaf's first block.
-    fn leaf_for(&self, snap: &Snapshot, block: u64) -> Result<Option<Arc<Page>>> {
+    fn leaf_for(&self, snap: &Snapshot, block: u64, wait: Wait) -> Result<Option<Arc<Page>>> {
         let root = &snap.root;
         if root.height == 0 || u128::from(block) >= page::span_blocks(root.height - 1) {
             return Ok(None);
         }
         let (mut ptr, mut level, mut first) = (root.root, root.height - 1, 0u64);
         loop {
-            let p = self.load(snap, ptr, level, first)?;
+            let p = self.load(snap, ptr, level, first, wait)?;
             let Body::Interior(node) = &p.body else { return Ok(Some(p)) };
             let span = page::span_blocks(level - 1) as u64;
             let i = ((block - first) / span) as usize;
@@ -287,8 +290,13 @@ impl Manifest {
 
     /// The chunk mapped at `block` (None: a hole).
     pub fn lookup(&self, block: u64) -> Result<Option<ChunkRef>> {
+        self.lookup_in(block, Wait::Block)
+    }
+
+    /// [`Manifest::lookup`], reading pages as `wait` allows.
+    pub fn lookup_in(&self, block: u64, wait: Wait) -> Result<Option<ChunkRef>> {
         let snap = self.snapshot();
-        Ok(match self.leaf_for(&snap, block)? {
+        Ok(match self.leaf_for(&snap, block, wait)? {
             Some(p) => match &p.body {
                 Body::Leaf(l) => l.get((block - p.first_block) as usize),
                 Body::Interior(_) => unreachable!("leaf_for returns leaves"),
@@ -300,6 +308,11 @@ impl Manifest {
     /// Looks up `out.len()` consecutive blocks from `first_block`, one tree
     /// walk per leaf, all from one snapshot.
     pub fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkRef>]) -> Result<()> {
+        self.lookup_range_in(first_block, out, Wait::Block)
+    }
+
+    /// [`Manifest::lookup_range`], reading pages as `wait` allows.
+    pub fn lookup_range_in(&self, first_block: u64, out: &mut [Option<ChunkRef>], wait: Wait) -> Result<()> {
         if first_block.checked_add((out.len() as u64).saturating_sub(1)).is_none() {
             return Err(Error::InvalidArgument("block range overflows u64".into()));
         }
@@ -309,7 +322,7 @@ impl Manifest {
             let block = first_block + i as u64;
             let in_leaf = LEAF_ENTRIES - (block % LEAF_ENTRIES as u64) as usize;
             let n = in_leaf.min(out.len() - i);
-            match self.leaf_for(&snap, block)? {
+            match self.leaf_for(&snap, block, wait)? {
                 Some(p) => {
                     let Body::Leaf(l) = &p.body else { unreachable!("leaf_for returns leaves") };
                     let base = (block - p.first_block) as usize;

@@ -126,7 +126,7 @@ fn copy(
     first_block: u64,
     generation: u64,
 ) -> Result<ChildRef> {
-    let mut p = snap.read_page(ptr, level, first_block)?;
+    let mut p = snap.read_page(ptr, level, first_block, crate::io::Wait::Block)?;
     if let Body::Interior(node) = &mut p.body {
         let span = page::span_blocks(level - 1);
         for (i, c) in node.children.iter_mut().enumerate() {

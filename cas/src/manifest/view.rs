@@ -6,6 +6,7 @@ use super::Manifest;
 use crate::chunk::{ChunkRef, ChunkStore};
 use crate::error::Result;
 use crate::image::ManifestView;
+use crate::io::{IoCx, Wait};
 use std::sync::Arc;
 
 /// An image's compacted data: block -> chunk through `manifest`, chunk
@@ -16,16 +17,16 @@ pub struct CompactedView {
 }
 
 impl ManifestView for CompactedView {
-    fn lookup(&self, block: u64) -> Result<Option<ChunkRef>> {
-        self.manifest.lookup(block)
+    fn lookup(&self, block: u64, wait: Wait) -> Result<Option<ChunkRef>> {
+        self.manifest.lookup_in(block, wait)
     }
 
-    fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkRef>]) -> Result<()> {
-        self.manifest.lookup_range(first_block, out)
+    fn lookup_range(&self, first_block: u64, out: &mut [Option<ChunkRef>], wait: Wait) -> Result<()> {
+        self.manifest.lookup_range_in(first_block, out, wait)
     }
 
-    fn read_chunk(&self, r: &ChunkRef, out: &mut [u8]) -> Result<()> {
-        self.chunks.read_ref(r, out)
+    fn read_chunk(&self, r: &ChunkRef, out: &mut [u8], cx: IoCx<'_>) -> Result<()> {
+        self.chunks.read_ref_in(r, out, cx)
     }
 }
 
@@ -57,10 +58,10 @@ mod tests {
         e.commit(1).unwrap();
         drop(pin);
         let view: Arc<dyn ManifestView> = Arc::new(CompactedView { manifest, chunks });
-        assert_eq!(view.lookup(2).unwrap(), None);
-        let got = view.lookup(3).unwrap().unwrap();
+        assert_eq!(view.lookup(2, Wait::Block).unwrap(), None);
+        let got = view.lookup(3, Wait::Block).unwrap().unwrap();
         let mut out = vec![0u8; BLOCK_BYTES as usize];
-        view.read_chunk(&got, &mut out).unwrap();
+        view.read_chunk(&got, &mut out, IoCx::default()).unwrap();
         assert_eq!(out, data);
     }
 }

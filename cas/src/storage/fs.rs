@@ -61,9 +61,10 @@ impl FsFile {
         Ok(())
     }
 
-    /// One positional read; under `nowait_reads` with RWF_NOWAIT.
-    fn read_once(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-        if self.in_memory || !super::reads_must_not_block() {
+    /// One positional read; with RWF_NOWAIT if `nowait` (on a memory
+    /// filesystem reads never wait for a device, so plainly).
+    fn read_once(&self, buf: &mut [u8], offset: u64, nowait: bool) -> std::io::Result<usize> {
+        if self.in_memory || !nowait {
             return self.file.read_at(buf, offset);
         }
         let flags = rustix::io::ReadWriteFlags::NOWAIT;
@@ -76,17 +77,13 @@ impl FsFile {
             Err(e) => Err(e.into()),
         }
     }
-}
 
-impl StorageFile for FsFile {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+    /// `read_once` until `buf` is full or the file ends (retrying on
+    /// EINTR, going on after a short read).
+    fn read_loop(&self, buf: &mut [u8], offset: u64, nowait: bool) -> Result<usize> {
         let mut done = 0;
         while done < buf.len() {
-            match self.read_once(&mut buf[done..], offset + done as u64) {
+            match self.read_once(&mut buf[done..], offset + done as u64, nowait) {
                 Ok(0) => break,
                 Ok(n) => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -95,6 +92,20 @@ impl StorageFile for FsFile {
             }
         }
         Ok(done)
+    }
+}
+
+impl StorageFile for FsFile {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.read_loop(buf, offset, false)
+    }
+
+    fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.read_loop(buf, offset, true)
     }
 
     fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {

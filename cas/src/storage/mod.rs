@@ -41,38 +41,9 @@ pub use sync_guard::SyncGuard;
 pub use whole_file::{Mapping, WholeFile};
 
 use crate::error::Result;
-use std::cell::Cell;
+use crate::io::Wait;
 use std::path::Path;
 use std::sync::Arc;
-
-thread_local! {
-    static NOWAIT_READS: Cell<bool> = const { Cell::new(false) };
-}
-
-/// While the returned guard lives, reads on this thread that would wait for
-/// the device fail with [`Error::WouldBlock`](crate::Error::WouldBlock)
-/// instead (`preadv2(RWF_NOWAIT)`; memory-backed files always read). A
-/// ublk queue thread uses it to serve a read from memory in place and hand
-/// it to a worker otherwise. Writes and syncs are not affected.
-pub fn nowait_reads() -> NoWaitReads {
-    NoWaitReads { was: NOWAIT_READS.replace(true) }
-}
-
-/// The guard of [`nowait_reads`]; dropping it restores blocking reads.
-pub struct NoWaitReads {
-    was: bool,
-}
-
-impl Drop for NoWaitReads {
-    fn drop(&mut self) {
-        NOWAIT_READS.set(self.was);
-    }
-}
-
-/// Whether reads on this thread must not block (see [`nowait_reads`]).
-pub(crate) fn reads_must_not_block() -> bool {
-    NOWAIT_READS.get()
-}
 
 /// How `Storage::open` treats a missing or existing file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,9 +103,15 @@ impl std::fmt::Debug for StorageLock {
 pub trait StorageFile: Send + Sync {
     fn path(&self) -> &Path;
     /// Reads up to `buf.len()` bytes at `offset`; fewer only at end of file.
-    /// Under [`nowait_reads`] a backend that would wait for a device fails
-    /// with `Error::WouldBlock` instead.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize>;
+    /// [`read_at`](Self::read_at) for a reader that must not wait
+    /// ([`Wait::Never`]): a backend that would wait for a device fails with
+    /// [`Error::WouldBlock`](crate::Error::WouldBlock) instead. This default
+    /// always fails so: a wrapper that forgets to forward it hands its
+    /// reads to a worker, and never blocks a queue thread.
+    fn read_at_nowait(&self, _buf: &mut [u8], _offset: u64) -> Result<usize> {
+        Err(crate::error::Error::WouldBlock)
+    }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()>;
     /// Writes `bufs` back to back from `offset`, as one write where the
     /// backend can (the local filesystem: `pwritev`, one system call for a
@@ -160,9 +137,19 @@ pub trait StorageFile: Send + Sync {
     /// Reads exactly `buf.len()` bytes at `offset`, or fails with a
     /// corruption error naming the short read.
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.read_exact_at_in(buf, offset, Wait::Block)
+    }
+
+    /// [`read_exact_at`](Self::read_exact_at), waiting for the device as
+    /// `wait` allows.
+    fn read_exact_at_in(&self, buf: &mut [u8], offset: u64, wait: Wait) -> Result<()> {
         let mut done = 0;
         while done < buf.len() {
-            let n = self.read_at(&mut buf[done..], offset + done as u64)?;
+            let (piece, at) = (&mut buf[done..], offset + done as u64);
+            let n = match wait {
+                Wait::Block => self.read_at(piece, at)?,
+                Wait::Never => self.read_at_nowait(piece, at)?,
+            };
             if n == 0 {
                 return Err(crate::error::Error::Corruption {
                     path: self.path().to_path_buf(),
@@ -219,6 +206,12 @@ mod tests {
         assert_eq!(f.read_at(&mut buf, 0).unwrap(), 8);
         assert_eq!(&buf, b"\0\0\0hello");
         assert_eq!(f.read_at(&mut buf, 6).unwrap(), 2);
+        // A read that must not wait reads the same, or says it would wait
+        // (a filesystem that cannot tell); memory always reads.
+        match f.read_at_nowait(&mut buf, 6) {
+            Ok(n) => assert_eq!((n, &buf[..2]), (2, &b"lo"[..])),
+            Err(e) => assert!(matches!(e, crate::Error::WouldBlock), "{e}"),
+        }
         assert!(f.read_exact_at(&mut buf, 6).is_err());
         assert_eq!(&*f.read_whole().unwrap(), b"\0\0\0hello", "the whole file, as read");
         let empty = s.open(&dir.join("empty"), OpenMode::CreateNew).unwrap();

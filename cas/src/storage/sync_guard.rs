@@ -55,6 +55,10 @@ impl<F: StorageFile> StorageFile for SyncGuard<F> {
         self.inner.read_at(buf, offset)
     }
 
+    fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.inner.read_at_nowait(buf, offset)
+    }
+
     fn read_whole(&self) -> Result<super::WholeFile> {
         self.inner.read_whole()
     }

@@ -83,6 +83,10 @@ impl StorageFile for File {
         self.owner.alive(self.path())?;
         self.inner.read_at(buf, offset)
     }
+    fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.owner.alive(self.path())?;
+        self.inner.read_at_nowait(buf, offset)
+    }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.owner.tick(self.path())?;
         self.inner.write_all_at(buf, offset)

@@ -180,6 +180,13 @@ impl cas::storage::StorageFile for SlowFile {
         }
         Ok(n)
     }
+    fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> cas::Result<usize> {
+        let n = self.inner.read_at_nowait(buf, offset)?;
+        if let Some(hook) = &self.read_hook {
+            hook(self.path(), buf.len());
+        }
+        Ok(n)
+    }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> cas::Result<()> {
         if let Some(hook) = &self.write_hook {
             hook(self.path(), buf.len());
@@ -248,11 +255,16 @@ pub struct MapManifest {
 }
 
 impl cas::image::ManifestView for MapManifest {
-    fn lookup(&self, block: u64) -> cas::Result<Option<cas::chunk::ChunkRef>> {
+    fn lookup(&self, block: u64, _wait: cas::io::Wait) -> cas::Result<Option<cas::chunk::ChunkRef>> {
         let blocks = self.blocks.lock().unwrap();
         Ok(blocks.get(&block).map(|data| ChunkHash::of(data).into()))
     }
-    fn read_chunk(&self, r: &cas::chunk::ChunkRef, out: &mut [u8]) -> cas::Result<()> {
+    fn read_chunk(
+        &self,
+        r: &cas::chunk::ChunkRef,
+        out: &mut [u8],
+        _cx: cas::io::IoCx<'_>,
+    ) -> cas::Result<()> {
         let blocks = self.blocks.lock().unwrap();
         let data = blocks.values().find(|d| ChunkHash::of(d).tag() == r.tag).expect("chunk present");
         out.copy_from_slice(data);

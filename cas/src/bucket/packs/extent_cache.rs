@@ -10,6 +10,7 @@
 //! is checked on top (chunk/mod.rs).
 
 use crate::error::Result;
+use crate::io::Wait;
 use crate::storage::StorageFile;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -62,8 +63,16 @@ impl ExtentCache {
     }
 
     /// Reads `buf.len()` bytes at `offset` within extent `ext` of `pack`,
-    /// if it is cached: Some(bytes read), None on a miss.
-    pub fn read(&self, pack: u32, ext: u64, offset: u64, buf: &mut [u8]) -> Result<Option<usize>> {
+    /// if it is cached: Some(bytes read), None on a miss. The cache file is
+    /// read as `wait` allows.
+    pub fn read(
+        &self,
+        pack: u32,
+        ext: u64,
+        offset: u64,
+        buf: &mut [u8],
+        wait: Wait,
+    ) -> Result<Option<usize>> {
         let key = (pack, ext);
         let (slot, generation) = {
             let mut m = self.map();
@@ -76,7 +85,11 @@ impl ExtentCache {
                 _ => return Ok(None),
             }
         };
-        let n = self.file.read_at(buf, slot as u64 * EXTENT_BYTES + offset)?;
+        let at = slot as u64 * EXTENT_BYTES + offset;
+        let n = match wait {
+            Wait::Block => self.file.read_at(buf, at)?,
+            Wait::Never => self.file.read_at_nowait(buf, at)?,
+        };
         let m = self.map();
         let same =
             matches!(m.slots[slot], Slot::Full { key: k, generation: g, .. } if k == key && g == generation);
@@ -163,17 +176,17 @@ mod tests {
     fn hits_what_it_holds_and_replaces_by_clock_within_its_bound() {
         let c = cache(2);
         let mut buf = [0u8; 4];
-        assert_eq!(c.read(1, 0, 0, &mut buf).unwrap(), None);
+        assert_eq!(c.read(1, 0, 0, &mut buf, Wait::Block).unwrap(), None);
         c.insert(1, 0, &[1; 4096]).unwrap();
         c.insert(1, 1, &[2; 4096]).unwrap();
-        assert_eq!(c.read(1, 0, 8, &mut buf).unwrap(), Some(4));
+        assert_eq!(c.read(1, 0, 8, &mut buf, Wait::Block).unwrap(), Some(4));
         assert_eq!(buf, [1; 4]);
         // Extent 0 was just read (referenced): extent 1 goes first.
         c.insert(2, 0, &[3; 4096]).unwrap();
         assert_eq!(c.cached_extents(), 2);
-        assert_eq!(c.read(1, 1, 0, &mut buf).unwrap(), None);
-        assert_eq!(c.read(1, 0, 0, &mut buf).unwrap(), Some(4));
-        assert_eq!(c.read(2, 0, 0, &mut buf).unwrap(), Some(4));
+        assert_eq!(c.read(1, 1, 0, &mut buf, Wait::Block).unwrap(), None);
+        assert_eq!(c.read(1, 0, 0, &mut buf, Wait::Block).unwrap(), Some(4));
+        assert_eq!(c.read(2, 0, 0, &mut buf, Wait::Block).unwrap(), Some(4));
         assert_eq!(buf, [3; 4]);
     }
 
@@ -181,6 +194,6 @@ mod tests {
     fn an_empty_cache_caches_nothing() {
         let c = cache(0);
         c.insert(1, 0, &[1; 16]).unwrap();
-        assert_eq!(c.read(1, 0, 0, &mut [0u8; 4]).unwrap(), None);
+        assert_eq!(c.read(1, 0, 0, &mut [0u8; 4], Wait::Block).unwrap(), None);
     }
 }

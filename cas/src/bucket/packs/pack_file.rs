@@ -3,7 +3,7 @@
 //! the 64 KiB extents it covers, which are then cached. So every reader of
 //! packs (located reads, reads by hash, verify) works on it unchanged.
 //!
-//! Under `nowait_reads` (a ublk queue thread) a miss fails with
+//! A read with `Wait::Never` (a ublk queue thread) on a miss fails with
 //! `WouldBlock` and the read goes to a worker, as for a disk read. A GET
 //! that fails for a transient reason (no endpoint answers, server errors)
 //! is retried for up to `read_retry`, which outlasts Garage's detection of
@@ -13,6 +13,7 @@
 use super::extent_cache::{ExtentCache, EXTENT_BYTES};
 use super::upload::{pack_key, PART_BYTES};
 use crate::error::{Error, Result};
+use crate::io::Wait;
 use crate::objects::Objects;
 use crate::storage::StorageFile;
 use std::path::{Path, PathBuf};
@@ -84,14 +85,10 @@ impl RemotePackFile {
             }
         }
     }
-}
 
-impl StorageFile for RemotePackFile {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+    /// Reads up to `buf.len()` bytes at `offset` from the extent cache, or
+    /// (if `wait` allows) by GETs of the extents missing.
+    fn read_in(&self, buf: &mut [u8], offset: u64, wait: Wait) -> Result<usize> {
         let mut done = 0usize;
         while done < buf.len() && offset + (done as u64) < self.len {
             let pos = offset + done as u64;
@@ -99,7 +96,7 @@ impl StorageFile for RemotePackFile {
             let want = ((buf.len() - done) as u64).min(EXTENT_BYTES - within).min(self.len - pos) as usize;
             let out = &mut buf[done..done + want];
             // A cache file that fails to read is a miss (the GET serves it).
-            let cached = match self.reads.cache.read(self.id, ext, within, out) {
+            let cached = match self.reads.cache.read(self.id, ext, within, out, wait) {
                 Err(Error::WouldBlock) => return Err(Error::WouldBlock),
                 Err(e) => {
                     tracing::warn!(pack = self.id, error = %e, "reading the remote extent cache failed");
@@ -114,7 +111,7 @@ impl StorageFile for RemotePackFile {
                     continue;
                 }
             }
-            if crate::storage::reads_must_not_block() {
+            if wait == Wait::Never {
                 return Err(Error::WouldBlock);
             }
             let start = ext * EXTENT_BYTES;
@@ -126,6 +123,20 @@ impl StorageFile for RemotePackFile {
             done += want;
         }
         Ok(done)
+    }
+}
+
+impl StorageFile for RemotePackFile {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.read_in(buf, offset, Wait::Block)
+    }
+
+    fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.read_in(buf, offset, Wait::Never)
     }
 
     fn write_all_at(&self, _buf: &[u8], _offset: u64) -> Result<()> {
