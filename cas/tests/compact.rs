@@ -358,6 +358,7 @@ fn a_read_in_flight_pins_its_segment() {
         delay: Duration::ZERO,
         read_hook: Some(hook),
         write_hook: None,
+        decline_nowait: None,
     };
     let store = Store::create(Arc::new(storage), &store_dir(), opts()).unwrap();
     store.create_image("i", 4 << 20).unwrap();

@@ -133,6 +133,7 @@ fn concurrent_flushes_share_syncs() {
         delay: Duration::from_millis(2),
         read_hook: None,
         write_hook: None,
+        decline_nowait: None,
     };
     let store = Store::create(Arc::new(slow), &store_dir(), small_opts()).unwrap();
     store.create_image("i", 8 << 20).unwrap();

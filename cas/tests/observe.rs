@@ -3,8 +3,10 @@
 
 mod common;
 
-use cas::io::timed;
+use cas::io::{timed, IoCx};
+use cas::observe::IoTimes;
 use common::*;
+use std::cell::Cell;
 use trace::IoSource;
 
 fn sources(times: &cas::observe::IoTimes) -> Vec<IoSource> {
@@ -73,4 +75,28 @@ fn spans_recorded_into_a_trace_become_its_io_phases() {
     cas::observe::record(&mut t, &io);
     t.executed(trace::now_ns());
     assert_eq!(t.io_spans().iter().map(|s| s.source).collect::<Vec<_>>(), [IoSource::Log]);
+}
+
+#[test]
+fn io_time_goes_to_the_context_it_is_passed_with() {
+    let (mem, store) = mem_store(small_opts());
+    store.create_image("a", 1 << 20).unwrap();
+    let image = store.open_image("a").unwrap();
+    let (a, b) = (Cell::new(IoTimes::default()), Cell::new(IoTimes::default()));
+    image.write_in(IoCx::timed(&a), 0, &payload(1, 0, 8), true).unwrap();
+    image.flush().unwrap();
+    store.compact_once(&image).unwrap();
+    drop((image, store));
+    let store = reopen(&mem, small_opts()).unwrap();
+    let image = store.open_image("a").unwrap();
+    // Both contexts live on this one thread: each keeps only its own I/O.
+    let mut buf = vec![0u8; 4096];
+    image.read_in(IoCx::timed(&b), 0, &mut buf).unwrap();
+    assert_eq!(decode_sector(&buf[..SECTOR], 0), Ok(1));
+    let (a_then, b_then) = (a.get(), b.get());
+    assert_eq!(sources(&a_then), [IoSource::Log]);
+    assert_eq!(sources(&b_then), [IoSource::Manifest, IoSource::Chunk]);
+    // An untimed read on the same thread adds to neither.
+    image.read(0, &mut buf).unwrap();
+    assert_eq!((a.get(), b.get()), (a_then, b_then));
 }

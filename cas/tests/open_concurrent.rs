@@ -80,6 +80,7 @@ fn a_slow_log_replay_holds_up_only_its_own_image() {
         delay: Duration::ZERO,
         read_hook: Some(hook),
         write_hook: None,
+        decline_nowait: None,
     });
     let store = Store::create(storage, &store_dir(), small_opts()).unwrap();
     for (name, byte) in [("a", 1u8), ("b", 2)] {

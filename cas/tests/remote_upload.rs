@@ -345,11 +345,16 @@ fn uploaded_packs_leave_the_disk_and_are_read_from_the_bucket_through_the_cache(
     assert_eq!(local_pack_files(&mem), 1);
 
     // Cold: every read of an evicted pack misses; a read on a queue thread
-    // (no blocking) is handed back.
+    // (no blocking) is handed back, with no GET. A blocking read right after
+    // on the same thread is not affected: it GETs.
+    let gets = c.remote_stats().unwrap().gets;
     let mut out = vec![0u8; CHUNK_BYTES];
     let nowait = IoCx::default().nowait();
     let err = c.read_ref_in(&ChunkRef::unlocated(&block_hash(0)), &mut out, nowait).unwrap_err();
     assert!(matches!(err, cas::Error::WouldBlock), "{err}");
+    assert_eq!(c.remote_stats().unwrap().gets, gets, "a read that must not wait made a GET");
+    c.read(&block_hash(0), &mut out).unwrap();
+    assert!(c.remote_stats().unwrap().gets > gets);
     read_all(&c, 0..30);
     let cold = c.remote_stats().unwrap();
     assert!(cold.gets >= 3, "{cold:?}");

@@ -195,6 +195,45 @@ fn evicted_then(dir: &std::path::Path, mut declined: impl FnMut() -> bool) -> bo
     })
 }
 
+/// Whether a read may wait is a property of each call: a read that must
+/// not wait, of data whose file would wait (here: every pack file
+/// declines), fails and counts nothing, while a blocking read right after
+/// on the same thread reads it. Deterministic on any filesystem, unlike
+/// the page cache test below.
+#[test]
+fn nowait_is_honoured_per_call() {
+    let mem = MemStorage::new();
+    let decline: DeclineNowait = Arc::new(|p: &std::path::Path| p.extension().is_some_and(|e| e == "pack"));
+    let storage = SlowSync {
+        inner: Arc::new(mem),
+        delay: std::time::Duration::ZERO,
+        read_hook: None,
+        write_hook: None,
+        decline_nowait: Some(decline),
+    };
+    // No chunk cache: every chunk read goes to a pack file.
+    let opts = StoreOptions { chunk_cache_bytes: 0, ..small_opts() };
+    let store = Store::create(Arc::new(storage), &store_dir(), opts).unwrap();
+    store.create_image("f", 4 << 20).unwrap();
+    let image = store.open_image("f").unwrap();
+    let chunked: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8 + 1).collect();
+    image.write(0, &chunked, false).unwrap();
+    image.flush().unwrap();
+    store.compact_once(&image).unwrap();
+    let logged = vec![9u8; 4096];
+    image.write(1 << 20, &logged, true).unwrap();
+
+    let mut buf = vec![0u8; chunked.len()];
+    let reads = image.stats().reads;
+    assert!(!image.read_nowait(0, &mut buf).unwrap(), "a pack read that must not wait was served");
+    assert_eq!(image.stats().reads, reads, "a declined read is not counted");
+    image.read(0, &mut buf).unwrap();
+    assert_eq!(buf, chunked, "a blocking read on the same thread is not affected");
+    let mut small = vec![0u8; 4096];
+    assert!(image.read_nowait(1 << 20, &mut small).unwrap(), "log data in memory is served");
+    assert_eq!(small, logged);
+}
+
 #[test]
 fn nowait_reads_come_from_memory_or_say_they_would_block() {
     let (_tmp, dir) = fs_store_dir();

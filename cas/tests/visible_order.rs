@@ -32,6 +32,7 @@ fn a_later_write_waits_for_an_earlier_one_still_in_flight() {
         delay: Duration::ZERO,
         read_hook: None,
         write_hook: Some(hook),
+        decline_nowait: None,
     };
     let store = Store::create(Arc::new(storage), &store_dir(), small_opts()).unwrap();
     store.create_image("i", 8 << 20).unwrap();

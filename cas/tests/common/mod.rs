@@ -151,15 +151,22 @@ pub fn exists(mem: &MemStorage, p: &Path) -> bool {
 /// Called after each read with the file's path and the read's length.
 pub type ReadHook = Arc<dyn Fn(&Path, usize) + Send + Sync>;
 
+/// Whether a read of the file at this path that must not wait says it
+/// would (as a file not in the page cache does).
+pub type DeclineNowait = Arc<dyn Fn(&Path) -> bool + Send + Sync>;
+
 /// Wraps a storage so that every file sync takes at least `delay`, the
 /// way a real fdatasync does (group commit only shows with slow syncs),
 /// and every read runs `read_hook` (which may sleep: a slow read); every
 /// write runs `write_hook` first, with the same arguments (a stalled write).
+/// A read that must not wait fails with `WouldBlock` where
+/// `decline_nowait` says so.
 pub struct SlowSync {
     pub inner: Arc<dyn Storage>,
     pub delay: std::time::Duration,
     pub read_hook: Option<ReadHook>,
     pub write_hook: Option<ReadHook>,
+    pub decline_nowait: Option<DeclineNowait>,
 }
 
 struct SlowFile {
@@ -167,6 +174,7 @@ struct SlowFile {
     delay: std::time::Duration,
     read_hook: Option<ReadHook>,
     write_hook: Option<ReadHook>,
+    decline_nowait: Option<DeclineNowait>,
 }
 
 impl cas::storage::StorageFile for SlowFile {
@@ -181,6 +189,9 @@ impl cas::storage::StorageFile for SlowFile {
         Ok(n)
     }
     fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> cas::Result<usize> {
+        if self.decline_nowait.as_ref().is_some_and(|d| d(self.path())) {
+            return Err(cas::Error::WouldBlock);
+        }
         let n = self.inner.read_at_nowait(buf, offset)?;
         if let Some(hook) = &self.read_hook {
             hook(self.path(), buf.len());
@@ -217,6 +228,7 @@ impl Storage for SlowSync {
             delay: self.delay,
             read_hook: self.read_hook.clone(),
             write_hook: self.write_hook.clone(),
+            decline_nowait: self.decline_nowait.clone(),
         }))
     }
     fn remove_file(&self, path: &Path) -> cas::Result<()> {
