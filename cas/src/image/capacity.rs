@@ -9,6 +9,7 @@
 //!                        write position (unused segment tails included)
 //! ```
 //!
+//! - [`Image::log_bytes_needed`] bounds what one request may take.
 //! - [`Capacity::try_reserve`] never blocks: it grants the bytes or says
 //!   no (and remembers that someone was refused).
 //! - Placing a record converts reserved bytes into consumed bytes; what a
@@ -27,9 +28,40 @@
 //! segment files never exceeds `quota / segment_bytes + 1` (plus, briefly,
 //! one more when the compactor rolls a wholly covered segment to free it).
 
+use super::Image;
+use crate::units::SECTOR_BYTES;
+use crate::wal::segment::{SEGMENT_BYTES_MIN, SEGMENT_HEADER_BYTES};
+use crate::wal::{RecordKind, RECORD_HEADER_BYTES};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+
+impl Image {
+    /// Log bytes a request of `kind` over `len` bytes may need: an upper
+    /// bound (record headers, splits at segment ends, the unused tail of a
+    /// segment it rolls past). What a write does not use returns to the
+    /// quota when it completes.
+    pub fn log_bytes_needed(&self, kind: RecordKind, len: u64) -> u64 {
+        match kind {
+            RecordKind::Write => {
+                // Every segment but the first absorbs more than half a
+                // minimal segment of this request before the next roll.
+                let rolls = 2 + len / (SEGMENT_BYTES_MIN / 2);
+                let records = rolls + 1;
+                // The unused tail (< one record header + sector) and the
+                // next segment's header.
+                let roll_waste = RECORD_HEADER_BYTES as u64 + SECTOR_BYTES + SEGMENT_HEADER_BYTES as u64;
+                len + records * RECORD_HEADER_BYTES as u64 + rolls * roll_waste
+            }
+            // Range records have no payload, so a roll leaves no tail (record
+            // positions are multiples of 64) but may start a segment.
+            RecordKind::WriteZeroes | RecordKind::Discard => {
+                RECORD_HEADER_BYTES as u64 + SEGMENT_HEADER_BYTES as u64
+            }
+            RecordKind::Pad => 0,
+        }
+    }
+}
 
 /// Period of a blocked writer's own retry.
 pub const CAPACITY_RETRY_MS: u64 = 100;

@@ -46,7 +46,6 @@ use crate::io::IoCx;
 use crate::storage::Storage;
 use crate::tasks::Tasks;
 use crate::units::SECTOR_BYTES;
-use crate::wal::segment::{SEGMENT_BYTES_MIN, SEGMENT_HEADER_BYTES};
 use crate::wal::{Log, RecordHeader, RecordKind, RecoveryReport, Slot, RECORD_HEADER_BYTES};
 use capacity::Capacity;
 use durability::Durability;
@@ -251,31 +250,6 @@ impl Image {
             )));
         }
         Ok(())
-    }
-
-    /// Log bytes a request of `kind` over `len` bytes may need: an upper
-    /// bound (record headers, splits at segment ends, the unused tail of a
-    /// segment it rolls past). What a write does not use returns to the
-    /// quota when it completes.
-    pub fn log_bytes_needed(&self, kind: RecordKind, len: u64) -> u64 {
-        match kind {
-            RecordKind::Write => {
-                // Every segment but the first absorbs more than half a
-                // minimal segment of this request before the next roll.
-                let rolls = 2 + len / (SEGMENT_BYTES_MIN / 2);
-                let records = rolls + 1;
-                // The unused tail (< one record header + sector) and the
-                // next segment's header.
-                let roll_waste = RECORD_HEADER_BYTES as u64 + SECTOR_BYTES + SEGMENT_HEADER_BYTES as u64;
-                len + records * RECORD_HEADER_BYTES as u64 + rolls * roll_waste
-            }
-            // Range records have no payload, so a roll leaves no tail (record
-            // positions are multiples of 64) but may start a segment.
-            RecordKind::WriteZeroes | RecordKind::Discard => {
-                RECORD_HEADER_BYTES as u64 + SEGMENT_HEADER_BYTES as u64
-            }
-            RecordKind::Pad => 0,
-        }
     }
 
     /// Reserves `log_bytes` of log capacity if they fit now; never blocks.
@@ -595,24 +569,6 @@ impl Image {
         bump(&self.counters.flushes, 1);
         self.durability.check()?;
         self.make_durable(cx, self.durability.max_completed())
-    }
-
-    /// The image's own counters and state, as a plain struct. The
-    /// compactor's part (`compaction`, `covered_seq`) is the store's to add:
-    /// `Store::image_stats`.
-    pub fn stats(&self) -> ImageStats {
-        let mut s = ImageStats::default();
-        self.counters.fill(&mut s);
-        s.log_used_bytes = self.capacity.consumed_bytes();
-        s.log_reserved_bytes = self.capacity.reserved_bytes();
-        s.log_quota_bytes = self.capacity.quota_bytes();
-        s.log_segments = self.log.segment_count() as u64;
-        s.overlay_extents = read_lock(&self.overlay).extent_count() as u64;
-        s.next_seq = self.log.next_seq();
-        s.durable_seq = self.durability.durable_seq();
-        s.writeback_syncs = self.writeback.syncs.load(std::sync::atomic::Ordering::Relaxed);
-        s.recovery = self.recovery.clone();
-        s
     }
 }
 

@@ -3,8 +3,10 @@
 //! compaction work in it ([`CompactStats`]: counted by `cas::compact`, kept
 //! per image by the store, which fills it in: `Store::image_stats`), and
 //! its publication to the bucket ([`PublishCounters`]: counted by
-//! `cas::bucket::manifests`, filled in the same way).
+//! `cas::bucket::manifests`, filled in the same way); and `Image::stats`,
+//! which assembles an image's own part.
 
+use super::{read_lock, Image};
 use crate::wal::RecoveryReport;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -36,6 +38,26 @@ pub struct Counters {
 
 pub(crate) fn bump(c: &AtomicU64, by: u64) {
     c.fetch_add(by, Ordering::Relaxed);
+}
+
+impl Image {
+    /// The image's own counters and state, as a plain struct. The
+    /// compactor's part (`compaction`, `covered_seq`) is the store's to add:
+    /// `Store::image_stats`.
+    pub fn stats(&self) -> ImageStats {
+        let mut s = ImageStats::default();
+        self.counters.fill(&mut s);
+        s.log_used_bytes = self.capacity.consumed_bytes();
+        s.log_reserved_bytes = self.capacity.reserved_bytes();
+        s.log_quota_bytes = self.capacity.quota_bytes();
+        s.log_segments = self.log.segment_count() as u64;
+        s.overlay_extents = read_lock(&self.overlay).extent_count() as u64;
+        s.next_seq = self.log.next_seq();
+        s.durable_seq = self.durability.durable_seq();
+        s.writeback_syncs = self.writeback.syncs.load(Ordering::Relaxed);
+        s.recovery = self.recovery.clone();
+        s
+    }
 }
 
 fn get(c: &AtomicU64) -> u64 {
