@@ -54,13 +54,10 @@ fn each_request_reports_the_sources_it_used() {
     assert_eq!(sources(&io), [IoSource::Cache, IoSource::Manifest]);
     assert_eq!(decode_sector(&buf[..SECTOR], 0), Ok(1));
 
-    // A hole reads no chunk; an untimed read records nothing.
+    // A hole reads no chunk.
     let (r, io) = timed(|cx| image.read_in(cx, 65536, &mut buf));
     r.unwrap();
     assert_eq!(sources(&io), [IoSource::Manifest]);
-    image.read(0, &mut buf).unwrap();
-    let ((), io) = timed(|_| ());
-    assert!(io.is_empty());
 }
 
 #[test]

@@ -196,42 +196,69 @@ fn evicted_then(dir: &std::path::Path, mut declined: impl FnMut() -> bool) -> bo
 }
 
 /// Whether a read may wait is a property of each call: a read that must
-/// not wait, of data whose file would wait (here: every pack file
-/// declines), fails and counts nothing, while a blocking read right after
-/// on the same thread reads it. Deterministic on any filesystem, unlike
-/// the page cache test below.
+/// not wait, of data whose file would wait (here: the files of one kind
+/// decline, in turn: packs, log segments, the manifest), fails and counts
+/// nothing, while a blocking read right after on the same thread reads it.
+/// Deterministic on any filesystem, unlike the page cache test below.
 #[test]
 fn nowait_is_honoured_per_call() {
     let mem = MemStorage::new();
-    let decline: DeclineNowait = Arc::new(|p: &std::path::Path| p.extension().is_some_and(|e| e == "pack"));
-    let storage = SlowSync {
+    // The file name ending that declines ("" declines nothing).
+    let declined = Arc::new(std::sync::Mutex::new(""));
+    let which = declined.clone();
+    let decline: DeclineNowait = Arc::new(move |p: &std::path::Path| {
+        let end = *which.lock().unwrap();
+        !end.is_empty() && p.to_string_lossy().ends_with(end)
+    });
+    let storage: Arc<dyn Storage> = Arc::new(SlowSync {
         inner: Arc::new(mem),
         delay: std::time::Duration::ZERO,
         read_hook: None,
         write_hook: None,
         decline_nowait: Some(decline),
-    };
+    });
     // No chunk cache: every chunk read goes to a pack file.
     let opts = StoreOptions { chunk_cache_bytes: 0, ..small_opts() };
-    let store = Store::create(Arc::new(storage), &store_dir(), opts).unwrap();
+    let store = Store::create(storage.clone(), &store_dir(), opts.clone()).unwrap();
     store.create_image("f", 4 << 20).unwrap();
     let image = store.open_image("f").unwrap();
     let chunked: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8 + 1).collect();
     image.write(0, &chunked, false).unwrap();
+    // A block in another leaf (126 blocks each): the tree's root is then
+    // an interior page, and a store opened again has no leaf cached.
+    image.write(2 << 20, &chunked[..4096], false).unwrap();
     image.flush().unwrap();
     store.compact_once(&image).unwrap();
     let logged = vec![9u8; 4096];
     image.write(1 << 20, &logged, true).unwrap();
 
-    let mut buf = vec![0u8; chunked.len()];
-    let reads = image.stats().reads;
-    assert!(!image.read_nowait(0, &mut buf).unwrap(), "a pack read that must not wait was served");
-    assert_eq!(image.stats().reads, reads, "a declined read is not counted");
-    image.read(0, &mut buf).unwrap();
-    assert_eq!(buf, chunked, "a blocking read on the same thread is not affected");
+    // declined_then_read(OFFSET, WANT, WHAT): a read that must not wait is
+    // refused and not counted, a blocking one right after reads WANT.
+    let declined_then_read = |image: &cas::Image, offset: u64, want: &[u8], what: &str| {
+        let mut buf = vec![0u8; want.len()];
+        let reads = image.stats().reads;
+        assert!(!image.read_nowait(offset, &mut buf).unwrap(), "a {what} read that must not wait was served");
+        assert_eq!(image.stats().reads, reads, "a declined read is not counted");
+        image.read(offset, &mut buf).unwrap();
+        assert_eq!(buf, want, "a blocking read on the same thread is not affected");
+    };
+    *declined.lock().unwrap() = ".pack";
+    declined_then_read(&image, 0, &chunked, "pack");
     let mut small = vec![0u8; 4096];
-    assert!(image.read_nowait(1 << 20, &mut small).unwrap(), "log data in memory is served");
+    assert!(image.read_nowait(1 << 20, &mut small).unwrap(), "log data is served while packs decline");
     assert_eq!(small, logged);
+    *declined.lock().unwrap() = ".wal";
+    declined_then_read(&image, 1 << 20, &logged, "log segment");
+    assert!(image.read_nowait(0, &mut small).unwrap(), "chunks are served while log segments decline");
+
+    // The manifest, as a store opened again reads it: no page cached.
+    drop(image);
+    drop(store);
+    *declined.lock().unwrap() = "";
+    let store = Store::open_or_create(storage, &store_dir(), opts).unwrap();
+    let image = store.open_image("f").unwrap();
+    *declined.lock().unwrap() = "/manifest";
+    declined_then_read(&image, 0, &chunked, "manifest page");
 }
 
 #[test]

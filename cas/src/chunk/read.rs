@@ -60,6 +60,9 @@ impl ChunkStore {
             Some(((at, file), forwarded)) => {
                 self.reads_forwarded.fetch_add(u64::from(forwarded), Ordering::Relaxed);
                 match self.read_slot(&file, at, out, cx.wait) {
+                    // A read that must not wait gives up here: the index
+                    // would only lead to the same pack.
+                    Err(Error::WouldBlock) => Err(Error::WouldBlock),
                     // A table that led astray (damaged on disk) or a failed
                     // read: the index knows where the chunk is.
                     Err(_) if forwarded => self.read_indexed(r, out, cx.wait),

@@ -10,18 +10,13 @@
 //!        +--complete--> Durability (watermark)
 //!        +--visible--> Overlay (seq-wins insert)       short write lock
 //!        +--(FUA) make_durable(seq)                    group commit
-//!
-//!  read(off, buf) --lookup--> Overlay pieces           short read lock
-//!        +-- Log piece:  pread from the segment (its Arc keeps it open)
-//!        +-- Zero piece: zeros
-//!        +-- gap:        ManifestView::lookup per 4 KiB block -> chunk or hole
 //! ```
 //!
 //! The read path (overlay pieces, then manifest windows, then zeros, in
 //! the request's `IoCx`) is read.rs. The compactor's hooks (reclamation,
-//! forced durability, pressure) are in compaction.rs. The compactor's own state for an image (its manifest,
-//! cursor and work counters) is the store's, not the image's: nothing here
-//! depends on `cas::compact`.
+//! forced durability, pressure) are in compaction.rs. The compactor's own
+//! state for an image (its manifest, cursor and work counters) is the
+//! store's, not the image's: nothing here depends on `cas::compact`.
 //!
 //! `Image` is `Send + Sync`; every method takes `&self` and may run on many
 //! threads at once. No lock is held across I/O on record bytes. The
