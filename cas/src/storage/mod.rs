@@ -112,6 +112,14 @@ pub trait StorageFile: Send + Sync {
     fn read_at_nowait(&self, _buf: &mut [u8], _offset: u64) -> Result<usize> {
         Err(crate::error::Error::WouldBlock)
     }
+    /// [`read_at`](Self::read_at) or [`read_at_nowait`](Self::read_at_nowait),
+    /// as `wait` says.
+    fn read_at_in(&self, buf: &mut [u8], offset: u64, wait: Wait) -> Result<usize> {
+        match wait {
+            Wait::Block => self.read_at(buf, offset),
+            Wait::Never => self.read_at_nowait(buf, offset),
+        }
+    }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()>;
     /// Writes `bufs` back to back from `offset`, as one write where the
     /// backend can (the local filesystem: `pwritev`, one system call for a
@@ -145,11 +153,7 @@ pub trait StorageFile: Send + Sync {
     fn read_exact_at_in(&self, buf: &mut [u8], offset: u64, wait: Wait) -> Result<()> {
         let mut done = 0;
         while done < buf.len() {
-            let (piece, at) = (&mut buf[done..], offset + done as u64);
-            let n = match wait {
-                Wait::Block => self.read_at(piece, at)?,
-                Wait::Never => self.read_at_nowait(piece, at)?,
-            };
+            let n = self.read_at_in(&mut buf[done..], offset + done as u64, wait)?;
             if n == 0 {
                 return Err(crate::error::Error::Corruption {
                     path: self.path().to_path_buf(),

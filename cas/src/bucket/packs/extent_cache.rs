@@ -85,11 +85,7 @@ impl ExtentCache {
                 _ => return Ok(None),
             }
         };
-        let at = slot as u64 * EXTENT_BYTES + offset;
-        let n = match wait {
-            Wait::Block => self.file.read_at(buf, at)?,
-            Wait::Never => self.file.read_at_nowait(buf, at)?,
-        };
+        let n = self.file.read_at_in(buf, slot as u64 * EXTENT_BYTES + offset, wait)?;
         let m = self.map();
         let same =
             matches!(m.slots[slot], Slot::Full { key: k, generation: g, .. } if k == key && g == generation);
