@@ -335,8 +335,15 @@ impl Drop for ChunkStore {
     /// and waits for one running (the next open must not race its writes).
     /// Its run, which no root names yet, is deleted: a clean close leaves
     /// no file an fsck would report as a leftover (if this fails, the next
-    /// open deletes it).
+    /// open deletes it). First, chunks placed since the last sync (by a
+    /// compaction that a `del` stopped) are synced, so the pack they went
+    /// to is not left with no index entry naming it.
     fn drop(&mut self) {
+        if !self.poisoned.load(std::sync::atomic::Ordering::Relaxed) {
+            // A failure poisons the store; the next open finds what the
+            // journal holds, as after a crash.
+            let _ = self.sync();
+        }
         if let Some(t) = &self.tier {
             t.stop();
         }
