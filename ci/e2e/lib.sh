@@ -4,7 +4,15 @@ set -euo pipefail
 SCRATCH=${SCRATCH:-${CASBLK_VM_SCRATCH:-/tmp}/casblk-e2e}
 mkdir -p "$SCRATCH"
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# fail MSG: ends the test. Inside a command substitution (note "$(...)")
+# its exit ends only that subshell and the test would go on, so it also
+# writes MSG to E2E_FAIL_MARK, which run-all counts as a failure however
+# the test exits.
+fail() {
+    echo "FAIL: $*" >&2
+    [ -z "${E2E_FAIL_MARK:-}" ] || echo "$*" >>"$E2E_FAIL_MARK"
+    exit 1
+}
 note() { echo "  - $*"; }
 
 # A sparse backing file of SIZE (truncate syntax) at a fresh path.
@@ -299,7 +307,8 @@ fsck_clean() {
         [ "$rc" -eq 2 ] && grep -q "daemon has it open" "$SCRATCH/fsck.txt" || break
         sleep 0.1
     done
-    [ "$rc" -eq 0 ] || { cat "$SCRATCH/fsck.txt"; fail "casblk fsck of $store exited $rc"; }
+    # Its findings go to stderr: the caller captures stdout (sum=$(...)).
+    [ "$rc" -eq 0 ] || { cat "$SCRATCH/fsck.txt" >&2; fail "casblk fsck of $store exited $rc"; }
     tail -n 1 "$SCRATCH/fsck.txt"
 }
 

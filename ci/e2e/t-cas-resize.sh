@@ -93,4 +93,5 @@ mount -o ro "$dev" "$mnt"
 umount "$mnt"
 "$CASBLK" del -n "$(dev_id "$dev")"
 wait_no_devices
-note "$(fsck_clean "$store")"
+sum=$(fsck_clean "$store") || exit 1
+note "$sum"

@@ -155,4 +155,5 @@ note "clone c1 shares $((shared >> 20)) MiB with the base and h1; h1 holds only 
 
 "$CASBLK" del -a
 wait_no_devices
-note "$(fsck_clean "$store")"
+sum=$(fsck_clean "$store") || exit 1
+note "$sum"
