@@ -204,11 +204,11 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
     };
     drop(server);
     path.shutdown();
-    // The process exits without dropping the store (threads hold it), so
-    // what ChunkStore's drop does is done here: chunks that a compaction
-    // stopped by the last `del` placed are synced, or the pack they went
-    // to would be left with no index entry (fsck: an orphan pack).
-    if let Err(e) = daemon.store.chunks().sync() {
+    // The process exits without dropping the store (threads hold it):
+    // chunks that a compaction stopped by the last `del` placed are
+    // synced, or the pack they went to would be left with no index entry
+    // (fsck: an orphan pack), and a merge of index runs is settled.
+    if let Err(e) = daemon.store.chunks().close() {
         tracing::warn!("syncing the chunk store at exit failed (the next open redoes that work): {e}");
     }
     tracing::info!(store = %daemon.store_dir.display(), "daemon exiting");
