@@ -19,6 +19,32 @@ pub const HIGHEST_NS: u64 = 3_600 * 1_000_000_000;
 /// Significant decimal digits kept per value.
 const SIGFIG: u8 = 2;
 
+/// Upper bounds of the latency buckets a snapshot carries for Prometheus
+/// histograms, in µs: 10 µs to 10 s in 1-2.5-5 steps (`+Inf` is implied).
+/// A value within 1% of a bound (the histogram's precision) may be counted
+/// on either side of it.
+pub const LATENCY_BUCKET_BOUNDS_US: [f64; 19] = [
+    10.0,
+    25.0,
+    50.0,
+    100.0,
+    250.0,
+    500.0,
+    1_000.0,
+    2_500.0,
+    5_000.0,
+    10_000.0,
+    25_000.0,
+    50_000.0,
+    100_000.0,
+    250_000.0,
+    500_000.0,
+    1_000_000.0,
+    2_500_000.0,
+    5_000_000.0,
+    10_000_000.0,
+];
+
 #[derive(Clone, Debug)]
 pub(crate) struct LatencyHist {
     hist: Histogram<u64>,
@@ -89,6 +115,26 @@ impl LatencyHist {
             return 0;
         }
         hist.value_at_quantile(q).min(self.max_ns)
+    }
+
+    /// Exact sum of the recorded values, in µs.
+    pub fn sum_us(&self) -> f64 {
+        self.sum_ns as f64 / 1_000.0
+    }
+
+    /// Cumulative counts: how many values are at most each bound of
+    /// [`LATENCY_BUCKET_BOUNDS_US`] (a value counts by the highest value
+    /// equivalent to its histogram bucket).
+    pub fn cumulative_counts(&self) -> Vec<u64> {
+        let mut out = vec![self.zeros; LATENCY_BUCKET_BOUNDS_US.len()];
+        for v in self.hist.iter_recorded() {
+            let us = v.value_iterated_to() as f64 / 1_000.0;
+            let first = LATENCY_BUCKET_BOUNDS_US.partition_point(|&bound| bound < us);
+            for count in &mut out[first..] {
+                *count += v.count_at_value();
+            }
+        }
+        out
     }
 
     pub fn stats(&self) -> LatencyStats {
@@ -200,6 +246,30 @@ mod tests {
         eprintln!("histogram counts: {initial_bytes} bytes initially, {grown_bytes} at the cap");
         assert!(initial_bytes <= 24 << 10, "{initial_bytes}");
         assert!(grown_bytes <= 40 << 10, "{grown_bytes}");
+    }
+
+    #[test]
+    fn cumulative_counts_match_a_count_by_hand() {
+        let mut h = LatencyHist::new();
+        let values_ns: Vec<u64> = (0..2_000u64).map(|i| (i * i * 7_919) % 3_000_000_000).collect();
+        for &v in &values_ns {
+            h.record(v);
+        }
+        h.record(0);
+        let counts = h.cumulative_counts();
+        assert_eq!(counts.len(), LATENCY_BUCKET_BOUNDS_US.len());
+        assert!(counts.windows(2).all(|w| w[0] <= w[1]), "cumulative: {counts:?}");
+        for (i, bound_us) in LATENCY_BUCKET_BOUNDS_US.iter().enumerate() {
+            // Values within 1% of the bound may land on either side.
+            let surely_below =
+                values_ns.iter().filter(|&&v| (v as f64) < bound_us * 990.0).count() as u64 + 1;
+            let maybe_below =
+                values_ns.iter().filter(|&&v| (v as f64) <= bound_us * 1_010.0).count() as u64 + 1;
+            assert!((surely_below..=maybe_below).contains(&counts[i]), "bound {bound_us}: {}", counts[i]);
+        }
+        assert_eq!(*counts.last().unwrap(), h.count(), "every value is under 10 s");
+        let sum_us: f64 = values_ns.iter().map(|&v| v as f64 / 1_000.0).sum();
+        assert!((h.sum_us() - sum_us).abs() < 1e-3 * sum_us);
     }
 
     #[test]

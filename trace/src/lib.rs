@@ -34,12 +34,13 @@ pub use clock::now_ns;
 pub use counters::{counters_from, counters_from_value, CounterValue, Counters};
 pub use error::{Error, Result};
 pub use gate::Gate;
+pub use hist::LATENCY_BUCKET_BOUNDS_US;
 pub use phases::{Phase, PhaseDurations};
 pub use render::{render_table, render_table_since};
 pub use request::{IoSource, IoSpan, IoSpanId, Op, RequestTrace, MAX_IO_SPANS};
 pub use schema::{
-    GateStats, GateWait, ImageStats, IoSpanStats, LatencyStats, OpStats, OpsStats, PhaseDurationsNs,
-    PhasesStats, SlowRequest, Snapshot, SCHEMA_VERSION,
+    image_state, GateStats, GateWait, ImageStats, IoSpanStats, LatencyStats, OpStats, OpsStats,
+    PhaseDurationsNs, PhasesStats, SlowRequest, Snapshot, SCHEMA_VERSION,
 };
 pub use tracer::{Tracer, TracerConfig, MAX_SHARDS, SLOWEST_READS};
 pub use units::{human_bytes, human_count, human_ms, human_ns, human_rate, human_us};

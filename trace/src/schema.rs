@@ -39,6 +39,34 @@ pub struct Snapshot {
     /// Daemon-wide counter sources (shared chunk store, chunk cache, ...).
     #[serde(default)]
     pub counters: BTreeMap<String, Counters>,
+    /// The upper bounds, in µs, of every op's `latency_buckets` (empty from
+    /// a daemon that sends no buckets).
+    #[serde(default)]
+    pub latency_bucket_bounds_us: Vec<f64>,
+}
+
+/// The values of [`ImageStats::state`].
+pub mod image_state {
+    /// The image works.
+    pub const LIVE: &str = "live";
+    /// A sync or a write's voiding failed: writes and flushes get EIO.
+    pub const FAILED: &str = "failed";
+    /// Compaction kept failing: writes that do not fit in the log get EIO.
+    pub const LOG_CLOSED: &str = "log_closed";
+    /// A daemon is taking the device over and replaying its log.
+    pub const RECOVERING: &str = "recovering";
+    pub const ALL: [&str; 4] = [LIVE, FAILED, LOG_CLOSED, RECOVERING];
+
+    /// The state a `failure` text gives (an older daemon sends no state).
+    pub fn of_failure(failure: &str) -> &'static str {
+        if failure.is_empty() {
+            LIVE
+        } else if failure.starts_with("log closed") {
+            LOG_CLOSED
+        } else {
+            FAILED
+        }
+    }
 }
 
 /// One image's stats since tracing began (or was reset).
@@ -50,6 +78,11 @@ pub struct ImageStats {
     /// waiting). Set by the daemon.
     #[serde(default)]
     pub failure: String,
+    /// `live`, `failed`, `log_closed` (see `failure`) or `recovering` (a
+    /// daemon is taking the device over and replaying its log). Set by the
+    /// daemon; empty from an older one.
+    #[serde(default)]
+    pub state: String,
     /// When this image's statistics start, in ms since the trace epoch.
     pub since_ms: f64,
     pub ops: OpsStats,
@@ -103,6 +136,13 @@ pub struct OpStats {
     pub bytes: u64,
     /// Total latency: seen -> completed.
     pub latency: LatencyStats,
+    /// Exact sum of the total latencies.
+    #[serde(default)]
+    pub latency_us_total: f64,
+    /// Requests whose total latency is at most each bound of the snapshot's
+    /// `latency_bucket_bounds_us` (cumulative, as Prometheus histograms are).
+    #[serde(default)]
+    pub latency_buckets: Vec<u64>,
     pub phases: PhasesStats,
     /// Keyed by gate name; every gate is present.
     pub gates: BTreeMap<String, GateStats>,
@@ -236,6 +276,7 @@ impl Snapshot {
             clock_ms: crate::clock::ns_to_ms(crate::now_ns()),
             images,
             counters: BTreeMap::new(),
+            latency_bucket_bounds_us: crate::hist::LATENCY_BUCKET_BOUNDS_US.to_vec(),
         }
     }
 

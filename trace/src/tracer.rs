@@ -19,7 +19,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::clock::ns_to_ms;
-use crate::hist::LatencyHist;
+use crate::hist::{LatencyHist, LATENCY_BUCKET_BOUNDS_US};
 use crate::phases::{phase_durations, Timeline};
 use crate::schema::{GateStats, ImageStats, OpStats};
 use crate::slowest::{Finished, Slowest};
@@ -206,6 +206,16 @@ impl Tracer {
         stats
     }
 
+    /// The statistics of an image with no tracer yet (one being recovered):
+    /// every op present, all zeros.
+    pub fn idle_stats(name: &str) -> ImageStats {
+        let mut stats = ImageStats { name: name.into(), since_ms: ns_to_ms(now_ns()), ..Default::default() };
+        for op in Op::ALL {
+            *stats.ops.get_mut(op) = OpAcc::empty_stats();
+        }
+        stats
+    }
+
     /// Forgets everything recorded so far; `since_ms` restarts now.
     pub fn reset(&self) {
         for Padded(shard) in self.shards.iter() {
@@ -293,6 +303,8 @@ impl OpAcc {
             errors: self.errors,
             bytes: self.bytes,
             latency: self.total.stats(),
+            latency_us_total: self.total.sum_us(),
+            latency_buckets: self.total.cumulative_counts(),
             ..OpAcc::empty_stats()
         };
         for phase in Phase::ALL {
@@ -316,7 +328,8 @@ impl OpAcc {
     }
 
     fn empty_stats() -> OpStats {
-        let mut out = OpStats::default();
+        let mut out =
+            OpStats { latency_buckets: vec![0; LATENCY_BUCKET_BOUNDS_US.len()], ..OpStats::default() };
         for gate in Gate::ALL {
             out.gates.insert(gate.name().into(), GateStats::default());
         }

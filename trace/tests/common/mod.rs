@@ -75,6 +75,7 @@ pub fn populated_snapshot() -> Snapshot {
         }
     }
     let mut image = tracer.snapshot();
+    image.state = "live".into();
     image.attach(
         "sched",
         counters_from_value("sched", &serde_json::json!({"refused_turns": 12, "admitted": 2100})).unwrap(),
@@ -85,6 +86,7 @@ pub fn populated_snapshot() -> Snapshot {
             .unwrap(),
     );
     let mut idle = Tracer::new("vm2").snapshot();
+    idle.state = "recovering".into();
     idle.attach("sched", counters_from_value("sched", &serde_json::json!({"refused_turns": 0})).unwrap());
     let mut snapshot = Snapshot::new(vec![image, idle]);
     snapshot.attach(
