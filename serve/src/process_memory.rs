@@ -104,6 +104,31 @@ pub fn daemon_mode() {
     }
 }
 
+/// This process's resident memory and threads (`/proc/self/status`), as
+/// the daemon's stats and metrics report them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub resident_bytes: u64,
+    pub threads: u64,
+}
+
+/// Reads [`Usage`] from `/proc/self/status`.
+pub fn usage() -> std::io::Result<Usage> {
+    parse_status(&std::fs::read_to_string("/proc/self/status")?).ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, "/proc/self/status has no VmRSS or Threads line")
+    })
+}
+
+/// `VmRSS:` (in kB) and `Threads:` of a `/proc/PID/status` text.
+fn parse_status(status: &str) -> Option<Usage> {
+    let field = |name: &str| {
+        status.lines().find_map(|l| l.strip_prefix(name)).and_then(|rest| rest.split_whitespace().next())
+    };
+    let resident_kib: u64 = field("VmRSS:")?.parse().ok()?;
+    let threads: u64 = field("Threads:")?.parse().ok()?;
+    Some(Usage { resident_bytes: resident_kib * 1024, threads })
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
