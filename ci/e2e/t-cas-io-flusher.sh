@@ -4,10 +4,12 @@
 # never waits on the daemon's own devices. Threads come and go
 # (compaction's pipeline, GC, the kernel's io_uring workers): the flags are
 # read again and again while writes with flushes, compaction and GC
-# passes run, and every thread seen is checked.
+# passes run, and every thread seen is checked (the metrics endpoint's
+# included).
 source "$(dirname "$0")/lib.sh"
 store=$(new_store a 256M)
-dev=$(add_image "$store" a)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+dev=$(add_image "$store" a --metrics-listen "127.0.0.1:$port")
 raw=$(add_raw "$(new_backing 64M)")
 pid=$(daemon_pid "$dev")
 rawpid=$(daemon_pid "$raw")
@@ -33,7 +35,7 @@ missing=$(awk '$4 != "ok"' "$seen" | sort -u -k3,3)
 [ -z "$missing" ] || fail "daemon threads without IO_FLUSHER (pid tid name flags):
 $missing"
 names=$(awk '{sub(/-[0-9]+$/, "", $3); print $3}' "$seen" | sort -u | xargs)
-for want in casblk-worker casblk-sync cas-gc; do
+for want in casblk-worker casblk-sync cas-gc casblk-metrics; do
     grep -qw "$want" <<<"$names" || fail "no $want thread was seen (seen: $names)"
 done
 for want in cas-compactor wal-wb-a; do

@@ -4,12 +4,14 @@
 # writing and fsyncing files sees no IO error, is not remounted read-only,
 # and every fsynced file reads back; QEMU's block layer (qemu-io, cache=none,
 # io_uring) on a second image sees no error either. The stable name
-# /dev/casblk/<image> follows the device throughout.
+# /dev/casblk/<image> follows the device throughout. The daemon serves
+# metrics (--metrics-listen), and the restarted one binds the same port.
 source "$(dirname "$0")/lib.sh"
+mport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 store=$(new_store fs 256M)
 "$CASBLK" --store "$store" image create q --size 64M >/dev/null
 start_daemon() { # start_daemon LOG: a service daemon; waits until it is ready
-    "$CASBLK" --store "$store" daemon >"$1" 2>&1 &
+    "$CASBLK" --store "$store" daemon --metrics-listen "127.0.0.1:$mport" >"$1" 2>&1 &
     for _ in $(seq 300); do grep -q "^serving store" "$1" && return 0; sleep 0.2; done
     cat "$1"; fail "casblk daemon did not report ready"
 }
@@ -53,6 +55,19 @@ for round in $(seq "${E2E_ROUNDS:-1}"); do
     note "round $round: kill -9 with both devices under IO (IO flowing at the kill, held while the daemon was gone), recovered, IO going on"
 done
 sleep 3
+scraped=$(python3 - "$mport" <<'PY'
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
+v = {l.rsplit(" ", 1)[0]: float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l and not l.startswith("#")}
+writes = {}
+for image in ("fs", "q"):
+    assert v[f'casblk_image_state{{image="{image}",state="live"}}'] == 1, f"{image} is not live"
+    writes[image] = v[f'casblk_image_requests_total{{image="{image}",op="write"}}']
+    assert writes[image] > 0, f"{image}: no writes counted"
+print(f"fs writes {writes['fs']:.0f}, q writes {writes['q']:.0f} since the restart")
+PY
+) || fail "scraping the restarted daemon's metrics: $scraped"
+note "the restarted daemon serves metrics on the same port: $scraped"
 touch "$SCRATCH/stop"
 wait "$writer" || fail "the ext4 writer got an IO error across the recovery"
 wait "$qio" || { cat "$(ls -t "$SCRATCH"/qemu-io.*.txt | head -n1)"; fail "qemu-io failed or saw an error across the recovery"; }

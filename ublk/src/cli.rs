@@ -225,6 +225,10 @@ pub struct StatsArgs {
     /// Refresh every SECS seconds, like iostat, until interrupted.
     #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2")]
     pub watch: Option<u64>,
+    /// Print the Prometheus text that `--metrics-listen` serves, once
+    /// (metrics: docs/metrics.md).
+    #[arg(long, conflicts_with_all = ["json", "watch"])]
+    pub openmetrics: bool,
 }
 
 /// Parses "4096", "512M", "10G", "1T" (binary units) into bytes.
@@ -331,6 +335,18 @@ pub struct StoreSettings {
     /// [default: 60].
     #[arg(long = "gc-auto-interval", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=86_400), conflicts_with = "backing")]
     pub gc_auto_interval_s: Option<u64>,
+
+    /// Serve Prometheus metrics over HTTP at ADDR (`127.0.0.1:9465`, path
+    /// /metrics); off unless given. A daemon started to recover a device
+    /// listens at the same address.
+    #[arg(long = "metrics-listen", value_name = "ADDR", conflicts_with = "backing")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+
+    /// Let --metrics-listen take an address other hosts can reach (the
+    /// endpoint has no authentication and names every image).
+    #[arg(long = "metrics-allow-remote", requires = "metrics_listen")]
+    #[serde(default)]
+    pub metrics_allow_remote: bool,
 }
 
 #[derive(Args, Debug)]

@@ -96,6 +96,7 @@ pub fn add_image(store: &Path, args: AddArgs) -> Result<()> {
     };
     // Bad values fail here, before a daemon is reached or started.
     req.settings.options()?;
+    req.settings.metrics_address()?;
     serve_via_daemon(&dir, &req, args.foreground)
 }
 
@@ -111,7 +112,7 @@ pub fn recover_image(state: &crate::device::state::DeviceState, foreground: bool
         image: image.clone(),
         id: state.id as i32,
         shape: state.shape,
-        settings: settings.clone(),
+        settings: (**settings).clone(),
         recover: true,
     };
     serve_via_daemon(&dir, &req, foreground)
@@ -160,6 +161,7 @@ fn held_by_another(error: &str) -> bool {
 /// manager (see `daemon::Serve::Service`).
 pub fn service(store: &Path, settings: crate::targets::cas::StoreSettings) -> Result<()> {
     settings.options()?;
+    settings.metrics_address()?;
     let dir = store_dir(store, false)?;
     if running_daemon(&dir).is_some() {
         bail!("a casblk daemon already serves store {}", dir.display());
@@ -484,7 +486,9 @@ pub fn stats(store: &Path, args: &StatsArgs) -> Result<()> {
     };
     let Some(secs) = args.watch else {
         let snap = fetch()?;
-        if args.json {
+        if args.openmetrics {
+            print!("{}", crate::metrics::render(&snap).map_err(|e| anyhow!("metrics: {e}"))?);
+        } else if args.json {
             println!("{}", serde_json::to_string_pretty(&snap.to_value())?);
         } else {
             print!("{}", trace::render_table(&snap));

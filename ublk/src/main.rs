@@ -14,6 +14,7 @@ mod devices;
 mod fsck;
 mod image_io;
 mod logging;
+mod metrics;
 mod protocol;
 mod qcow2;
 mod remote;

@@ -32,7 +32,8 @@ pub const STATE_DIR: &str = "/run/casblk";
 #[serde(rename_all = "lowercase")]
 pub enum Target {
     /// An image of a store, served by the store's daemon.
-    Cas { store: PathBuf, image: String, settings: StoreSettings },
+    /// (The settings are boxed: they are most of the variant.)
+    Cas { store: PathBuf, image: String, settings: Box<StoreSettings> },
     /// Raw passthrough of a file or block device.
     Raw { backing: PathBuf },
 }
@@ -166,7 +167,10 @@ mod tests {
             target: Target::Cas {
                 store: "/var/lib/casblk".into(),
                 image: "vm1".into(),
-                settings: StoreSettings { log_quota_bytes: Some(64 << 20), ..StoreSettings::default() },
+                settings: Box::new(StoreSettings {
+                    log_quota_bytes: Some(64 << 20),
+                    ..StoreSettings::default()
+                }),
             },
         }
     }

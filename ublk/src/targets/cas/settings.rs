@@ -70,9 +70,36 @@ impl StoreSettings {
         Ok(o)
     }
 
-    /// Why a daemon running with `running` cannot take these settings:
-    /// the first one given that differs. `None` when they agree.
-    pub fn conflict(&self, running: &cas::StoreOptions) -> Option<String> {
+    /// The metrics address asked for, refused (naming the flag) where it
+    /// is not loopback and not allowed to be.
+    pub fn metrics_address(&self) -> Result<Option<std::net::SocketAddr>> {
+        match self.metrics_listen {
+            Some(addr) => {
+                crate::metrics::check_address(addr, self.metrics_allow_remote).map_err(anyhow::Error::msg)?;
+                Ok(Some(addr))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Why a daemon running with `running` (and serving metrics at
+    /// `running_metrics`) cannot take these settings: the first one given
+    /// that differs. `None` when they agree.
+    pub fn conflict(
+        &self,
+        running: &cas::StoreOptions,
+        running_metrics: Option<std::net::SocketAddr>,
+    ) -> Option<String> {
+        if let Some(want) = self.metrics_listen {
+            if running_metrics != Some(want) {
+                let has = running_metrics
+                    .map_or_else(|| "no metrics endpoint".to_owned(), |a| format!("--metrics-listen {a}"));
+                return Some(format!(
+                    "the store's daemon already runs with {has}, not --metrics-listen {want}: store settings apply \
+                     when the daemon starts (delete the store's devices first, or leave the flag out)"
+                ));
+            }
+        }
         let sizes = [
             ("--chunk-cache", self.chunk_cache_bytes, running.chunk_cache_bytes),
             ("--manifest-cache", self.manifest_cache_bytes, running.manifest_cache_bytes),
@@ -123,6 +150,8 @@ mod tests {
             background_cpu: Some("idle".into()),
             gc_auto: Some("off".into()),
             gc_auto_interval_s: Some(30),
+            metrics_listen: None,
+            metrics_allow_remote: false,
         };
         let o = s.options().unwrap();
         assert!(!o.gc_auto.enabled);
@@ -133,7 +162,7 @@ mod tests {
         assert_eq!(o.compaction_memory_bytes, 64 << 20, "a quarter of the budget");
         assert_eq!(o.compaction_threads, 1);
         assert_eq!(o.background_cpu, cas::BackgroundCpu::Idle);
-        assert_eq!(s.conflict(&o), None);
+        assert_eq!(s.conflict(&o, None), None);
     }
 
     #[test]
@@ -163,21 +192,21 @@ mod tests {
     #[test]
     fn a_running_daemon_refuses_only_differing_flags() {
         let running = cas::StoreOptions::default();
-        assert_eq!(StoreSettings::default().conflict(&running), None);
+        assert_eq!(StoreSettings::default().conflict(&running, None), None);
         let same = StoreSettings { chunk_cache_bytes: Some(running.chunk_cache_bytes), ..Default::default() };
-        assert_eq!(same.conflict(&running), None);
+        assert_eq!(same.conflict(&running, None), None);
         let other = StoreSettings { compaction_threads: Some(2), ..Default::default() };
-        let e = other.conflict(&running).unwrap();
+        let e = other.conflict(&running, None).unwrap();
         assert!(e.contains("--compaction-threads 3, not 2"), "{e}");
         let class = StoreSettings { background_cpu: Some("normal".into()), ..Default::default() };
-        let e = class.conflict(&running).unwrap();
+        let e = class.conflict(&running, None).unwrap();
         assert!(e.contains("--background-cpu batch, not normal"), "{e}");
         let same = StoreSettings { background_cpu: Some("batch".into()), ..Default::default() };
-        assert_eq!(same.conflict(&running), None);
+        assert_eq!(same.conflict(&running, None), None);
         let gc = StoreSettings { gc_auto: Some("off".into()), ..Default::default() };
-        assert!(gc.conflict(&running).unwrap().contains("--gc-auto on, not off"));
+        assert!(gc.conflict(&running, None).unwrap().contains("--gc-auto on, not off"));
         let interval = StoreSettings { gc_auto_interval_s: Some(15), ..Default::default() };
-        assert!(interval.conflict(&running).unwrap().contains("--gc-auto-interval 60, not 15"));
+        assert!(interval.conflict(&running, None).unwrap().contains("--gc-auto-interval 60, not 15"));
         let o = interval.options().unwrap();
         assert_eq!((o.gc_auto.min_interval_ms, o.gc_auto.check_interval_ms), (15_000, 3_750));
         let long = StoreSettings { gc_auto_interval_s: Some(3600), ..Default::default() };
@@ -186,5 +215,30 @@ mod tests {
         assert!(zero.options().unwrap_err().to_string().contains("--gc-auto-interval 0"));
         let typo = StoreSettings { gc_auto: Some("of".into()), ..Default::default() };
         assert!(typo.options().unwrap_err().to_string().contains("--gc-auto of"));
+    }
+
+    #[test]
+    fn a_metrics_address_must_match_the_running_daemons() {
+        let running = cas::StoreOptions::default();
+        let at = |a: &str| StoreSettings { metrics_listen: Some(a.parse().unwrap()), ..Default::default() };
+        let here: std::net::SocketAddr = "127.0.0.1:9465".parse().unwrap();
+        assert_eq!(at("127.0.0.1:9465").conflict(&running, Some(here)), None);
+        assert_eq!(StoreSettings::default().conflict(&running, Some(here)), None, "no flag: whatever runs");
+        let e = at("127.0.0.1:9466").conflict(&running, Some(here)).unwrap();
+        assert!(e.contains("--metrics-listen 127.0.0.1:9465, not --metrics-listen 127.0.0.1:9466"), "{e}");
+        let e = at("127.0.0.1:9466").conflict(&running, None).unwrap();
+        assert!(e.contains("no metrics endpoint"), "{e}");
+    }
+
+    #[test]
+    fn a_metrics_address_other_hosts_reach_needs_allowing() {
+        let s = StoreSettings { metrics_listen: Some("0.0.0.0:9465".parse().unwrap()), ..Default::default() };
+        let e = s.metrics_address().unwrap_err().to_string();
+        assert!(e.contains("--metrics-allow-remote"), "{e}");
+        let allowed = StoreSettings { metrics_allow_remote: true, ..s };
+        assert_eq!(allowed.metrics_address().unwrap(), Some("0.0.0.0:9465".parse().unwrap()));
+        let local =
+            StoreSettings { metrics_listen: Some("[::1]:9465".parse().unwrap()), ..Default::default() };
+        assert!(local.metrics_address().is_ok());
     }
 }

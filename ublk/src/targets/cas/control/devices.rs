@@ -53,7 +53,7 @@ impl Daemon {
         // A recovered device joins whatever daemon serves its store now:
         // the settings are the store's, not the device's.
         if !args.recover {
-            if let Some(why) = args.settings.conflict(&self.options) {
+            if let Some(why) = args.settings.conflict(&self.options, self.metrics.get().copied()) {
                 bail!(why);
             }
             crate::device::driver::require_free_id(args.id)?;
@@ -62,6 +62,7 @@ impl Daemon {
         if usize::from(args.shape.queues) * usize::from(args.shape.depth) > frontier {
             bail!("queues x depth must be at most {frontier} (the scheduler's descriptor quota)");
         }
+        let _recovering = args.recover.then(|| Recovering::mark(self, &args.image));
         let mut table = self.lock();
         if table.shutting_down {
             bail!("the store daemon is shutting down; retry");
@@ -165,7 +166,7 @@ impl Daemon {
         let state = crate::device::state::Target::Cas {
             store: self.store_dir.clone(),
             image: core.name.clone(),
-            settings: self.settings.clone(),
+            settings: Box::new(self.settings.clone()),
         };
         // User copy: a write's data stays in the kernel until it executes.
         let device = Device::create("casblk", args.id, args.shape, start, state, true)?;
@@ -218,5 +219,25 @@ impl Daemon {
         }
         self.changed.notify_all();
         tracing::info!(image = %core.name, "detached");
+    }
+}
+
+/// Marks an image as being recovered while it lives: from before its log
+/// replay until its device serves or the recovery fails.
+struct Recovering<'a> {
+    daemon: &'a Daemon,
+    image: String,
+}
+
+impl<'a> Recovering<'a> {
+    fn mark(daemon: &'a Daemon, image: &str) -> Recovering<'a> {
+        daemon.recovering.lock().unwrap_or_else(|p| p.into_inner()).insert(image.to_owned());
+        Recovering { daemon, image: image.to_owned() }
+    }
+}
+
+impl Drop for Recovering<'_> {
+    fn drop(&mut self) {
+        self.daemon.recovering.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.image);
     }
 }

@@ -87,6 +87,12 @@ struct Daemon {
     stop_requested: std::sync::atomic::AtomicBool,
     /// Run by `casblk daemon` for a service manager.
     service: bool,
+    /// Images a recovery is taking over (stats show them as `recovering`).
+    /// Apart from `table`, whose lock a recovery holds across the log
+    /// replay.
+    recovering: Mutex<std::collections::BTreeSet<String>>,
+    /// Where the metrics endpoint listens, once it does.
+    metrics: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 /// Exit status of a service daemon after a handoff (EX_TEMPFAIL): a
@@ -167,6 +173,8 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
         next_id: AtomicU32::new(1),
         stop_requested: std::sync::atomic::AtomicBool::new(false),
         service: matches!(what, Serve::Service(_)),
+        recovering: Mutex::new(Default::default()),
+        metrics: std::sync::OnceLock::new(),
     });
     let provider = {
         let d = daemon.clone();
@@ -174,6 +182,13 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
     };
     let server =
         crate::control_socket::Server::spawn(&socket, provider).context("starting the control socket")?;
+    let metrics = match serve_metrics(&daemon, matches!(&what, Serve::First(a) if a.recover)) {
+        Ok(m) => m,
+        Err(e) => {
+            ready.fail(&e);
+            return Err(e);
+        }
+    };
     stop_all_on_signals(daemon.clone())?;
     let result = match what {
         Serve::First(first) => {
@@ -203,6 +218,7 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
         }
     };
     drop(server);
+    drop(metrics);
     path.shutdown();
     // The process exits without dropping the store (threads hold it):
     // chunks that a compaction stopped by the last `del` placed are
@@ -213,6 +229,34 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
     }
     tracing::info!(store = %daemon.store_dir.display(), "daemon exiting");
     result
+}
+
+/// Starts the metrics endpoint where the settings ask for one. A daemon
+/// started to recover a device serves without it when the address cannot
+/// be bound (its devices matter more); otherwise that is an error naming
+/// the flag.
+fn serve_metrics(daemon: &Arc<Daemon>, recovering: bool) -> Result<Option<crate::metrics::http::Server>> {
+    let addr = match daemon.settings.metrics_address() {
+        Ok(Some(addr)) => addr,
+        Ok(None) => return Ok(None),
+        Err(e) if recovering => {
+            tracing::error!("serving without metrics: {e:#}");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let d = daemon.clone();
+    match crate::metrics::http::Server::spawn(addr, move || crate::metrics::render(&d.snapshot())) {
+        Ok(server) => {
+            let _ = daemon.metrics.set(server.addr());
+            Ok(Some(server))
+        }
+        Err(e) if recovering => {
+            tracing::error!("serving without metrics: --metrics-listen {addr}: {e}");
+            Ok(None)
+        }
+        Err(e) => Err(anyhow!("--metrics-listen {addr}: {e}")),
+    }
 }
 
 /// `CASBLK_TEST_STOP_AT` names a point where the daemon stops itself
