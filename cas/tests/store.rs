@@ -316,3 +316,21 @@ fn nowait_reads_come_from_memory_or_say_they_would_block() {
     image.read(1 << 20, &mut small).unwrap();
     assert_eq!(small, logged);
 }
+
+#[test]
+fn space_stats_give_the_filesystem_and_what_images_were_promised() {
+    let (mem, store) = mem_store(small_opts());
+    store.create_image("a", 8 << 20).unwrap();
+    store.create_image("b", 24 << 20).unwrap();
+    store.snapshot_image("a", "s1").unwrap();
+    let s = store.space_stats().unwrap();
+    assert_eq!(s.provisioned_bytes, 32 << 20, "snapshots promise nothing writable");
+    assert_eq!((s.fs_size_bytes, s.fs_avail_bytes, s.overcommit_ratio), (0, 0, 0.0), "unknown space");
+    mem.set_space(Some(cas::storage::FsSpace { size_bytes: 16 << 20, avail_bytes: 5 << 20 }));
+    let s = store.space_stats().unwrap();
+    assert_eq!((s.fs_size_bytes, s.fs_avail_bytes), (16 << 20, 5 << 20));
+    assert_eq!(s.overcommit_ratio, 2.0);
+    let dir = tempfile::tempdir().unwrap();
+    let fs = FsStorage::new().space(dir.path()).unwrap().expect("statvfs answers");
+    assert!(fs.size_bytes > 0 && fs.avail_bytes <= fs.size_bytes, "{fs:?}");
+}

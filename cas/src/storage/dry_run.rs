@@ -145,6 +145,10 @@ impl Storage for DryRun {
     fn lock_exclusive(&self, path: &Path) -> Result<StorageLock> {
         self.inner.lock_exclusive(path)
     }
+
+    fn space(&self, dir: &Path) -> Result<Option<super::FsSpace>> {
+        self.inner.space(dir)
+    }
 }
 
 struct DryRunFile {

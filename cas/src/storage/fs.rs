@@ -214,4 +214,12 @@ impl Storage for FsStorage {
             Err(e) => Err(Error::io(path, std::io::Error::from_raw_os_error(e.raw_os_error()))),
         }
     }
+
+    fn space(&self, dir: &Path) -> Result<Option<super::FsSpace>> {
+        let st = rustix::fs::statvfs(dir).map_err(|e| Error::io(dir, e.into()))?;
+        Ok(Some(super::FsSpace {
+            size_bytes: st.f_blocks.saturating_mul(st.f_frsize),
+            avail_bytes: st.f_bavail.saturating_mul(st.f_frsize),
+        }))
+    }
 }

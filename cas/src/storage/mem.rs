@@ -118,6 +118,8 @@ struct State {
     guard_syncs: bool,
     /// Each file sync sleeps this long first (a slow device).
     sync_delay: std::time::Duration,
+    /// What `space` reports (`set_space`).
+    space: Option<super::FsSpace>,
 }
 
 /// In-memory storage with crash and fault injection. Clones share state.
@@ -203,6 +205,7 @@ impl MemStorage {
                 locks: HashSet::new(),
                 guard_syncs: true,
                 sync_delay: std::time::Duration::ZERO,
+                space: None,
             })),
         }
     }
@@ -218,6 +221,11 @@ impl MemStorage {
     /// device: lets tests fill the queues in front of a syncing stage).
     pub fn set_sync_delay(&self, delay: std::time::Duration) {
         lock(&self.state).sync_delay = delay;
+    }
+
+    /// What [`Storage::space`] reports from now on (`None`: cannot tell).
+    pub fn set_space(&self, space: Option<super::FsSpace>) {
+        lock(&self.state).space = space;
     }
 
     /// Adds a fault; it applies to operations from now on.
@@ -628,6 +636,9 @@ impl Storage for MemStorage {
         let guard =
             MemLock { path: path.to_path_buf(), generation: st.generation, state: self.state.clone() };
         Ok(StorageLock::new(Box::new(guard)))
+    }
+    fn space(&self, _dir: &Path) -> Result<Option<super::FsSpace>> {
+        Ok(lock(&self.state).space)
     }
 }
 

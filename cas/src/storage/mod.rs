@@ -56,6 +56,14 @@ pub enum OpenMode {
     CreateNew,
 }
 
+/// The size of the filesystem holding a directory, and what is left of
+/// it (`statvfs`: what a writer without the root reserve may still use).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsSpace {
+    pub size_bytes: u64,
+    pub avail_bytes: u64,
+}
+
 /// A namespace of files and directories.
 pub trait Storage: Send + Sync + 'static {
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Arc<dyn StorageFile>>;
@@ -78,6 +86,12 @@ pub trait Storage: Send + Sync + 'static {
     /// held until the returned guard drops. Never waits: if another holder
     /// has it, fails with [`Error::Unavailable`](crate::Error::Unavailable).
     fn lock_exclusive(&self, path: &Path) -> Result<StorageLock>;
+    /// The space of the filesystem holding `dir`; `None` where this
+    /// storage cannot tell (the default).
+    fn space(&self, dir: &Path) -> Result<Option<FsSpace>> {
+        let _ = dir;
+        Ok(None)
+    }
 }
 
 /// An exclusive lock from [`Storage::lock_exclusive`]; dropping it unlocks.

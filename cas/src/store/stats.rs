@@ -31,6 +31,15 @@ pub struct SpaceStats {
     pub gc_auto_passes: u64,
     pub gc_auto_failures: u64,
     pub gc_reclaimed_bytes: u64,
+    /// Physical space: the size of the filesystem the store is on and what
+    /// is left of it (0 where the storage cannot tell), the sum of the
+    /// writable images' sizes (what the guests were promised; snapshots
+    /// and replicas add nothing they can write), and that sum over the
+    /// filesystem's size (above 1: thin provisioning overcommits).
+    pub fs_size_bytes: u64,
+    pub fs_avail_bytes: u64,
+    pub provisioned_bytes: u64,
+    pub overcommit_ratio: f64,
 }
 
 impl Store {
@@ -48,6 +57,15 @@ impl Store {
         for info in self.list_images()? {
             s.images += 1;
             s.mapped_blocks += self.manifest(&info.name)?.stats().mapped_blocks;
+            if info.kind == super::ImageKind::Image {
+                s.provisioned_bytes += info.size_bytes;
+            }
+        }
+        if let Some(fs) = self.storage.space(&self.dir)? {
+            (s.fs_size_bytes, s.fs_avail_bytes) = (fs.size_bytes, fs.avail_bytes);
+            if fs.size_bytes > 0 {
+                s.overcommit_ratio = s.provisioned_bytes as f64 / fs.size_bytes as f64;
+            }
         }
         s.mapped_bytes = s.mapped_blocks * BLOCK_BYTES;
         s.unique_bytes = s.chunks * BLOCK_BYTES;
