@@ -5,7 +5,10 @@
 # every request; `stats --openmetrics` has the same families; every metric
 # the Grafana dashboard names is exposed; a client that sends nothing does
 # not hold up a scrape; a bad or taken address is refused in one line; the
-# port is free again once the last device is gone.
+# port is free again once the last device is gone. Then physical space: a
+# store on a small filesystem reports its size, free space and overcommit
+# as df does, and --space-warn raises and clears the warning (log, stats,
+# metrics) as a ballast file fills and leaves the filesystem.
 source "$(dirname "$0")/lib.sh"
 [ -x "${CASBLK_PROMTOOL:-}" ] || fail "no promtool at '${CASBLK_PROMTOOL:-}': run ci/setup"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -170,3 +173,60 @@ s.bind(("127.0.0.1", port))
 s.listen()
 PY
 note "port $port is free after del -a"
+
+# Physical space on a 64 MiB ext4 (about 55 MiB usable): 128 MiB promised.
+modprobe loop 2>/dev/null || true
+small=$SCRATCH/small.img
+truncate -s 64M "$small" && mkfs.ext4 -q -F "$small"
+mkdir -p "$SCRATCH/small" && mount -o loop "$small" "$SCRATCH/small"
+trap 'umount "$SCRATCH/small" 2>/dev/null || true' EXIT
+sstore=$SCRATCH/small/store
+"$CASBLK" --store "$sstore" image create s --size 128M >/dev/null
+sport=$(free_port)
+sdev=$(add_image "$sstore" s --log-quota 16M --space-warn 60 --metrics-listen "127.0.0.1:$sport")
+expect_error "a --space-warn past 100" add_image "$sstore" s --space-warn 101
+list=$("$CASBLK" --store "$sstore" image list)
+grep -qE "images promise 128 MiB on a filesystem of .* overcommit [0-9]+\.[0-9]{2}x" <<<"$list" \
+    || fail "image list does not show the overcommit: $list"
+# space_state: warning used% avail size provisioned, from one scrape.
+space_state() {
+    python3 - "$sport" <<'PY'
+import sys, urllib.request
+t = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
+v = {l.rsplit(" ", 1)[0]: float(l.rsplit(" ", 1)[1]) for l in t.splitlines() if l and not l.startswith("#")}
+print(int(v["casblk_store_space_warning"]), int(v["casblk_store_fs_avail_bytes"]), int(v["casblk_store_fs_size_bytes"]),
+      int(v["casblk_store_provisioned_bytes"]), v["casblk_store_overcommit_ratio"])
+PY
+}
+read -r warning avail size promised ratio <<<"$(space_state)"
+df_avail=$(( $(stat -f -c '%a * %S' "$SCRATCH/small") ))
+df_size=$(( $(stat -f -c '%b * %S' "$SCRATCH/small") ))
+[ "$warning" = 0 ] || fail "a nearly empty filesystem is in the warning state"
+[ "$size" = "$df_size" ] || fail "fs size $size in the metrics, $df_size by statfs"
+[ $((avail - df_avail)) -le $((1 << 20)) ] && [ $((df_avail - avail)) -le $((1 << 20)) ] \
+    || fail "fs avail $avail in the metrics, $df_avail by statfs"
+[ "$promised" = $((128 << 20)) ] || fail "provisioned $promised, not 128 MiB"
+note "space: $size bytes, $avail free (statfs: $df_avail), provisioned $promised, overcommit $ratio"
+# wait_warning W: the state becomes W within the watch's 5 s interval (and 10 s of slack).
+wait_warning() {
+    local w
+    for _ in $(seq 30); do
+        read -r w _ <<<"$(space_state)"
+        [ "$w" = "$1" ] && return 0
+        sleep 0.5
+    done
+    fail "the space warning did not become $1 within 15 s"
+}
+mark=$(grep -c "" /run/casblk/casblk.log || true)
+# Leave 30% of the filesystem free: 70% used.
+head -c $((df_avail - df_size * 3 / 10)) /dev/zero >"$SCRATCH/small/ballast" && sync
+wait_warning 1
+tail -n +"$((mark + 1))" /run/casblk/casblk.log | grep -q "full (--space-warn 60)" \
+    || fail "the daemon did not log the space warning"
+rm "$SCRATCH/small/ballast" && sync
+wait_warning 0
+tail -n +"$((mark + 1))" /run/casblk/casblk.log | grep -q "below --space-warn 60" \
+    || fail "the daemon did not log that the warning cleared"
+note "--space-warn 60: a ballast up to 70% used raised the warning (log and metric), removing it cleared both"
+"$CASBLK" del -a
+wait_no_devices

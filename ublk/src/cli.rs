@@ -336,6 +336,11 @@ pub struct StoreSettings {
     #[arg(long = "gc-auto-interval", value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=86_400), conflicts_with = "backing")]
     pub gc_auto_interval_s: Option<u64>,
 
+    /// Warn (in the log, the stats and the metrics) when the store's
+    /// filesystem is at least PCT percent full [default: 90].
+    #[arg(long = "space-warn", value_name = "PCT", value_parser = clap::value_parser!(u64).range(1..=100), conflicts_with = "backing")]
+    pub space_warn_pct: Option<u64>,
+
     /// Serve Prometheus metrics over HTTP at ADDR (`127.0.0.1:9465`, path
     /// /metrics); off unless given. A daemon started to recover a device
     /// listens at the same address.

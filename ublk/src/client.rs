@@ -264,7 +264,7 @@ pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
                         .collect(),
                 ),
             };
-            print_images(&rows, json)?;
+            print_images(&rows, json, &dir)?;
         }
         ImageCommand::Snapshot { image, snap } => {
             let name = match &daemon {
@@ -400,7 +400,7 @@ fn print_info(info: &Value, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-fn print_images(rows: &Value, as_json: bool) -> Result<()> {
+fn print_images(rows: &Value, as_json: bool, dir: &Path) -> Result<()> {
     if as_json {
         println!("{}", serde_json::to_string_pretty(rows)?);
         return Ok(());
@@ -423,7 +423,34 @@ fn print_images(rows: &Value, as_json: bool) -> Result<()> {
     for [name, size, device, origin] in &cells {
         println!("{name:<name_w$}  {size:>size_w$}  {device:<dev_w$}  {origin}");
     }
+    let promised: u64 = rows
+        .iter()
+        .filter(|r| r.get("kind").and_then(Value::as_str) == Some("image"))
+        .filter_map(|r| r.get("size_bytes").and_then(Value::as_u64))
+        .sum();
+    if let Some(line) = space_line(promised, dir) {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// What the writable images promise against the store filesystem's size
+/// and free space (`None` where statvfs cannot tell).
+fn space_line(promised_bytes: u64, dir: &Path) -> Option<String> {
+    let st = rustix::fs::statvfs(dir).ok()?;
+    let size = st.f_blocks.saturating_mul(st.f_frsize);
+    let avail = st.f_bavail.saturating_mul(st.f_frsize);
+    if size == 0 {
+        return None;
+    }
+    Some(format!(
+        "images promise {} on a filesystem of {} ({} free, {:.0}% used): overcommit {:.2}x",
+        trace::human_bytes(promised_bytes),
+        trace::human_bytes(size),
+        trace::human_bytes(avail),
+        100.0 * size.saturating_sub(avail) as f64 / size as f64,
+        promised_bytes as f64 / size as f64
+    ))
 }
 
 /// Bound on a GC pass run through the daemon.

@@ -46,6 +46,10 @@ fn fixture() -> Snapshot {
         mapped_bytes: 8 << 20,
         unique_bytes: 5 << 20,
         dedup_ratio: 1.6,
+        fs_size_bytes: 1 << 30,
+        fs_avail_bytes: 100 << 20,
+        provisioned_bytes: 3 << 30,
+        overcommit_ratio: 3.0,
         ..Default::default()
     };
     snap.attach("store", counters_from("store", &space).unwrap());
@@ -53,6 +57,14 @@ fn fixture() -> Snapshot {
     snap.attach("chunks", counters_from("chunks", &chunks).unwrap());
     let remote = serde_json::json!({"sealed_packs": 3, "pending_upload_bytes": 12345, "uploaded_bytes": 7, "upload_errors": 1});
     snap.attach("remote", trace::counters_from_value("remote", &remote).unwrap());
+    snap.attach(
+        "space",
+        trace::counters_from_value(
+            "space",
+            &serde_json::json!({"warn_pct": 90, "used_pct": 90.2, "warning": 1}),
+        )
+        .unwrap(),
+    );
     snap.attach(
         "process",
         trace::counters_from_value(
@@ -128,6 +140,9 @@ fn samples_equal_the_fields_they_come_from() {
     assert_eq!(value(&text, "casblk_store_chunk_cache_misses_total", ""), 4.0);
     assert_eq!(value(&text, "casblk_store_remote_upload_pending_bytes", ""), 12345.0);
     assert_eq!(value(&text, "casblk_daemon_threads", ""), 30.0);
+    assert_eq!(value(&text, "casblk_store_overcommit_ratio", ""), 3.0);
+    assert_eq!(value(&text, "casblk_store_fs_avail_bytes", ""), (100u64 << 20) as f64);
+    assert_eq!(value(&text, "casblk_store_space_warning", ""), 1.0);
     let wait_ms = snap.images[0].ops.read.gates["scheduler_turn"].wait_ms_total;
     assert_eq!(
         value(

@@ -82,14 +82,27 @@ impl StoreSettings {
         }
     }
 
+    /// The `--space-warn` share, in percent.
+    pub fn space_warn_pct(&self) -> u64 {
+        self.space_warn_pct.unwrap_or(super::control::DEFAULT_SPACE_WARN_PCT)
+    }
+
     /// Why a daemon running with `running` (and serving metrics at
-    /// `running_metrics`) cannot take these settings: the first one given
-    /// that differs. `None` when they agree.
+    /// `running_metrics`, warning at `running_space_warn_pct`) cannot take
+    /// these settings: the first one given that differs. `None` when they
+    /// agree.
     pub fn conflict(
         &self,
         running: &cas::StoreOptions,
         running_metrics: Option<std::net::SocketAddr>,
+        running_space_warn_pct: u64,
     ) -> Option<String> {
+        if let Some(want) = self.space_warn_pct.filter(|&w| w != running_space_warn_pct) {
+            return Some(format!(
+                "the store's daemon already runs with --space-warn {running_space_warn_pct}, not {want}: store \
+                 settings apply when the daemon starts (delete the store's devices first, or leave the flag out)"
+            ));
+        }
         if let Some(want) = self.metrics_listen {
             if running_metrics != Some(want) {
                 let has = running_metrics
@@ -152,6 +165,7 @@ mod tests {
             gc_auto_interval_s: Some(30),
             metrics_listen: None,
             metrics_allow_remote: false,
+            space_warn_pct: Some(80),
         };
         let o = s.options().unwrap();
         assert!(!o.gc_auto.enabled);
@@ -162,7 +176,7 @@ mod tests {
         assert_eq!(o.compaction_memory_bytes, 64 << 20, "a quarter of the budget");
         assert_eq!(o.compaction_threads, 1);
         assert_eq!(o.background_cpu, cas::BackgroundCpu::Idle);
-        assert_eq!(s.conflict(&o, None), None);
+        assert_eq!(s.conflict(&o, None, 80), None);
     }
 
     #[test]
@@ -192,21 +206,21 @@ mod tests {
     #[test]
     fn a_running_daemon_refuses_only_differing_flags() {
         let running = cas::StoreOptions::default();
-        assert_eq!(StoreSettings::default().conflict(&running, None), None);
+        assert_eq!(StoreSettings::default().conflict(&running, None, 90), None);
         let same = StoreSettings { chunk_cache_bytes: Some(running.chunk_cache_bytes), ..Default::default() };
-        assert_eq!(same.conflict(&running, None), None);
+        assert_eq!(same.conflict(&running, None, 90), None);
         let other = StoreSettings { compaction_threads: Some(2), ..Default::default() };
-        let e = other.conflict(&running, None).unwrap();
+        let e = other.conflict(&running, None, 90).unwrap();
         assert!(e.contains("--compaction-threads 3, not 2"), "{e}");
         let class = StoreSettings { background_cpu: Some("normal".into()), ..Default::default() };
-        let e = class.conflict(&running, None).unwrap();
+        let e = class.conflict(&running, None, 90).unwrap();
         assert!(e.contains("--background-cpu batch, not normal"), "{e}");
         let same = StoreSettings { background_cpu: Some("batch".into()), ..Default::default() };
-        assert_eq!(same.conflict(&running, None), None);
+        assert_eq!(same.conflict(&running, None, 90), None);
         let gc = StoreSettings { gc_auto: Some("off".into()), ..Default::default() };
-        assert!(gc.conflict(&running, None).unwrap().contains("--gc-auto on, not off"));
+        assert!(gc.conflict(&running, None, 90).unwrap().contains("--gc-auto on, not off"));
         let interval = StoreSettings { gc_auto_interval_s: Some(15), ..Default::default() };
-        assert!(interval.conflict(&running, None).unwrap().contains("--gc-auto-interval 60, not 15"));
+        assert!(interval.conflict(&running, None, 90).unwrap().contains("--gc-auto-interval 60, not 15"));
         let o = interval.options().unwrap();
         assert_eq!((o.gc_auto.min_interval_ms, o.gc_auto.check_interval_ms), (15_000, 3_750));
         let long = StoreSettings { gc_auto_interval_s: Some(3600), ..Default::default() };
@@ -222,12 +236,19 @@ mod tests {
         let running = cas::StoreOptions::default();
         let at = |a: &str| StoreSettings { metrics_listen: Some(a.parse().unwrap()), ..Default::default() };
         let here: std::net::SocketAddr = "127.0.0.1:9465".parse().unwrap();
-        assert_eq!(at("127.0.0.1:9465").conflict(&running, Some(here)), None);
-        assert_eq!(StoreSettings::default().conflict(&running, Some(here)), None, "no flag: whatever runs");
-        let e = at("127.0.0.1:9466").conflict(&running, Some(here)).unwrap();
+        assert_eq!(at("127.0.0.1:9465").conflict(&running, Some(here), 90), None);
+        assert_eq!(
+            StoreSettings::default().conflict(&running, Some(here), 90),
+            None,
+            "no flag: whatever runs"
+        );
+        let e = at("127.0.0.1:9466").conflict(&running, Some(here), 90).unwrap();
         assert!(e.contains("--metrics-listen 127.0.0.1:9465, not --metrics-listen 127.0.0.1:9466"), "{e}");
-        let e = at("127.0.0.1:9466").conflict(&running, None).unwrap();
+        let e = at("127.0.0.1:9466").conflict(&running, None, 90).unwrap();
         assert!(e.contains("no metrics endpoint"), "{e}");
+        let warn = StoreSettings { space_warn_pct: Some(80), ..Default::default() };
+        assert_eq!(warn.conflict(&running, None, 80), None);
+        assert!(warn.conflict(&running, None, 90).unwrap().contains("--space-warn 90, not 80"));
     }
 
     #[test]

@@ -53,7 +53,11 @@ impl Daemon {
         // A recovered device joins whatever daemon serves its store now:
         // the settings are the store's, not the device's.
         if !args.recover {
-            if let Some(why) = args.settings.conflict(&self.options, self.metrics.get().copied()) {
+            if let Some(why) = args.settings.conflict(
+                &self.options,
+                self.metrics.get().copied(),
+                self.space.warn_pct.load(Ordering::Relaxed),
+            ) {
                 bail!(why);
             }
             crate::device::driver::require_free_id(args.id)?;

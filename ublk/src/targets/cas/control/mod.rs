@@ -1,13 +1,17 @@
 //! The store daemon's lifecycle: starting it (store, request path, control
 //! socket, signals), what it serves, and when it exits. Attaching and
 //! detaching devices (`devices.rs`), the control socket's commands
-//! (`commands.rs`), growing an image online (`resize.rs`) and the stats
-//! snapshot (`snapshot.rs`) are beside it.
+//! (`commands.rs`), growing an image online (`resize.rs`), the stats
+//! snapshot (`snapshot.rs`) and the watch on the store filesystem's
+//! fullness (`space.rs`) are beside it.
 
 mod commands;
 mod devices;
 mod resize;
 mod snapshot;
+mod space;
+
+pub use space::DEFAULT_WARN_PCT as DEFAULT_SPACE_WARN_PCT;
 
 use super::links;
 use super::{bridge, Registry, Sched};
@@ -93,6 +97,8 @@ struct Daemon {
     recovering: Mutex<std::collections::BTreeSet<String>>,
     /// Where the metrics endpoint listens, once it does.
     metrics: std::sync::OnceLock<std::net::SocketAddr>,
+    /// How full the store's filesystem is (`space.rs` watches it).
+    space: Arc<space::SpaceState>,
 }
 
 /// Exit status of a service daemon after a handoff (EX_TEMPFAIL): a
@@ -159,6 +165,8 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
     );
     let socket = socket_path(&store_dir);
     std::fs::create_dir_all(RUN_DIR).with_context(|| format!("creating {RUN_DIR}"))?;
+    let space_watch = space::SpaceWatch::spawn(store.clone(), settings.space_warn_pct())
+        .context("spawning the space watch")?;
     let daemon = Arc::new(Daemon {
         store,
         options,
@@ -175,6 +183,7 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
         service: matches!(what, Serve::Service(_)),
         recovering: Mutex::new(Default::default()),
         metrics: std::sync::OnceLock::new(),
+        space: space_watch.state.clone(),
     });
     let provider = {
         let d = daemon.clone();
@@ -219,6 +228,7 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
     };
     drop(server);
     drop(metrics);
+    drop(space_watch);
     path.shutdown();
     // The process exits without dropping the store (threads hold it):
     // chunks that a compaction stopped by the last `del` placed are

@@ -71,6 +71,15 @@ impl Daemon {
                 Err(e) => tracing::warn!("remote counters: {e}"),
             }
         }
+        let space = serde_json::json!({
+            "warn_pct": self.space.warn_pct.load(std::sync::atomic::Ordering::Relaxed),
+            "used_pct": self.space.used_pct_x100.load(std::sync::atomic::Ordering::Relaxed) as f64 / 100.0,
+            "warning": u64::from(self.space.warning.load(std::sync::atomic::Ordering::Relaxed)),
+        });
+        match trace::counters_from_value("space", &space) {
+            Ok(c) => snap.attach("space", c),
+            Err(e) => tracing::warn!("space counters: {e}"),
+        }
         match serve::process_memory::usage() {
             Ok(u) => match trace::counters_from_value(
                 "process",
