@@ -98,6 +98,8 @@ impl XorShift {
 /// loss of `ci/bench index`): block `i` of `blocks` has content
 /// `key_of(i, blocks)`; even blocks are all distinct, each odd block
 /// repeats a scattered even one, so exactly half the blocks are unique.
+pub mod counting_storage;
+
 pub mod compaction_data {
     /// Fills `out` (4 KiB) with the content named `key`.
     pub fn block_content(key: u64, out: &mut [u8]) {

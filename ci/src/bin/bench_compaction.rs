@@ -14,9 +14,19 @@
 //! bytes are exactly half the input. Reports the best round's drain rate
 //! and all rounds; work counters per input MiB from the same round.
 //!
+//! Then write amplification, on a store of its own whose storage counts
+//! the bytes written to its files by class (log, packs, index, manifest):
+//! `CAS_BENCH_WRITE_AMP_MIB` (default 256) of all-new blocks written and
+//! compacted into one image, then the same blocks into a second image
+//! (every block a duplicate). Bytes written per logical byte are
+//! `write_amp_unique` and `write_amp_duplicate`, split by class in
+//! `write_amp_split`, with /proc/self/io's `write_bytes` beside them as a
+//! check that nothing bypassed the storage layer.
+//!
 //! Writes `target/bench/compaction.json`. Targets: `drain_mib_s >= 0.5 *
 //! blake3_4k_mib_s`, `stored_over_unique <= 1.02`, manifest pages written
-//! within 1.1x of the leaf pages the commits touched; exits 1 if missed.
+//! within 1.1x of the leaf pages the commits touched, write amplification
+//! at most 2.15 (unique) and 1.15 (duplicate); exits 1 if missed.
 //! `CAS_BENCH_COMPACTION_MIB` (default 1024), `..._ROUNDS` (default 3) and
 //! `..._THREADS` (the store's `compaction_threads`, default 3) and
 //! `..._BATCH_MIB` (its `compaction_batch_bytes`, default the store's).
@@ -24,6 +34,7 @@
 use cas::storage::{FsStorage, Storage};
 use cas::{CompactReport, Store, StoreOptions};
 use casblk_ci::compaction_data::{block_content, key_of};
+use casblk_ci::counting_storage::{CountingStorage, FileClass};
 use casblk_ci::{filesystem_of, secs, write_results, Scratch};
 use serde_json::json;
 use std::sync::Arc;
@@ -110,6 +121,62 @@ fn round(storage: &Arc<dyn Storage>, dir: &std::path::Path, total_mib: u64) -> R
     Round { drain_mib_s: total_mib as f64 / elapsed, write_mib_s, secs: elapsed, stored_bytes, report }
 }
 
+/// Bytes written to the store's files, by class, while `mib` MiB of
+/// 1 MiB writes went into a fresh image and were compacted (log write,
+/// FLUSH, one `compact_once`), and the process's `write_bytes` from
+/// /proc/self/io over the same span.
+struct Amp {
+    by_class: [u64; 5],
+    proc_write_bytes: u64,
+}
+
+fn proc_write_bytes() -> u64 {
+    let io = std::fs::read_to_string("/proc/self/io").expect("read /proc/self/io");
+    io.lines().find_map(|l| l.strip_prefix("write_bytes: ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Writes `mib` MiB to image `name` (blocks `first_key..`, all distinct),
+/// flushes and compacts it; what that wrote.
+fn amp_phase(store: &Store, counting: &CountingStorage, name: &str, mib: u64, first_key: u64) -> Amp {
+    store.create_image(name, mib * MIB).expect("create image");
+    let image = store.open_image(name).expect("open image");
+    let (before, proc_before) = (counting.written.snapshot(), proc_write_bytes());
+    let per_mib = MIB / BLOCK as u64;
+    let mut buf = vec![0u8; MIB as usize];
+    for m in 0..mib {
+        for (k, b) in buf.chunks_mut(BLOCK).enumerate() {
+            block_content(first_key + m * per_mib + k as u64, b);
+        }
+        image.write(m * MIB, &buf, false).expect("write");
+    }
+    image.flush().expect("flush");
+    let report = store.compact_once(&image).expect("compaction");
+    assert_eq!(report.covered_after, image.durable_seq(), "the whole durable log was compacted");
+    let after = counting.written.snapshot();
+    Amp {
+        by_class: std::array::from_fn(|i| after[i] - before[i]),
+        proc_write_bytes: proc_write_bytes() - proc_before,
+    }
+}
+
+/// Write amplification on a store of its own: unique data (every block
+/// new), then the same data again into a second image (every block a
+/// duplicate of a stored chunk).
+fn write_amp(dir: &std::path::Path, mib: u64) -> (Amp, Amp) {
+    let counting = Arc::new(CountingStorage::new(Arc::new(FsStorage::new())));
+    let opts = StoreOptions {
+        log_quota_bytes: (mib + 256) * MIB,
+        background_compaction: false,
+        gc_auto: cas::gc::AutoGcOptions::off(),
+        ..StoreOptions::default()
+    };
+    let storage: Arc<dyn Storage> = counting.clone();
+    let store = Store::create(storage, dir, opts).expect("create store");
+    let unique = amp_phase(&store, &counting, "unique", mib, 1 << 40);
+    let duplicate = amp_phase(&store, &counting, "duplicate", mib, 1 << 40);
+    (unique, duplicate)
+}
+
 fn main() {
     let total_mib = env("CAS_BENCH_COMPACTION_MIB", 1024);
     let rounds = env("CAS_BENCH_COMPACTION_ROUNDS", 3).max(1);
@@ -135,6 +202,30 @@ fn main() {
         std::fs::remove_dir_all(&dir).expect("remove the round's store");
         all.push(res);
     }
+    let amp_mib = env("CAS_BENCH_WRITE_AMP_MIB", 256);
+    let amp_dir = scratch.0.join("write-amp");
+    let (unique, duplicate) = write_amp(&amp_dir, amp_mib);
+    std::fs::remove_dir_all(&amp_dir).expect("remove the write amplification store");
+    let logical = (amp_mib * MIB) as f64;
+    let split = |a: &Amp| {
+        FileClass::ALL
+            .iter()
+            .map(|c| (c.name().to_owned(), json!(a.by_class[*c as usize] as f64 / logical)))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let total = |a: &Amp| a.by_class.iter().sum::<u64>() as f64;
+    let (amp_unique, amp_duplicate) = (total(&unique) / logical, total(&duplicate) / logical);
+    // The storage layer's count is the figure; /proc/self/io checks that
+    // nothing wrote past it (within 5%: the filesystem's own metadata).
+    let proc_ok =
+        [&unique, &duplicate].iter().all(|a| (a.proc_write_bytes as f64 - total(a)).abs() <= 0.05 * total(a));
+    if !proc_ok {
+        println!(
+            "write amplification: /proc/self/io disagrees with the storage layer's count by more than 5%"
+        );
+    }
+    let amp_unique_ok = amp_unique <= 2.15 && proc_ok;
+    let amp_duplicate_ok = amp_duplicate <= 1.15 && proc_ok;
     let best = all.iter().max_by(|a, b| a.drain_mib_s.total_cmp(&b.drain_mib_s)).expect("a round");
     let w = &best.report.work;
     let input_mib = w.input_bytes as f64 / MIB as f64;
@@ -172,7 +263,30 @@ fn main() {
         pages / image_leaves,
         init / MIB as f64
     );
+    for (what, a, amp, ok, max) in [
+        ("unique", &unique, amp_unique, amp_unique_ok, 2.15),
+        ("duplicate", &duplicate, amp_duplicate, amp_duplicate_ok, 1.15),
+    ] {
+        let parts: Vec<String> = FileClass::ALL
+            .iter()
+            .map(|c| format!("{} {:.3}", c.name(), a.by_class[*c as usize] as f64 / logical))
+            .collect();
+        println!(
+            "write amplification, {what} data ({amp_mib} MiB): {amp:.3} bytes to the store per byte written (target <= {max}: {}): {}; /proc/self/io write_bytes {:.3}",
+            met(ok),
+            parts.join(", "),
+            a.proc_write_bytes as f64 / logical
+        );
+    }
     let results = json!({
+        "write_amp_unique": amp_unique,
+        "write_amp_duplicate": amp_duplicate,
+        "write_amp_split": {"unique": split(&unique), "duplicate": split(&duplicate)},
+        "write_amp_proc_io": {
+            "unique": unique.proc_write_bytes as f64 / logical,
+            "duplicate": duplicate.proc_write_bytes as f64 / logical,
+        },
+        "write_amp_mib": amp_mib,
         "drain_mib_s": best.drain_mib_s,
         "blake3_4k_mib_s": blake3,
         "stored_over_unique": stored_over_unique,
@@ -196,14 +310,16 @@ fn main() {
             "drain_over_blake3_min": 0.5,
             "stored_over_unique_max": 1.02,
             "manifest_pages_over_leaf_pages_max": 1.1,
-            "met": drain_ok && dedup_ok && pages_ok,
+            "write_amp_unique_max": 2.15,
+            "write_amp_duplicate_max": 1.15,
+            "met": drain_ok && dedup_ok && pages_ok && amp_unique_ok && amp_duplicate_ok,
         },
     });
     let path = write_results("compaction", &results);
     println!("wrote {}", path.display());
     // Exiting below skips destructors: remove the scratch data first.
     drop(scratch);
-    if !(drain_ok && dedup_ok && pages_ok) {
+    if !(drain_ok && dedup_ok && pages_ok && amp_unique_ok && amp_duplicate_ok) {
         std::process::exit(1);
     }
 }
