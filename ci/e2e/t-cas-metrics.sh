@@ -11,18 +11,26 @@
 # metrics) as a ballast file fills and leaves the filesystem.
 source "$(dirname "$0")/lib.sh"
 [ -x "${CASBLK_PROMTOOL:-}" ] || fail "no promtool at '${CASBLK_PROMTOOL:-}': run ci/setup"
+# expect_error_naming TEXT DESCRIPTION CMD...: expect_error, and the one
+# line names TEXT (the flag at fault), so another failure cannot pass.
+expect_error_naming() {
+    local text=$1 out; shift
+    out=$(expect_error "$@") || exit 1
+    echo "$out"
+    grep -qF -- "$text" <<<"$out" || fail "$1: the error does not name $text: $out"
+}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 port=$(free_port)
 store=$(new_store a 256M)
 for n in b c; do "$CASBLK" --store "$store" image create "$n" --size 256M >/dev/null; done
-expect_error "a metrics address other hosts reach" add_image "$store" a --metrics-listen "0.0.0.0:$port"
+expect_error_naming --metrics-allow-remote "a metrics address other hosts reach" add_image "$store" a --metrics-listen "0.0.0.0:$port"
 dev=$(add_image "$store" a --metrics-listen "127.0.0.1:$port")
 devb=$(add_image "$store" b --metrics-listen "127.0.0.1:$port")
 note "a and b on one daemon, metrics at 127.0.0.1:$port"
-expect_error "another metrics address for the running daemon" \
+expect_error_naming "already runs with --metrics-listen" "another metrics address for the running daemon" \
     add_image "$store" c --metrics-listen "127.0.0.1:$(free_port)"
 other=$(new_store d 64M)
-expect_error "a metrics address another daemon holds" add_image "$other" d --metrics-listen "127.0.0.1:$port"
+expect_error_naming "Address already in use" "a metrics address another daemon holds" add_image "$other" d --metrics-listen "127.0.0.1:$port"
 
 fio --name=w --filename="$dev" --rw=randwrite --bs=64k --size=64M --iodepth=8 --ioengine=io_uring --direct=1 \
     --time_based --runtime=6 --output-format=json --output="$SCRATCH/fio-a.json" &
@@ -139,7 +147,7 @@ try:
     head = s.recv(64)
 except OSError:
     head = b""
-if head and not head.startswith(b"HTTP/1.1 431"):
+if not head.startswith(b"HTTP/1.1 431"):
     print(f"64 KiB of headers got {head!r}"); sys.exit(1)
 try:
     urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)
@@ -184,7 +192,7 @@ sstore=$SCRATCH/small/store
 "$CASBLK" --store "$sstore" image create s --size 128M >/dev/null
 sport=$(free_port)
 sdev=$(add_image "$sstore" s --log-quota 16M --space-warn 60 --metrics-listen "127.0.0.1:$sport")
-expect_error "a --space-warn past 100" add_image "$sstore" s --space-warn 101
+expect_error_naming "--space-warn" "a --space-warn past 100" add_image "$sstore" s --space-warn 101
 list=$("$CASBLK" --store "$sstore" image list)
 grep -qE "images promise 128 MiB on a filesystem of .* overcommit [0-9]+\.[0-9]{2}x" <<<"$list" \
     || fail "image list does not show the overcommit: $list"

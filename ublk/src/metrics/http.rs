@@ -4,10 +4,11 @@
 //! Bounded in every way a scraper or a stray client could push it: one
 //! connection at a time (others wait in the kernel's backlog), at most
 //! [`MAX_REQUEST_BYTES`] of request head read within [`HEAD_DEADLINE`],
-//! writes time out after [`WRITE_TIMEOUT`], and the body is rendered at
-//! most once per [`MIN_RENDER_INTERVAL`] and refused past
-//! [`MAX_BODY_BYTES`]. No keep-alive: every response closes its
-//! connection.
+//! the response written within [`RESPONSE_DEADLINE`] however slowly the
+//! client reads, and the body rendered at most once per
+//! [`MIN_RENDER_INTERVAL`] and refused past [`MAX_BODY_BYTES`]. No
+//! keep-alive: every response closes its connection. A stuck client holds
+//! the endpoint for at most the two deadlines.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -20,9 +21,16 @@ use std::time::{Duration, Instant};
 pub const MAX_REQUEST_BYTES: usize = 8 << 10;
 /// A client must send its whole request head within this.
 pub const HEAD_DEADLINE: Duration = Duration::from_secs(2);
-/// A response write that makes no progress for this long ends the
-/// connection.
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A response must be written within this, however the client reads it.
+pub const RESPONSE_DEADLINE: Duration = Duration::from_secs(10);
+/// After a response, unread request bytes are read and dropped for at
+/// most this long (and [`MAX_DRAIN_BYTES`]), so closing does not reset the
+/// connection before the client has read the answer.
+const DRAIN_TIME: Duration = Duration::from_millis(500);
+const MAX_DRAIN_BYTES: usize = 64 << 10;
+/// The serving thread looks at its stop flag at least this often, so
+/// stopping never depends on the wake-up connect getting through.
+const STOP_TICK: Duration = Duration::from_millis(500);
 /// Scrapes closer together than this get the same body.
 pub const MIN_RENDER_INTERVAL: Duration = Duration::from_secs(1);
 /// A body larger than this is not sent (500, and an error in the log).
@@ -87,13 +95,28 @@ struct Cached {
     body: Result<Arc<String>, String>,
 }
 
+/// Whether a connection waits to be accepted, looking at most
+/// [`STOP_TICK`].
+fn readable(listener: &TcpListener) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let tick = Timespec { tv_sec: 0, tv_nsec: STOP_TICK.as_nanos() as _ };
+    let mut fds = [PollFd::new(listener, PollFlags::IN)];
+    matches!(poll(&mut fds, Some(&tick)), Ok(n) if n > 0)
+}
+
 fn serve(listener: TcpListener, stop: &AtomicBool, render: &Render) {
     let mut cached: Option<Cached> = None;
-    for conn in listener.incoming() {
+    loop {
         if stop.load(Ordering::SeqCst) {
             break;
         }
-        let mut stream = match conn {
+        if !readable(&listener) {
+            continue;
+        }
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let mut stream = match listener.accept().map(|(s, _)| s) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!("metrics endpoint accept: {e}");
@@ -157,7 +180,6 @@ pub fn parse_head(head: &[u8]) -> Result<Request, HeadError> {
 
 /// Reads the request head within [`HEAD_DEADLINE`] and answers it.
 fn answer(stream: &mut TcpStream, cached: &mut Option<Cached>, render: &Render) -> std::io::Result<()> {
-    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let head = match read_head(stream) {
         Ok(head) => head,
         Err(ReadError::TooLarge) => return respond(stream, 431, "request header fields too large\n", false),
@@ -252,11 +274,50 @@ fn respond(stream: &mut TcpStream, status: u16, body: &str, head_only: bool) -> 
         "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes())?;
+    let deadline = Instant::now() + RESPONSE_DEADLINE;
+    write_before(stream, head.as_bytes(), deadline)?;
     if !head_only {
-        stream.write_all(body.as_bytes())?;
+        write_before(stream, body.as_bytes(), deadline)?;
     }
-    stream.flush()?;
     let _ = stream.shutdown(std::net::Shutdown::Write);
+    drain(stream);
     Ok(())
+}
+
+/// Writes all of `buf` unless `deadline` passes first (a client reading a
+/// few bytes at a time gets no longer than anyone else).
+fn write_before(stream: &mut TcpStream, mut buf: &[u8], deadline: Instant) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(ErrorKind::TimedOut, "the response deadline passed"));
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(buf) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads and drops what the client still sends, briefly: closing a socket
+/// with unread bytes resets the connection, which can discard the answer
+/// before the client reads it.
+fn drain(stream: &mut TcpStream) {
+    let deadline = Instant::now() + DRAIN_TIME;
+    let mut buf = [0u8; 4096];
+    let mut total = 0;
+    while total < MAX_DRAIN_BYTES {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => total += n,
+        }
+    }
 }

@@ -14,10 +14,10 @@ use std::sync::{mpsc, Arc};
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl Daemon {
-    /// Serves again every quiesced device of this store that has a state
-    /// file; returns how many were recovered and how many failed.
-    pub(super) fn recover_quiesced(self: &Arc<Self>) -> (usize, usize) {
-        let (mut recovered, mut failed) = (0, 0);
+    /// The quiesced devices of this store that have a state file: their
+    /// ids, states and images.
+    pub(super) fn quiesced(&self) -> Vec<(u32, crate::device::state::DeviceState, String)> {
+        let mut out = Vec::new();
         for id in crate::device::state::DeviceState::ids() {
             let Ok(state) = crate::device::state::DeviceState::load(id) else { continue };
             let crate::device::state::Target::Cas { store, image, .. } = &state.target else { continue };
@@ -27,6 +27,17 @@ impl Daemon {
             if !crate::device::driver::is_quiesced(id) {
                 continue;
             }
+            let image = image.clone();
+            out.push((id, state, image));
+        }
+        out
+    }
+
+    /// Serves again every quiesced device of this store that has a state
+    /// file; returns how many were recovered and how many failed.
+    pub(super) fn recover_quiesced(self: &Arc<Self>) -> (usize, usize) {
+        let (mut recovered, mut failed) = (0, 0);
+        for (id, state, image) in self.quiesced() {
             let args = AddImageArgs {
                 image: image.clone(),
                 id: id as i32,

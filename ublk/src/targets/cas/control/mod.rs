@@ -185,19 +185,27 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
         metrics: std::sync::OnceLock::new(),
         space: space_watch.state.clone(),
     });
-    let provider = {
-        let d = daemon.clone();
-        move |req: &trace::stats::Request| d.answer(req)
+    // Before the control socket takes requests: an add naming the same
+    // address must find it set. Devices held by a dead daemon matter more
+    // than metrics: a daemon that recovers any serves without them rather
+    // than failing (and being restarted, and failing, with IO held).
+    let recovering = match &what {
+        Serve::First(a) => a.recover,
+        Serve::Service(_) => !daemon.quiesced().is_empty(),
     };
-    let server =
-        crate::control_socket::Server::spawn(&socket, provider).context("starting the control socket")?;
-    let metrics = match serve_metrics(&daemon, matches!(&what, Serve::First(a) if a.recover)) {
+    let metrics = match serve_metrics(&daemon, recovering) {
         Ok(m) => m,
         Err(e) => {
             ready.fail(&e);
             return Err(e);
         }
     };
+    let provider = {
+        let d = daemon.clone();
+        move |req: &trace::stats::Request| d.answer(req)
+    };
+    let server =
+        crate::control_socket::Server::spawn(&socket, provider).context("starting the control socket")?;
     stop_all_on_signals(daemon.clone())?;
     let result = match what {
         Serve::First(first) => {
@@ -258,7 +266,10 @@ fn serve_metrics(daemon: &Arc<Daemon>, recovering: bool) -> Result<Option<crate:
     let d = daemon.clone();
     match crate::metrics::http::Server::spawn(addr, move || crate::metrics::render(&d.snapshot())) {
         Ok(server) => {
-            let _ = daemon.metrics.set(server.addr());
+            // The address asked for (port 0 included), which a later add
+            // repeats, not the port the kernel chose.
+            let _ = daemon.metrics.set(addr);
+            tracing::info!(asked = %addr, bound = %server.addr(), "metrics endpoint ready");
             Ok(Some(server))
         }
         Err(e) if recovering => {

@@ -1,7 +1,7 @@
 //! The store filesystem's fullness, watched: every [`CHECK_INTERVAL`] the
 //! daemon reads the filesystem's size and free space (statvfs, through the
 //! store's storage) and, when the used share crosses `--space-warn`, logs
-//! it once (and once again when it falls back below). Stats and metrics
+//! it once (and once again when it falls a point below). Stats and metrics
 //! show the state (`space` source: `warn_pct`, `used_pct`, `warning`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -72,7 +72,10 @@ fn watch(store: &cas::Store, state: &SpaceState, stop: &(Mutex<bool>, Condvar)) 
                 let used = used_pct(space);
                 state.used_pct_x100.store((used * 100.0).round() as u64, Ordering::Relaxed);
                 let warn_pct = state.warn_pct.load(Ordering::Relaxed);
-                let over = used >= warn_pct as f64;
+                // One point of hysteresis: a filesystem hovering at the
+                // threshold does not log every 5 s.
+                let was = state.warning.load(Ordering::Relaxed);
+                let over = if was { used >= warn_pct as f64 - 1.0 } else { used >= warn_pct as f64 };
                 if over != state.warning.swap(over, Ordering::Relaxed) {
                     let (size, avail) =
                         (trace::human_bytes(space.size_bytes), trace::human_bytes(space.avail_bytes));
