@@ -45,6 +45,7 @@ fn an_open_image_grows_and_keeps_its_data_through_a_crash() {
     assert_eq!((r.old_bytes, r.new_bytes), (OLD_BYTES, NEW_BYTES));
     assert!(Arc::ptr_eq(&r.image, &image), "the open image itself grows");
     assert_eq!(image.size_bytes(), NEW_BYTES);
+    assert_eq!(store.image_stats(&image).size_bytes, NEW_BYTES, "stats follow the new size");
     assert_eq!(listed_size(&store, "vm"), NEW_BYTES);
     // The new end is writable at once, straddling the old end too; past it is not.
     write(&image, 3, last, 16);

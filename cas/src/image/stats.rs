@@ -56,6 +56,7 @@ impl Image {
         s.durable_seq = self.durability.durable_seq();
         s.writeback_syncs = self.writeback.syncs.load(Ordering::Relaxed);
         s.recovery = self.recovery.clone();
+        s.size_bytes = self.size_bytes();
         s
     }
 }
@@ -101,7 +102,8 @@ pub struct ImageStats {
     /// Covered segments whose deletion waited for a later reclamation
     /// because a read or scan still pinned them.
     pub reclaim_deferred: u64,
-    /// State now.
+    /// State now: the image's size (it changes on resize), the log's use.
+    pub size_bytes: u64,
     pub log_used_bytes: u64,
     pub log_reserved_bytes: u64,
     pub log_quota_bytes: u64,

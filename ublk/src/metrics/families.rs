@@ -73,6 +73,7 @@ pub const FAMILIES: &[Family] = &[
         &["image", "state"],
         "1 for the image's state (live, failed, log_closed, recovering), 0 for the others.",
     ),
+    family("casblk_image_size_bytes", Gauge, IMAGE, "The image's size (what the guest sees)."),
     family("casblk_image_log_used_bytes", Gauge, IMAGE, "Write-ahead log bytes in use."),
     family(
         "casblk_image_log_quota_bytes",
@@ -188,6 +189,7 @@ pub const FAMILIES: &[Family] = &[
 /// Per-image families read straight off a counter source:
 /// (family, source, counter, scale to the family's unit).
 pub const IMAGE_COUNTERS: &[(&str, &str, &str, f64)] = &[
+    ("casblk_image_size_bytes", "cas", "size_bytes", 1.0),
     ("casblk_image_log_used_bytes", "cas", "log_used_bytes", 1.0),
     ("casblk_image_log_quota_bytes", "cas", "log_quota_bytes", 1.0),
     ("casblk_image_log_capacity_waits_total", "cas", "capacity_waits", 1.0),

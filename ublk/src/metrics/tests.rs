@@ -29,6 +29,7 @@ fn fixture() -> Snapshot {
     let mut a = tracer.snapshot();
     a.state = image_state::LIVE.into();
     let cas_stats = cas::ImageStats {
+        size_bytes: 1 << 30,
         log_used_bytes: 3 << 20,
         log_quota_bytes: 256 << 20,
         capacity_waits: 2,
@@ -132,6 +133,7 @@ fn samples_equal_the_fields_they_come_from() {
         1.0
     );
     assert_eq!(value(&text, "casblk_image_log_used_bytes", r#"image="vm-a""#), (3u64 << 20) as f64);
+    assert_eq!(value(&text, "casblk_image_size_bytes", r#"image="vm-a""#), (1u64 << 30) as f64);
     assert_eq!(value(&text, "casblk_image_compaction_backlog_records", r#"image="vm-a""#), 40.0);
     assert_eq!(value(&text, "casblk_image_state", r#"image="vm-a",state="live""#), 1.0);
     assert_eq!(value(&text, "casblk_image_state", r#"image="vm-a",state="failed""#), 0.0);
