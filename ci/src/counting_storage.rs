@@ -1,4 +1,4 @@
-//! A [`Storage`] that counts the bytes written through it, by what the
+//! A [`Storage`](cas::storage::Storage) that counts the bytes written through it, by what the
 //! store keeps in the file (the log, packs, the chunk index, manifests),
 //! for the write amplification figures of `ci/bench compaction`.
 //! Everything else is forwarded to the wrapped storage unchanged.
