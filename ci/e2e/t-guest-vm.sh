@@ -77,7 +77,8 @@ note "upgrade after $before files; the guest went on to $(guest_count g1 fsynced
 guest_say g1 stop
 line=$(guest_wait g1 stopped 600)
 files=$(guest_value "$line" files)
-note "guest: $line; $(guest_wait g1 verified 600)"
+verified=$(guest_wait g1 verified 600)
+note "guest: $line; $verified"
 
 # A snapshot of the running guest's root, frozen inside it meanwhile.
 guest_wait g1 frozen 300 >/dev/null
@@ -92,7 +93,8 @@ wait_compacted "$store"
 "$CASBLK" --store "$store" gc >/dev/null
 full=$(store_counter "$store" store stored_bytes)
 guest_say g1 delete
-note "guest: $(guest_wait g1 trimmed 600)"
+trimmed=$(guest_wait g1 trimmed 600)
+note "guest: $trimmed"
 want=$(((fill_mib << 20) * 8 / 10))
 deadline=$((SECONDS + 180))
 while :; do
@@ -143,7 +145,8 @@ echo h1 >"$SCRATCH/h1/clone-h1"
 sync -f "$SCRATCH/h1/clone-h1"
 umount "$SCRATCH/h1"
 for i in $(seq "$clones"); do guest_say "c$i" both-written; done
-note "guest c1: $(guest_wait c1 files-ok 900)"
+files_ok=$(guest_wait c1 files-ok 900)
+note "guest c1: $files_ok"
 for i in $(seq "$clones"); do guest_end "c$i" 300; done
 mount_h1 -o ro
 umount "$SCRATCH/h1"
