@@ -97,12 +97,6 @@ impl StoreSettings {
         running_metrics: Option<std::net::SocketAddr>,
         running_space_warn_pct: u64,
     ) -> Option<String> {
-        if let Some(want) = self.space_warn_pct.filter(|&w| w != running_space_warn_pct) {
-            return Some(format!(
-                "the store's daemon already runs with --space-warn {running_space_warn_pct}, not {want}: store \
-                 settings apply when the daemon starts (delete the store's devices first, or leave the flag out)"
-            ));
-        }
         if let Some(want) = self.metrics_listen {
             if running_metrics != Some(want) {
                 let has = running_metrics
@@ -119,6 +113,7 @@ impl StoreSettings {
             ("--log-quota", self.log_quota_bytes, running.log_quota_bytes),
             ("--memory-budget", self.memory_budget_bytes, running.memory_budget_bytes),
             ("--compaction-threads", self.compaction_threads, running.compaction_threads),
+            ("--space-warn", self.space_warn_pct, running_space_warn_pct),
         ]
         .map(|(flag, want, has)| (flag, want.map(|w| w.to_string()), has.to_string()));
         let class =
