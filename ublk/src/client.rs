@@ -437,19 +437,15 @@ fn print_images(rows: &Value, as_json: bool, dir: &Path) -> Result<()> {
 /// What the writable images promise against the store filesystem's size
 /// and free space (`None` where statvfs cannot tell).
 fn space_line(promised_bytes: u64, dir: &Path) -> Option<String> {
-    let st = rustix::fs::statvfs(dir).ok()?;
-    let size = st.f_blocks.saturating_mul(st.f_frsize);
-    let avail = st.f_bavail.saturating_mul(st.f_frsize);
-    if size == 0 {
-        return None;
-    }
+    use cas::storage::Storage;
+    let space = cas::storage::FsStorage::new().space(dir).ok().flatten().filter(|s| s.size_bytes > 0)?;
     Some(format!(
         "images promise {} on a filesystem of {} ({} free, {:.0}% used): overcommit {:.2}x",
         trace::human_bytes(promised_bytes),
-        trace::human_bytes(size),
-        trace::human_bytes(avail),
-        100.0 * size.saturating_sub(avail) as f64 / size as f64,
-        promised_bytes as f64 / size as f64
+        trace::human_bytes(space.size_bytes),
+        trace::human_bytes(space.avail_bytes),
+        space.used_pct(),
+        promised_bytes as f64 / space.size_bytes as f64
     ))
 }
 

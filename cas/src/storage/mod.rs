@@ -64,6 +64,17 @@ pub struct FsSpace {
     pub avail_bytes: u64,
 }
 
+impl FsSpace {
+    /// The used share of the filesystem, in percent (0 when its size is
+    /// unknown).
+    pub fn used_pct(&self) -> f64 {
+        if self.size_bytes == 0 {
+            return 0.0;
+        }
+        100.0 * self.size_bytes.saturating_sub(self.avail_bytes) as f64 / self.size_bytes as f64
+    }
+}
+
 /// A namespace of files and directories.
 pub trait Storage: Send + Sync + 'static {
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Arc<dyn StorageFile>>;

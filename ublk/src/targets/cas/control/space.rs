@@ -31,14 +31,6 @@ pub struct SpaceWatch {
     thread: Option<JoinHandle<()>>,
 }
 
-/// The used share of a filesystem, in percent (0 when its size is unknown).
-pub fn used_pct(space: cas::storage::FsSpace) -> f64 {
-    if space.size_bytes == 0 {
-        return 0.0;
-    }
-    100.0 * space.size_bytes.saturating_sub(space.avail_bytes) as f64 / space.size_bytes as f64
-}
-
 impl SpaceWatch {
     pub fn spawn(store: Arc<cas::Store>, warn_pct: u64) -> std::io::Result<SpaceWatch> {
         let state = Arc::new(SpaceState { warn_pct: warn_pct.into(), ..Default::default() });
@@ -69,7 +61,7 @@ fn watch(store: &cas::Store, state: &SpaceState, stop: &(Mutex<bool>, Condvar)) 
         match store.storage().space(store.dir()) {
             Ok(Some(space)) => {
                 told_error = false;
-                let used = used_pct(space);
+                let used = space.used_pct();
                 state.used_pct_x100.store((used * 100.0).round() as u64, Ordering::Relaxed);
                 let warn_pct = state.warn_pct.load(Ordering::Relaxed);
                 // One point of hysteresis: a filesystem hovering at the
