@@ -90,22 +90,24 @@ struct Builder {
 }
 
 impl Builder {
-    /// The family of a sample with `labels`, or `None` (and an error in
-    /// the log) where the sample does not fit its declaration.
-    fn family(&mut self, name: &str, kind: Kind, labels: &[(&str, &str)]) -> Option<&mut MetricFamily> {
+    /// The declaration of a sample named `name` with `labels`, or `None`
+    /// (and an error in the log) where the sample does not fit it.
+    fn declared(name: &str, labels: &[(&str, &str)]) -> Option<&'static families::Family> {
         let Some(f) = families::find(name) else {
             tracing::error!(name, "metrics: a sample of an undeclared family is left out");
             return None;
         };
-        if f.kind != kind {
-            tracing::error!(name, declared = f.kind.name(), "metrics: a sample of another type is left out");
-            return None;
-        }
         if !labels.iter().map(|(k, _)| *k).eq(f.labels.iter().copied()) {
             tracing::error!(name, "metrics: a sample with other labels than declared is left out");
             return None;
         }
-        Some(self.families.entry(f.name).or_insert_with(|| {
+        Some(f)
+    }
+
+    /// Adds a sample to family `f`, making the family on its first one
+    /// (the text format has no empty family).
+    fn push(&mut self, f: &'static families::Family, m: Metric) {
+        let mf = self.families.entry(f.name).or_insert_with(|| {
             let mut mf = MetricFamily::default();
             mf.set_name(f.name.to_owned());
             mf.set_help(f.help.to_owned());
@@ -115,17 +117,15 @@ impl Builder {
                 Kind::Histogram => MetricType::HISTOGRAM,
             });
             mf
-        }))
+        });
+        mf.mut_metric().push(m);
     }
 
     /// A counter's or gauge's sample (the family says which).
     fn value(&mut self, name: &str, labels: &[(&str, &str)], v: f64) {
-        let Some(kind) = families::find(name).map(|f| f.kind) else {
-            tracing::error!(name, "metrics: a sample of an undeclared family is left out");
-            return;
-        };
+        let Some(f) = Self::declared(name, labels) else { return };
         let mut m = metric(labels);
-        match kind {
+        match f.kind {
             Kind::Counter => {
                 let mut c = Counter::default();
                 c.set_value(v);
@@ -141,9 +141,7 @@ impl Builder {
                 return;
             }
         }
-        if let Some(mf) = self.family(name, kind, labels) {
-            mf.mut_metric().push(m);
-        }
+        self.push(f, m);
     }
 
     /// A histogram's sample: cumulative `(upper bound, count)` pairs; the
@@ -156,6 +154,15 @@ impl Builder {
         count: u64,
         sum: f64,
     ) {
+        let Some(f) = Self::declared(name, labels) else { return };
+        if f.kind != Kind::Histogram {
+            tracing::error!(
+                name,
+                declared = f.kind.name(),
+                "metrics: a histogram sample of another type is left out"
+            );
+            return;
+        }
         let mut h = Histogram::default();
         h.set_sample_count(count);
         h.set_sample_sum(sum);
@@ -172,9 +179,7 @@ impl Builder {
         );
         let mut m = metric(labels);
         m.set_histogram(h);
-        if let Some(mf) = self.family(name, Kind::Histogram, labels) {
-            mf.mut_metric().push(m);
-        }
+        self.push(f, m);
     }
 
     fn finish(mut self) -> Vec<MetricFamily> {
