@@ -126,13 +126,21 @@ impl LatencyHist {
     /// [`LATENCY_BUCKET_BOUNDS_US`] (a value counts by the highest value
     /// equivalent to its histogram bucket).
     pub fn cumulative_counts(&self) -> Vec<u64> {
-        let mut out = vec![self.zeros; LATENCY_BUCKET_BOUNDS_US.len()];
+        // Counts per bucket (values past the last bound fall in none), then
+        // their running sum.
+        let mut out = vec![0; LATENCY_BUCKET_BOUNDS_US.len()];
+        out[0] = self.zeros;
         for v in self.hist.iter_recorded() {
             let us = v.value_iterated_to() as f64 / 1_000.0;
             let first = LATENCY_BUCKET_BOUNDS_US.partition_point(|&bound| bound < us);
-            for count in &mut out[first..] {
+            if let Some(count) = out.get_mut(first) {
                 *count += v.count_at_value();
             }
+        }
+        let mut sum = 0;
+        for count in &mut out {
+            sum += *count;
+            *count = sum;
         }
         out
     }
