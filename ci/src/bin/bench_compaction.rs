@@ -79,6 +79,20 @@ struct Round {
     report: CompactReport,
 }
 
+/// Writes `mib` MiB into `image` from offset 0 in 1 MiB writes, block `i`
+/// holding the content named `key(i)`, then FLUSHes.
+fn write_blocks(image: &cas::Image, mib: u64, key: impl Fn(u64) -> u64) {
+    let per_mib = MIB / BLOCK as u64;
+    let mut buf = vec![0u8; MIB as usize];
+    for m in 0..mib {
+        for (k, b) in buf.chunks_mut(BLOCK).enumerate() {
+            block_content(key(m * per_mib + k as u64), b);
+        }
+        image.write(m * MIB, &buf, false).expect("write");
+    }
+    image.flush().expect("flush");
+}
+
 fn round(storage: &Arc<dyn Storage>, dir: &std::path::Path, total_mib: u64, threads: u64) -> Round {
     let opts = StoreOptions {
         log_quota_bytes: (total_mib + 256) * MIB,
@@ -95,16 +109,8 @@ fn round(storage: &Arc<dyn Storage>, dir: &std::path::Path, total_mib: u64, thre
     store.create_image("bench", total_mib * MIB).expect("create image");
     let image = store.open_image("bench").expect("open image");
     let blocks = total_mib * MIB / BLOCK as u64;
-    let per_mib = MIB / BLOCK as u64;
-    let mut buf = vec![0u8; MIB as usize];
     let t = Instant::now();
-    for m in 0..total_mib {
-        for (k, b) in buf.chunks_mut(BLOCK).enumerate() {
-            block_content(key_of(m * per_mib + k as u64, blocks), b);
-        }
-        image.write(m * MIB, &buf, false).expect("write");
-    }
-    image.flush().expect("flush");
+    write_blocks(&image, total_mib, |i| key_of(i, blocks));
     let write_mib_s = total_mib as f64 / secs(t);
 
     let t = Instant::now();
@@ -144,15 +150,7 @@ fn amp_phase(store: &Store, counting: &CountingStorage, name: &str, mib: u64, fi
     store.create_image(name, mib * MIB).expect("create image");
     let image = store.open_image(name).expect("open image");
     let (before, proc_before) = (counting.written.snapshot(), proc_write_bytes());
-    let per_mib = MIB / BLOCK as u64;
-    let mut buf = vec![0u8; MIB as usize];
-    for m in 0..mib {
-        for (k, b) in buf.chunks_mut(BLOCK).enumerate() {
-            block_content(first_key + m * per_mib + k as u64, b);
-        }
-        image.write(m * MIB, &buf, false).expect("write");
-    }
-    image.flush().expect("flush");
+    write_blocks(&image, mib, |i| first_key + i);
     let report = store.compact_once(&image).expect("compaction");
     assert_eq!(report.covered_after, image.durable_seq(), "the whole durable log was compacted");
     let after = counting.written.snapshot();
