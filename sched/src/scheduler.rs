@@ -82,6 +82,8 @@ pub enum InPlace<R> {
 /// See the module documentation.
 pub struct Scheduler<C: Clock> {
     clock: C,
+    /// The latest time handed out: [`Scheduler::tick`] never goes below it.
+    last_ns: u64,
     config: Config,
     images: HashMap<ImageId, Frontier>,
     ring: VecDeque<ImageId>,
@@ -95,6 +97,7 @@ impl<C: Clock> Scheduler<C> {
         config.validate()?;
         Ok(Scheduler {
             clock,
+            last_ns: 0,
             config,
             images: HashMap::new(),
             ring: VecDeque::new(),
@@ -109,7 +112,18 @@ impl<C: Clock> Scheduler<C> {
 
     /// The scheduler's clock, in the unit of every `_ns` it reports.
     pub fn now_ns(&self) -> u64 {
-        self.clock.now_ns()
+        self.clock.now_ns().max(self.last_ns)
+    }
+
+    /// The clock, but never earlier than a time already handed out. The
+    /// trace clock reads the TSC unfenced, so two threads calling in turn
+    /// under the caller's lock can see it step back by tens of
+    /// nanoseconds (CI saw 95 ns); a gate interval observed at the later
+    /// reading would then end after the dispatch that closes it, and the
+    /// waits would no longer add up to the admission wait.
+    fn tick(&mut self) -> u64 {
+        self.last_ns = self.last_ns.max(self.clock.now_ns());
+        self.last_ns
     }
 
     pub fn add_image(&mut self, image: ImageId) -> Result<(), Error> {
@@ -142,7 +156,7 @@ impl<C: Clock> Scheduler<C> {
     /// back-pressure (the caller keeps the request and retries after a
     /// completion).
     pub fn submit(&mut self, image: ImageId, desc: Descriptor) -> Result<Ticket, Error> {
-        let now_ns = self.clock.now_ns();
+        let now_ns = self.tick();
         let frontier = self.images.get_mut(&image).ok_or(Error::UnknownImage(image))?;
         frontier.submit(desc, now_ns)
     }
@@ -160,7 +174,7 @@ impl<C: Clock> Scheduler<C> {
         if desc.op != Op::Read {
             return Err(Error::NotARead { image, request: desc.request });
         }
-        let now_ns = self.clock.now_ns();
+        let now_ns = self.tick();
         let limits = self.scan_limits();
         let frontier = self.images.get_mut(&image).ok_or(Error::UnknownImage(image))?;
         let ticket = frontier.submit(desc, now_ns)?;
@@ -200,7 +214,7 @@ impl<C: Clock> Scheduler<C> {
         if !desc.op.is_write_kind() {
             return Err(Error::NotAWrite { image, request: desc.request });
         }
-        let now_ns = self.clock.now_ns();
+        let now_ns = self.tick();
         let limits = self.scan_limits();
         let retry_ns = self.config.capacity_retry_ns;
         let others_wait = self.images.iter().any(|(&id, f)| id != image && f.writes_waiting() > 0);
@@ -235,7 +249,7 @@ impl<C: Clock> Scheduler<C> {
     /// Write-kind requests get their log reservation from `cap` here; a
     /// refusal holds the write (never fails it).
     pub fn next<K: Capacity + ?Sized>(&mut self, cap: &mut K) -> Option<Dispatch<K::Reservation>> {
-        let now_ns = self.clock.now_ns();
+        let now_ns = self.tick();
         let quantum = self.config.quantum_bytes;
         let images = self.ring.len();
         // Images whose oldest admissible request costs more than their
@@ -362,7 +376,7 @@ impl<C: Clock> Scheduler<C> {
     /// now, ignoring DRR deficits and log refusals. The thread-safe wrapper
     /// uses it to wake one more worker after a dispatch.
     pub fn has_candidate(&mut self) -> bool {
-        let now_ns = self.clock.now_ns();
+        let now_ns = self.tick();
         let limits = self.scan_limits();
         self.images.values_mut().any(|f| f.scan(now_ns, limits).is_some())
     }
