@@ -4,13 +4,13 @@ use crate::error::Error;
 
 /// Bytes of descriptor metadata one retained request is charged against its
 /// image's frontier quota: the entry itself (descriptor, arrival time, gate
-/// bookkeeping, about 100 bytes) plus its share of the ordered map and the
+/// bookkeeping, about 112 bytes) plus its share of the ordered map and the
 /// request-id index. A unit test keeps the entry within this charge.
-pub const DESCRIPTOR_SLOT_BYTES: u64 = 192;
+pub const DESCRIPTOR_SLOT_BYTES: u64 = 208;
 
 /// Descriptor metadata quota per image (frontend), sized like the seed's
-/// "about 6 MiB": 6 MiB / 192 B = 32,768 retained descriptors.
-pub const DEFAULT_FRONTIER_QUOTA_BYTES: u64 = 6 << 20;
+/// "about 6 MiB": 6.5 MiB / 208 B = 32,768 retained descriptors.
+pub const DEFAULT_FRONTIER_QUOTA_BYTES: u64 = 13 << 19;
 
 /// Configuration shared by all images of one scheduler.
 #[derive(Clone, Debug, PartialEq, Eq)]

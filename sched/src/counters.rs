@@ -1,8 +1,9 @@
 //! Per-image scheduler counters, read by trace and `casblk stats`.
 //! These are the seed's scheduler telemetry (independent-read admission,
 //! ordinary-head wait, reads that passed a blocked head, refused turns,
-//! admitted requests), plus wait totals per gate.
+//! admitted requests), plus wait totals per gate and the image's IO limits.
 
+use crate::rate::Limits;
 use crate::waits::GateWaits;
 
 /// Counters of one image since it was added. Waits are admission waits
@@ -36,8 +37,45 @@ pub struct ImageCounters {
     pub writes_in_place: u64,
     /// Admission wait of all admitted requests, per gate.
     pub gate_wait_ns_total: GateWaits,
+    /// Requests admitted after their image's IO limit held them.
+    pub rate_limited_admissions: u64,
+    /// The image's IO limits now.
+    pub limits: LimitCounters,
     /// Descriptors waiting now.
     pub pending_requests: u64,
     /// Requests dispatched and not yet completed now.
     pub inflight_requests: u64,
+}
+
+/// An image's IO limits as counters: 0 is unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LimitCounters {
+    pub read_iops: u64,
+    pub read_iops_burst: u64,
+    pub read_bytes_per_sec: u64,
+    pub read_bytes_burst: u64,
+    pub write_iops: u64,
+    pub write_iops_burst: u64,
+    pub write_bytes_per_sec: u64,
+    pub write_bytes_burst: u64,
+}
+
+impl From<Limits> for LimitCounters {
+    fn from(l: Limits) -> Self {
+        let rate = |r: Option<crate::RateLimit>| r.map_or((0, 0), |r| (r.per_sec, r.burst));
+        let (read_iops, read_iops_burst) = rate(l.read_iops);
+        let (read_bytes_per_sec, read_bytes_burst) = rate(l.read_bytes_per_sec);
+        let (write_iops, write_iops_burst) = rate(l.write_iops);
+        let (write_bytes_per_sec, write_bytes_burst) = rate(l.write_bytes_per_sec);
+        LimitCounters {
+            read_iops,
+            read_iops_burst,
+            read_bytes_per_sec,
+            read_bytes_burst,
+            write_iops,
+            write_iops_burst,
+            write_bytes_per_sec,
+            write_bytes_burst,
+        }
+    }
 }

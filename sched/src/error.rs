@@ -44,6 +44,9 @@ pub enum Error {
     /// A configuration value out of its range.
     #[error("invalid scheduler configuration: {reason}")]
     InvalidConfig { reason: &'static str },
+    /// An IO limit out of its range.
+    #[error("{limit} {reason}")]
+    InvalidLimit { limit: &'static str, reason: &'static str },
     /// The shared scheduler was shut down.
     #[error("the scheduler is shutting down")]
     ShuttingDown,
@@ -62,7 +65,9 @@ impl Error {
             | Error::NotARead { .. }
             | Error::NotAWrite { .. } => libc::EINVAL,
             Error::ImageBusy { .. } => libc::EBUSY,
-            Error::InvalidDescriptor { .. } | Error::InvalidConfig { .. } => libc::EINVAL,
+            Error::InvalidDescriptor { .. } | Error::InvalidConfig { .. } | Error::InvalidLimit { .. } => {
+                libc::EINVAL
+            }
             Error::ShuttingDown => libc::ESHUTDOWN,
         }
     }
@@ -89,9 +94,10 @@ mod tests {
             Error::InvalidConfig { .. } => 9,
             Error::ShuttingDown => 10,
             Error::NotAWrite { .. } => 11,
+            Error::InvalidLimit { .. } => 12,
         }
     }
-    const VARIANTS: usize = 12;
+    const VARIANTS: usize = 13;
 
     #[test]
     fn every_variant_maps_to_a_negative_errno() {
@@ -109,6 +115,7 @@ mod tests {
             Error::InvalidConfig { reason: "x" },
             Error::ShuttingDown,
             Error::NotAWrite { image, request },
+            Error::InvalidLimit { limit: "read_iops", reason: "x" },
         ];
         let mut seen = [false; VARIANTS];
         for e in &all {

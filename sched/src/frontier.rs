@@ -20,15 +20,24 @@
 //! A scan walks at most `scan_window` entries oldest first and returns the
 //! first one that may go; every waiting entry it passes is "observed" with
 //! the gate that holds it (see [`crate::waits`]).
+//!
+//! An image's IO limits ([`crate::rate`]) are a gate in the same walk: a
+//! read after `Overlap`, a write after `Overlap` and before it asks for a
+//! write slot or log room. Held requests of a class stay in arrival order
+//! (a small read never passes a large one held by a bytes limit), still
+//! order the requests behind them like any waiting request, and hold no
+//! credit, slot, reservation or deficit: a capped class never slows the
+//! other class of its image, nor another image.
 
 use std::collections::{BTreeMap, HashMap};
 
 use trace::Gate;
 
 use crate::config::Config;
-use crate::counters::ImageCounters;
+use crate::counters::{ImageCounters, LimitCounters};
 use crate::descriptor::{overlaps, Descriptor, ImageId, Op, RequestId, Ticket};
 use crate::error::Error;
+use crate::rate::{Limiter, Limits};
 use crate::waits::{GateTrack, GateWaits};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +53,9 @@ pub(crate) struct Entry {
     state: State,
     pub(crate) arrival_ns: u64,
     track: GateTrack,
+    /// Charged to its class's limits already (a requeued read is not
+    /// charged twice).
+    charged: bool,
 }
 
 /// The first admissible entry a scan found.
@@ -88,6 +100,12 @@ pub(crate) struct Frontier {
     capacity_retry_at_ns: u64,
     /// DRR deficit in bytes.
     pub(crate) deficit_bytes: u64,
+    limiter: Limiter,
+    /// From the last scan: when the first rate-held read or write conforms.
+    rate_retry_at_ns: Option<u64>,
+    /// From the last scan: when the first rate-held write conforms (0 if
+    /// none was held).
+    write_rate_ready_ns: u64,
     counters: ImageCounters,
     // Reused scan buffers: ranges of uncompleted writes and reads seen so far.
     scratch_writes: Vec<(u64, u64)>,
@@ -110,6 +128,9 @@ impl Frontier {
             capacity_blocked: false,
             capacity_retry_at_ns: 0,
             deficit_bytes: 0,
+            limiter: Limiter::default(),
+            rate_retry_at_ns: None,
+            write_rate_ready_ns: 0,
             counters: ImageCounters::default(),
             scratch_writes: Vec::new(),
             scratch_reads: Vec::new(),
@@ -130,8 +151,13 @@ impl Frontier {
         // Behind an uncompleted FLUSH a request is not scanned until the
         // FLUSH completes, so its gate is known now.
         let gate = (self.flushes_uncompleted > 0).then_some(Gate::FlushBarrier);
-        let entry =
-            Entry { desc, state: State::Waiting, arrival_ns: now_ns, track: GateTrack::new(now_ns, gate) };
+        let entry = Entry {
+            desc,
+            state: State::Waiting,
+            arrival_ns: now_ns,
+            track: GateTrack::new(now_ns, gate),
+            charged: false,
+        };
         self.entries.insert(ticket, entry);
         self.by_request.insert(desc.request, ticket);
         match desc.op {
@@ -155,6 +181,10 @@ impl Frontier {
         let mut older_waiting = false;
         // The gate of the oldest waiting write; later writes queue behind it.
         let mut write_queue_gate: Option<Gate> = None;
+        // A read is held by the rate limit: later reads queue behind it.
+        let mut read_rate_held = false;
+        let mut rate_retry_at_ns: Option<u64> = None;
+        let mut write_rate_ready_ns = 0;
         let mut pick = None;
         for (&ticket, entry) in self.entries.iter_mut().take(limits.window) {
             let desc = entry.desc;
@@ -172,9 +202,20 @@ impl Frontier {
             let range = desc.range().expect("a data request has a range");
             let hits = |seen: &[(u64, u64)]| seen.iter().any(|&r| overlaps(r, range));
             if entry.state == State::Waiting {
+                // When this request's class has tokens for it, if later.
+                let mut rate_held = || match self.limiter.ready_at_ns(desc.op, desc.cost_bytes()) {
+                    Some(ready_ns) if ready_ns > now_ns && !entry.charged => {
+                        rate_retry_at_ns = Some(rate_retry_at_ns.map_or(ready_ns, |r| r.min(ready_ns)));
+                        Some(ready_ns)
+                    }
+                    _ => None,
+                };
                 let gate = if desc.op == Op::Read {
                     if hits(&writes) {
                         Some(Gate::Overlap)
+                    } else if read_rate_held || rate_held().is_some() {
+                        read_rate_held = true;
+                        Some(Gate::RateLimit)
                     } else if self.reads_inflight >= limits.read_credits {
                         Some(Gate::ReadCredits)
                     } else {
@@ -184,6 +225,9 @@ impl Frontier {
                     Some(gate)
                 } else if hits(&writes) || hits(&reads) {
                     Some(Gate::Overlap)
+                } else if let Some(ready_ns) = rate_held() {
+                    write_rate_ready_ns = ready_ns;
+                    Some(Gate::RateLimit)
                 } else if !limits.write_slot_free {
                     Some(Gate::SchedulerTurn)
                 } else if capacity_waits {
@@ -210,6 +254,8 @@ impl Frontier {
         }
         self.scratch_writes = writes;
         self.scratch_reads = reads;
+        self.rate_retry_at_ns = rate_retry_at_ns;
+        self.write_rate_ready_ns = write_rate_ready_ns;
         pick
     }
 
@@ -233,6 +279,10 @@ impl Frontier {
         let waits = entry.track.finish(now_ns);
         let wait_ns = now_ns.saturating_sub(entry.arrival_ns);
         let arrival_ns = entry.arrival_ns;
+        if !entry.charged {
+            entry.charged = true;
+            self.limiter.charge(pick.desc.op, pick.desc.cost_bytes(), now_ns);
+        }
         match pick.desc.op {
             Op::Read => self.reads_inflight += 1,
             Op::Flush => {}
@@ -246,6 +296,7 @@ impl Frontier {
         let c = &mut self.counters;
         c.admitted_requests += 1;
         c.gate_wait_ns_total.accumulate(&waits);
+        c.rate_limited_admissions += u64::from(waits.rate_limit_ns > 0);
         if pick.desc.op == Op::Read && pick.passed_blocked_head {
             c.reads_passed_blocked_head += 1;
             c.independent_read_wait_ns_max = c.independent_read_wait_ns_max.max(wait_ns);
@@ -317,9 +368,33 @@ impl Frontier {
         held
     }
 
-    /// When this image next retries a refused write without a wake.
+    /// When this image next retries a refused write, or a request held by
+    /// its limits conforms (as of the last scan), without a wake.
     pub(crate) fn retry_at_ns(&self) -> Option<u64> {
-        (self.capacity_blocked && self.writes_waiting > 0).then_some(self.capacity_retry_at_ns)
+        let capacity =
+            (self.capacity_blocked && self.writes_waiting > 0).then_some(self.capacity_retry_at_ns);
+        match (capacity, self.rate_retry_at_ns) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Applies new limits from `now_ns` (see [`Limiter::set`]).
+    pub(crate) fn set_limits(&mut self, limits: Limits, now_ns: u64) {
+        self.limiter.set(limits, now_ns);
+        // Held requests are looked at again by the next scan.
+        self.rate_retry_at_ns = None;
+        self.write_rate_ready_ns = 0;
+    }
+
+    pub(crate) fn limits(&self) -> Limits {
+        self.limiter.limits()
+    }
+
+    /// Writes of this image wait and, as of the last scan, are not all
+    /// held by its write limit at `now_ns`: they compete for write slots.
+    pub(crate) fn writes_competing(&self, now_ns: u64) -> bool {
+        self.writes_waiting > 0 && self.write_rate_ready_ns <= now_ns
     }
 
     pub(crate) fn inflight(&self) -> usize {
@@ -329,11 +404,6 @@ impl Frontier {
     /// Write-kind requests of this image in flight now.
     pub(crate) fn writes_inflight(&self) -> u32 {
         self.writes_inflight
-    }
-
-    /// Write-kind requests of this image waiting for admission now.
-    pub(crate) fn writes_waiting(&self) -> u32 {
-        self.writes_waiting
     }
 
     /// Drops every waiting descriptor (image removal, with nothing in
@@ -357,6 +427,7 @@ impl Frontier {
         ImageCounters {
             pending_requests: (self.entries.len() - self.inflight) as u64,
             inflight_requests: self.inflight as u64,
+            limits: LimitCounters::from(self.limiter.limits()),
             ..self.counters
         }
     }

@@ -1,5 +1,6 @@
 //! Admission and scheduling for casblk: descriptor snapshots, read bypass,
-//! log-capacity waits and deficit round robin across images.
+//! log-capacity waits, per-image IO limits and deficit round robin across
+//! images.
 //!
 //! ```text
 //!  queue threads --submit(image, Descriptor)--> [frontier per image]
@@ -24,6 +25,7 @@ mod counters;
 mod descriptor;
 mod error;
 mod frontier;
+mod rate;
 mod scheduler;
 mod shared;
 mod waits;
@@ -31,9 +33,12 @@ mod waits;
 pub use capacity::Capacity;
 pub use clock::{Clock, FakeClock, MonotonicClock};
 pub use config::{Config, DEFAULT_FRONTIER_QUOTA_BYTES, DESCRIPTOR_SLOT_BYTES};
-pub use counters::ImageCounters;
+pub use counters::{ImageCounters, LimitCounters};
 pub use descriptor::{Descriptor, ImageId, Op, RequestId, Ticket, METADATA_OP_COST_BYTES};
 pub use error::Error;
+pub use rate::{
+    Limits, RateLimit, BURST_MAX_SECONDS, BYTES_PER_SEC_MAX, BYTES_PER_SEC_MIN, IOPS_MAX, IOPS_MIN,
+};
 pub use scheduler::{Dispatch, InPlace, Scheduler};
 pub use shared::{Next, SharedScheduler};
 pub use trace::Gate;

@@ -30,6 +30,7 @@ use crate::counters::ImageCounters;
 use crate::descriptor::{Descriptor, ImageId, Op, RequestId, Ticket};
 use crate::error::Error;
 use crate::frontier::{Frontier, Pick, ScanLimits};
+use crate::rate::Limits;
 use crate::waits::GateWaits;
 
 /// An admitted request, for a worker to execute.
@@ -217,7 +218,8 @@ impl<C: Clock> Scheduler<C> {
         let now_ns = self.tick();
         let limits = self.scan_limits();
         let retry_ns = self.config.capacity_retry_ns;
-        let others_wait = self.images.iter().any(|(&id, f)| id != image && f.writes_waiting() > 0);
+        // Writes held by their image's limit do not compete for a slot.
+        let others_wait = self.images.iter().any(|(&id, f)| id != image && f.writes_competing(now_ns));
         let frontier = self.images.get_mut(&image).ok_or(Error::UnknownImage(image))?;
         let ticket = frontier.submit(desc, now_ns)?;
         if others_wait || frontier.writes_inflight() > 0 {
@@ -381,8 +383,23 @@ impl<C: Clock> Scheduler<C> {
         self.images.values_mut().any(|f| f.scan(now_ns, limits).is_some())
     }
 
-    /// When a held write is next retried without a wake; callers with
-    /// nothing else to wake them call [`Scheduler::next`] again by then.
+    /// Sets `image`'s IO limits from now: a newly limited class starts
+    /// with a full burst, a changed one keeps its debt (never a free
+    /// burst), a removed one admits its held requests at the next scan.
+    pub fn set_limits(&mut self, image: ImageId, limits: Limits) -> Result<(), Error> {
+        limits.validate()?;
+        let now_ns = self.tick();
+        self.images.get_mut(&image).ok_or(Error::UnknownImage(image))?.set_limits(limits, now_ns);
+        Ok(())
+    }
+
+    pub fn limits(&self, image: ImageId) -> Option<Limits> {
+        self.images.get(&image).map(Frontier::limits)
+    }
+
+    /// When a held write is next retried, or a request held by an IO limit
+    /// conforms, without a wake; callers with nothing else to wake them
+    /// call [`Scheduler::next`] again by then.
     pub fn next_retry_at_ns(&self) -> Option<u64> {
         self.images.values().filter_map(Frontier::retry_at_ns).min()
     }

@@ -10,8 +10,12 @@
 //!  capacity_released -------------->|                       <-- complete
 //! ```
 //!
-//! Every wait is bounded: by the caller's timeout, and for workers also by
-//! the next capacity retry deadline.
+//! Every wait is bounded: by the caller's timeout, and for one idle worker
+//! (the timer) also by the next retry deadline: a write refused log
+//! capacity, or a request an IO limit holds. Only one worker sleeps with
+//! the deadline, so a rate-timed admission costs one wake, not one per
+//! idle worker; a timer that leaves with a dispatch while a deadline is
+//! still pending wakes an idle worker to take the timer over.
 //!
 //! Wakes are targeted, so that a busy scheduler does not wake every worker
 //! on every event: `submit` and a `capacity_released` that finds held
@@ -32,6 +36,7 @@ use crate::clock::Clock;
 use crate::counters::ImageCounters;
 use crate::descriptor::{Descriptor, ImageId, RequestId, Ticket};
 use crate::error::Error;
+use crate::rate::Limits;
 use crate::scheduler::{Dispatch, InPlace, Scheduler};
 
 /// What a worker's [`SharedScheduler::next_blocking`] got.
@@ -53,6 +58,10 @@ struct State<C: Clock, K> {
     room_waiters: usize,
     /// Targeted wakes sent to idle workers (`notify_one` on `work`).
     worker_wakes: u64,
+    /// An idle worker sleeps until the next retry deadline.
+    timer_armed: bool,
+    /// Times the timer worker woke at its deadline.
+    timer_wakes: u64,
 }
 
 /// See the module documentation.
@@ -72,6 +81,8 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
                 idle_workers: 0,
                 room_waiters: 0,
                 worker_wakes: 0,
+                timer_armed: false,
+                timer_wakes: 0,
             }),
             work: Condvar::new(),
             room: Condvar::new(),
@@ -192,7 +203,9 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
             }
             let State { sched, cap, .. } = &mut *state;
             if let Some(dispatch) = sched.next(cap) {
-                let wake = state.idle_workers > 0 && state.sched.has_candidate();
+                let wake = state.idle_workers > 0
+                    && (state.sched.has_candidate()
+                        || (!state.timer_armed && Self::retry_pending(&state.sched)));
                 self.wake_worker_if(state, wake);
                 return Next::Dispatch(dispatch);
             }
@@ -201,17 +214,45 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
                 return Next::TimedOut;
             }
             let mut wait = deadline - now;
-            // A held write is retried at its deadline even if no wake comes.
-            // A deadline already past means the write is held by another
+            // A held request is tried again at its deadline even if no wake
+            // comes. A deadline already past means it is held by another
             // gate, whose completion will notify.
             let sched_now_ns = sched.now_ns();
-            if let Some(retry_ns) = sched.next_retry_at_ns().filter(|&r| r > sched_now_ns) {
-                wait = wait.min(Duration::from_nanos(retry_ns - sched_now_ns));
-            }
+            let retry = sched.next_retry_at_ns().filter(|&r| r > sched_now_ns);
+            let timer = match retry {
+                Some(retry_ns) if !state.timer_armed && retry_ns - sched_now_ns < wait.as_nanos() as u64 => {
+                    wait = Duration::from_nanos(retry_ns - sched_now_ns);
+                    state.timer_armed = true;
+                    true
+                }
+                _ => false,
+            };
             state.idle_workers += 1;
-            state = self.work.wait_timeout(state, wait).expect("scheduler mutex poisoned").0;
+            let (s, timeout) = self.work.wait_timeout(state, wait).expect("scheduler mutex poisoned");
+            state = s;
             state.idle_workers -= 1;
+            if timer {
+                state.timer_armed = false;
+                state.timer_wakes += u64::from(timeout.timed_out());
+            }
         }
+    }
+
+    fn retry_pending(sched: &Scheduler<C>) -> bool {
+        let now_ns = sched.now_ns();
+        sched.next_retry_at_ns().is_some_and(|r| r > now_ns)
+    }
+
+    /// Sets `image`'s IO limits (see [`Scheduler::set_limits`]) and wakes
+    /// every idle worker: a raised or removed limit takes effect at once.
+    pub fn set_limits(&self, image: ImageId, limits: Limits) -> Result<(), Error> {
+        self.lock().sched.set_limits(image, limits)?;
+        self.work.notify_all();
+        Ok(())
+    }
+
+    pub fn limits(&self, image: ImageId) -> Option<Limits> {
+        self.lock().sched.limits(image)
     }
 
     /// Reports a finished request; see [`Scheduler::complete`]. Wakes an
@@ -259,6 +300,11 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
     /// wake and two context switches; a stat for tuning and tests).
     pub fn worker_wakes(&self) -> u64 {
         self.lock().worker_wakes
+    }
+
+    /// Times the timer worker slept to a retry deadline and woke there.
+    pub fn timer_wakes(&self) -> u64 {
+        self.lock().timer_wakes
     }
 
     /// Wakes every waiter; `next_blocking` returns [`Next::Shutdown`] and

@@ -18,6 +18,7 @@ pub struct GateWaits {
     pub flush_barrier_ns: u64,
     pub read_credits_ns: u64,
     pub scheduler_turn_ns: u64,
+    pub rate_limit_ns: u64,
 }
 
 impl GateWaits {
@@ -29,6 +30,7 @@ impl GateWaits {
             Gate::FlushBarrier => self.flush_barrier_ns,
             Gate::ReadCredits => self.read_credits_ns,
             Gate::SchedulerTurn => self.scheduler_turn_ns,
+            Gate::RateLimit => self.rate_limit_ns,
             _ => 0,
         }
     }
@@ -40,6 +42,7 @@ impl GateWaits {
             Gate::FlushBarrier => &mut self.flush_barrier_ns,
             Gate::ReadCredits => &mut self.read_credits_ns,
             Gate::SchedulerTurn => &mut self.scheduler_turn_ns,
+            Gate::RateLimit => &mut self.rate_limit_ns,
             other => panic!("sched never holds a request behind gate {other:?}"),
         }
     }

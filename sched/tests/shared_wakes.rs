@@ -71,3 +71,42 @@ fn a_completion_that_frees_a_request_wakes_a_worker() {
     assert_eq!(worker.join().unwrap().request.0, 2, "the freed read goes to the woken worker");
     assert_eq!(shared.worker_wakes(), wakes + 1);
 }
+
+#[test]
+fn requests_held_by_a_limit_go_at_their_time_with_one_timer() {
+    let shared = shared(Config::default());
+    let cap = sched::Limits {
+        read_iops: Some(sched::RateLimit { per_sec: 100, burst: 1 }),
+        ..sched::Limits::default()
+    };
+    shared.set_limits(IMAGE, cap).unwrap();
+    for i in 0..20 {
+        shared.submit(IMAGE, Descriptor::read(i, i * 4096, 4096)).unwrap();
+    }
+    let start = Instant::now();
+    let admitted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (s, n) = (shared.clone(), admitted.clone());
+            thread::spawn(move || {
+                while n.load(std::sync::atomic::Ordering::SeqCst) < 20 {
+                    // The workers' idle wait in the daemon.
+                    if let Next::Dispatch(d) = s.next_blocking(Duration::from_millis(200)) {
+                        s.complete(IMAGE, d.request).unwrap();
+                        n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let elapsed = start.elapsed();
+    // 1 at once, then one every 10 ms; without a timer each would wait for
+    // an idle timeout (200 ms): about 4 s.
+    assert!(elapsed >= Duration::from_millis(185), "{elapsed:?}: faster than the limit");
+    assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}: held requests waited for idle timeouts");
+    let timer = shared.timer_wakes();
+    assert!((10..=25).contains(&timer), "{timer} timer wakes for 19 timed admissions");
+}

@@ -17,14 +17,23 @@ pub enum Gate {
     ReadCredits,
     /// Eligible, but another image or request had the scheduler's turn.
     SchedulerTurn,
+    /// The image's IO limit (IOPS or bytes per second) for the request's
+    /// class had no tokens yet.
+    RateLimit,
 }
 
 impl Gate {
     /// Number of gates; the length of per-gate arrays.
-    pub const COUNT: usize = 5;
+    pub const COUNT: usize = 6;
 
-    pub const ALL: [Gate; Gate::COUNT] =
-        [Gate::LogCapacity, Gate::Overlap, Gate::FlushBarrier, Gate::ReadCredits, Gate::SchedulerTurn];
+    pub const ALL: [Gate; Gate::COUNT] = [
+        Gate::LogCapacity,
+        Gate::Overlap,
+        Gate::FlushBarrier,
+        Gate::ReadCredits,
+        Gate::SchedulerTurn,
+        Gate::RateLimit,
+    ];
 
     /// Position in [`Gate::ALL`], for per-gate arrays.
     pub fn index(self) -> usize {
@@ -34,6 +43,7 @@ impl Gate {
             Gate::FlushBarrier => 2,
             Gate::ReadCredits => 3,
             Gate::SchedulerTurn => 4,
+            Gate::RateLimit => 5,
         }
     }
 
@@ -45,6 +55,7 @@ impl Gate {
             Gate::FlushBarrier => "flush_barrier",
             Gate::ReadCredits => "read_credits",
             Gate::SchedulerTurn => "scheduler_turn",
+            Gate::RateLimit => "rate_limit",
         }
     }
 }
