@@ -108,6 +108,18 @@ impl Sim {
         }
     }
 
+    /// Keeps 32 4 KiB reads of `A` outstanding: submits them, and returns
+    /// the refill that replaces each completed one.
+    fn reads_32_deep(&mut self) -> impl FnMut(&mut Sim, ImageId, Op) + Copy {
+        for i in 0..32 {
+            self.submit(A, Op::Read, i * 4096, 4096);
+        }
+        |sim: &mut Sim, image: ImageId, _op: Op| {
+            let id = sim.next_id;
+            sim.submit(image, Op::Read, (id % 1000) * 4096, 4096);
+        }
+    }
+
     fn count(&self, image: ImageId, op: Op, from_ns: u64, to_ns: u64) -> usize {
         self.admitted
             .get(&(image, op))
@@ -119,13 +131,7 @@ impl Sim {
 fn iops_cap_is_met_every_second_and_the_burst_once() {
     let mut sim = Sim::new(&[A]);
     sim.s.set_limits(A, read_iops(500)).unwrap();
-    for i in 0..32 {
-        sim.submit(A, Op::Read, i * 4096, 4096);
-    }
-    let refill = |sim: &mut Sim, image: ImageId, _op: Op| {
-        let id = sim.next_id;
-        sim.submit(image, Op::Read, (id % 1000) * 4096, 4096);
-    };
+    let refill = sim.reads_32_deep();
     sim.run_until(60 * SEC, refill);
     let total = sim.count(A, Op::Read, 0, 60 * SEC);
     assert!((30_000..=30_000 + 50 + 1).contains(&total), "{total} reads in 60 s at 500 IOPS");
@@ -298,13 +304,7 @@ fn in_place_reads_are_limited_and_charged_once() {
 fn a_changed_limit_holds_from_the_change() {
     let mut sim = Sim::new(&[A]);
     sim.s.set_limits(A, read_iops(500)).unwrap();
-    for i in 0..32 {
-        sim.submit(A, Op::Read, i * 4096, 4096);
-    }
-    let refill = |sim: &mut Sim, image: ImageId, _op: Op| {
-        let id = sim.next_id;
-        sim.submit(image, Op::Read, (id % 1000) * 4096, 4096);
-    };
+    let refill = sim.reads_32_deep();
     sim.run_until(3 * SEC, refill);
     sim.s.set_limits(A, read_iops(2000)).unwrap();
     sim.run_until(6 * SEC, refill);
