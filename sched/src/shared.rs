@@ -19,7 +19,9 @@
 //!
 //! Wakes are targeted, so that a busy scheduler does not wake every worker
 //! on every event: `submit` and a `capacity_released` that finds held
-//! writes wake one idle worker; `complete` wakes one only if some image has
+//! writes wake one idle worker; an in-place submission that queues its
+//! request wakes one only if some request is admissible now, or a retry
+//! deadline has no timer yet; `complete` wakes one only if some image has
 //! a candidate afterwards (a completion that frees nothing, the common case
 //! of a read, wakes nobody: the completing worker looks for work itself
 //! next); a worker that gets a dispatch wakes one more if some image still
@@ -117,8 +119,8 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
         Ok(ticket)
     }
 
-    /// See [`Scheduler::submit_read_in_place`]. A queued read wakes an idle
-    /// worker, as `submit` does.
+    /// See [`Scheduler::submit_read_in_place`]. A queued read that is
+    /// admissible wakes an idle worker.
     pub fn submit_read_in_place(
         &self,
         image: ImageId,
@@ -128,7 +130,7 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
     }
 
     /// See [`Scheduler::submit_write_in_place`], with the shared capacity.
-    /// A queued write wakes an idle worker, as `submit` does.
+    /// A queued write that is admissible wakes an idle worker.
     pub fn submit_write_in_place(
         &self,
         image: ImageId,
@@ -138,7 +140,11 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
     }
 
     /// Runs an in-place submission under the lock; a request it queued
-    /// wakes an idle worker.
+    /// wakes an idle worker if some request is admissible now, or to be the
+    /// timer of a retry deadline nobody sleeps to. One held by a gate (an
+    /// IO limit, an overlap, a full log) is not admissible: the event that
+    /// frees it wakes a worker (a completion, the timer, a capacity wake),
+    /// and waking one now would only have it find nothing and sleep again.
     fn submit_in_place(
         &self,
         submit: impl FnOnce(&mut State<C, K>) -> Result<InPlace<K::Reservation>, Error>,
@@ -148,7 +154,7 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
             return Err(Error::ShuttingDown);
         }
         let got = submit(&mut state)?;
-        let wake = matches!(got, InPlace::Queued(_)) && state.idle_workers > 0;
+        let wake = matches!(got, InPlace::Queued(_)) && Self::worker_needed(&mut state);
         self.wake_worker_if(state, wake);
         Ok(got)
     }
@@ -203,9 +209,7 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
             }
             let State { sched, cap, .. } = &mut *state;
             if let Some(dispatch) = sched.next(cap) {
-                let wake = state.idle_workers > 0
-                    && (state.sched.has_candidate()
-                        || (!state.timer_armed && Self::retry_pending(&state.sched)));
+                let wake = Self::worker_needed(&mut state);
                 self.wake_worker_if(state, wake);
                 return Next::Dispatch(dispatch);
             }
@@ -238,9 +242,18 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
         }
     }
 
-    fn retry_pending(sched: &Scheduler<C>) -> bool {
-        let now_ns = sched.now_ns();
-        sched.next_retry_at_ns().is_some_and(|r| r > now_ns)
+    /// Whether to wake an idle worker: a request is admissible now, or a
+    /// retry deadline is pending and no worker sleeps to it (the woken one
+    /// becomes the timer).
+    fn worker_needed(state: &mut State<C, K>) -> bool {
+        if state.idle_workers == 0 {
+            return false;
+        }
+        if state.sched.has_candidate() {
+            return true;
+        }
+        let now_ns = state.sched.now_ns();
+        !state.timer_armed && state.sched.next_retry_at_ns().is_some_and(|r| r > now_ns)
     }
 
     /// Sets `image`'s IO limits (see [`Scheduler::set_limits`]) and wakes
@@ -300,6 +313,11 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
     /// wake and two context switches; a stat for tuning and tests).
     pub fn worker_wakes(&self) -> u64 {
         self.lock().worker_wakes
+    }
+
+    /// Whether an idle worker sleeps to the next retry deadline now.
+    pub fn timer_armed(&self) -> bool {
+        self.lock().timer_armed
     }
 
     /// Times the timer worker slept to a retry deadline and woke there.

@@ -110,3 +110,36 @@ fn requests_held_by_a_limit_go_at_their_time_with_one_timer() {
     let timer = shared.timer_wakes();
     assert!((10..=25).contains(&timer), "{timer} timer wakes for 19 timed admissions");
 }
+
+#[test]
+fn a_read_queued_behind_its_limit_wakes_no_worker() {
+    let shared = shared(Config::default());
+    let cap = sched::Limits {
+        read_iops: Some(sched::RateLimit { per_sec: 1, burst: 1 }),
+        ..sched::Limits::default()
+    };
+    shared.set_limits(IMAGE, cap).unwrap();
+    let first = match shared.submit_read_in_place(IMAGE, Descriptor::read(1, 0, 4096)).unwrap() {
+        sched::InPlace::Admitted(d) => d,
+        other => panic!("a full bucket admits in place: {other:?}"),
+    };
+    let worker = idle_worker(&shared);
+    let wakes = shared.worker_wakes();
+    // The first held read wakes the idle worker once, to sleep to its time
+    // (the timer); later held reads wake nobody.
+    for id in 2..6 {
+        let queued = shared.submit_read_in_place(IMAGE, Descriptor::read(id, id * 4096, 4096)).unwrap();
+        assert!(matches!(queued, sched::InPlace::Queued(_)), "{queued:?}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !shared.timer_armed() {
+            assert!(Instant::now() < deadline, "no worker became the timer");
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert_eq!(shared.worker_wakes(), wakes + 1, "workers woken for reads their limit holds");
+    shared.complete(IMAGE, first.request).unwrap();
+    // The timer worker takes it at its time (1 s at 1 IOPS).
+    let t = Instant::now();
+    assert_eq!(worker.join().unwrap().request.0, 2);
+    assert!(t.elapsed() >= Duration::from_millis(900), "{:?}", t.elapsed());
+}
