@@ -129,6 +129,21 @@ pub enum ImageCommand {
         #[arg(value_parser = parse_size)]
         size: u64,
     },
+    /// Show or change the IO limits of an attached image's device, online:
+    /// a change holds from the next request and stays with the device
+    /// (recover and upgrade keep it; del ends it).
+    Limits {
+        /// The image.
+        name: String,
+        /// Remove every limit (then apply any limit flags given).
+        #[arg(long)]
+        clear: bool,
+        /// Print the limits as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        limits: crate::limits::LimitArgs,
+    },
     /// List the store's images.
     List {
         /// Print JSON (sizes in bytes) instead of a table.
@@ -275,6 +290,9 @@ pub struct AddArgs {
 
     #[command(flatten)]
     pub store_settings: StoreSettings,
+
+    #[command(flatten)]
+    pub limits: crate::limits::LimitArgs,
 }
 
 impl AddArgs {

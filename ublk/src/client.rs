@@ -87,14 +87,16 @@ fn open_store(dir: &Path, create: bool) -> Result<Arc<cas::Store>> {
 pub fn add_image(store: &Path, args: AddArgs) -> Result<()> {
     let image = args.image.clone().expect("clap requires --image or --backing");
     let dir = store_dir(store, false)?;
+    // Bad values fail here, before a daemon is reached or started.
+    let limits = args.limits.change(false)?.apply(sched::Limits::default());
     let req = AddImageArgs {
         image,
         id: args.id,
         shape: args.shape(),
         settings: args.store_settings.clone(),
         recover: false,
+        limits,
     };
-    // Bad values fail here, before a daemon is reached or started.
     req.settings.options()?;
     req.settings.metrics_address()?;
     serve_via_daemon(&dir, &req, args.foreground)
@@ -104,7 +106,7 @@ pub fn add_image(store: &Path, args: AddArgs) -> Result<()> {
 /// store's running daemon, or a new one (which opens the store, replaying
 /// every image's log, before it takes the device over).
 pub fn recover_image(state: &crate::device::state::DeviceState, foreground: bool) -> Result<()> {
-    let crate::device::state::Target::Cas { store, image, settings } = &state.target else {
+    let crate::device::state::Target::Cas { store, image, settings, limits } = &state.target else {
         bail!("ublk device {} is not a store device", state.id);
     };
     let dir = store_dir(store, false)?;
@@ -114,6 +116,7 @@ pub fn recover_image(state: &crate::device::state::DeviceState, foreground: bool
         shape: state.shape,
         settings: (**settings).clone(),
         recover: true,
+        limits: *limits,
     };
     serve_via_daemon(&dir, &req, foreground)
 }
@@ -184,10 +187,17 @@ pub fn handoff(store: &Path) -> Result<bool> {
 }
 
 fn attach_via(socket: &Path, req: &AddImageArgs) -> Result<()> {
-    let reply = control(socket, Command::Add(req.clone()), ADD_TIMEOUT)?;
+    let reply = control(socket, Command::Add(Box::new(req.clone())), ADD_TIMEOUT)?;
     let device =
         reply.get("device").and_then(Value::as_str).ok_or_else(|| anyhow!("malformed reply: {reply}"))?;
     println!("{device}");
+    if !req.limits.is_unlimited() && reply.get("limits").is_none() {
+        bail!(
+            "{device} was added, but the store daemon is an older casblk that ignored its IO limits: \
+             casblk upgrade it, then set them with casblk image limits {}",
+            req.image
+        );
+    }
     Ok(())
 }
 
@@ -275,6 +285,21 @@ pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
                 None => open_store(&dir, false)?.snapshot_image(&image, &snap)?,
             };
             println!("{name}");
+        }
+        ImageCommand::Limits { name, clear, json, limits } => {
+            let change = limits.change(clear)?;
+            let reply = match &daemon {
+                Some(s) => control(s, Command::ImageLimits { name: name.clone(), change }, QUERY_TIMEOUT)?,
+                None => {
+                    open_store(&dir, false)?.image_info(&name)?;
+                    bail!(
+                        "image {name} is not attached (no daemon serves store {}): IO limits belong to its \
+                         device; give them to casblk add --image {name} (e.g. --read-iops 500)",
+                        dir.display()
+                    );
+                }
+            };
+            crate::limits::print(&reply, json)?;
         }
         ImageCommand::Resize { name, size } => {
             let (old, new, device) = match &daemon {

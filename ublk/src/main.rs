@@ -13,6 +13,7 @@ mod device;
 mod devices;
 mod fsck;
 mod image_io;
+mod limits;
 mod logging;
 mod metrics;
 mod protocol;
@@ -82,6 +83,9 @@ fn usage_error(e: clap::Error) -> ExitCode {
 fn run(cli: cli::Cli) -> anyhow::Result<()> {
     match cli.command {
         cli::Command::Add(args) => match args.backing.clone() {
+            Some(_) if args.limits != limits::LimitArgs::default() => {
+                anyhow::bail!("IO limits apply to store images (--image), not to --backing devices")
+            }
             Some(backing) => targets::raw::add(args, &backing),
             None => client::add_image(&cli.store, args),
         },

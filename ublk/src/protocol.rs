@@ -34,7 +34,8 @@ pub enum Command {
     /// Is a daemon serving this store? Replies `{"store": DIR}`.
     Ping {},
     /// Attach (or recover) a device for an image. Replies `{"device": PATH}`.
-    Add(AddImageArgs),
+    /// (Boxed: it is by far the largest command.)
+    Add(Box<AddImageArgs>),
     /// Replies `{"created": NAME}`.
     ImageCreate { name: String, size_bytes: u64 },
     /// Refused while the image is attached. Replies `{"removed": NAME}`.
@@ -59,6 +60,13 @@ pub enum Command {
     /// Export a detached image to a file (an absolute path the daemon
     /// writes), `format` raw or qcow2. Replies `{"exported": NAME}`.
     ImageExport { name: String, path: String, format: String },
+    /// Change (or, with an empty change, read) the IO limits of an
+    /// attached image's device. Replies `{"image", "limits", "device"}`.
+    ImageLimits {
+        name: String,
+        #[serde(default)]
+        change: crate::limits::LimitChange,
+    },
     /// Replies the GC report.
     Gc {},
     /// Live upgrade: flush every image, reply `{"devices", "service",
@@ -149,6 +157,17 @@ mod tests {
                 Command::ImageExport { name: "vm".into(), path: "/x.raw".into(), format: "raw".into() },
                 r#"{"action":"image_export","args":{"format":"raw","name":"vm","path":"/x.raw"},"cmd":"control","v":1}"#,
             ),
+            (
+                Command::ImageLimits {
+                    name: "vm".into(),
+                    change: crate::limits::LimitChange {
+                        write_iops: crate::limits::Setting::Set { per_sec: 300, burst: None },
+                        read_iops: crate::limits::Setting::Remove,
+                        ..Default::default()
+                    },
+                },
+                r#"{"action":"image_limits","args":{"name":"vm","change":{"clear":false,"read_iops":"remove","write_iops":{"set":{"per_sec":300,"burst":null}}}},"cmd":"control","v":1}"#,
+            ),
         ];
         for (c, text) in wire {
             let want: Value = serde_json::from_str(text).unwrap();
@@ -165,10 +184,20 @@ mod tests {
         let Command::Add(args) = decode_framed(&old).unwrap() else { panic!("not an add") };
         let want = crate::device::Shape { queues: 2, depth: 64, io_buf_bytes: 524288, poll_us: 0 };
         assert_eq!((args.image.as_str(), args.id, args.shape, args.recover), ("vm", -1, want, false));
-        let back = framed(&Command::Add(args));
+        let back = framed(&Command::Add(args.clone()));
         assert_eq!(back["args"]["queues"], 2);
         assert_eq!(back["args"]["io_buf_bytes"], 524288);
         assert!(back["args"].get("shape").is_none(), "{back}");
+        assert!(back["args"].get("limits").is_none(), "no limits: the add an older daemon reads: {back}");
+        let limited = AddImageArgs {
+            limits: sched::Limits { read_iops: Some(sched::RateLimit::new(500)), ..Default::default() },
+            ..match decode_framed(&old).unwrap() {
+                Command::Add(a) => *a,
+                _ => unreachable!(),
+            }
+        };
+        let back = framed(&Command::Add(Box::new(limited)));
+        assert_eq!(back["args"]["limits"], serde_json::json!({"read_iops": {"per_sec": 500, "burst": 50}}));
     }
 
     #[test]

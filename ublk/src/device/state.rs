@@ -33,7 +33,14 @@ pub const STATE_DIR: &str = "/run/casblk";
 pub enum Target {
     /// An image of a store, served by the store's daemon.
     /// (The settings are boxed: they are most of the variant.)
-    Cas { store: PathBuf, image: String, settings: Box<StoreSettings> },
+    Cas {
+        store: PathBuf,
+        image: String,
+        settings: Box<StoreSettings>,
+        /// The device's IO limits, as last set (crate::limits).
+        #[serde(default, skip_serializing_if = "sched::Limits::is_unlimited")]
+        limits: sched::Limits,
+    },
     /// Raw passthrough of a file or block device.
     Raw { backing: PathBuf },
 }
@@ -171,6 +178,10 @@ mod tests {
                     log_quota_bytes: Some(64 << 20),
                     ..StoreSettings::default()
                 }),
+                limits: sched::Limits {
+                    write_iops: Some(sched::RateLimit::new(300)),
+                    ..sched::Limits::default()
+                },
             },
         }
     }

@@ -60,6 +60,19 @@ pub fn families_of(snap: &Snapshot) -> Vec<MetricFamily> {
                 out.value(family, &[("image", name)], v.as_f64() * scale);
             }
         }
+        // Only the limits that are set: no sample means unlimited.
+        for class in ["read", "write"] {
+            for (family, key) in [
+                ("casblk_image_limit_iops", "iops"),
+                ("casblk_image_limit_bytes_per_second", "bytes_per_sec"),
+            ] {
+                if let Some(v) =
+                    counter("sched", &format!("limits.{class}_{key}")).filter(|v| v.as_f64() > 0.0)
+                {
+                    out.value(family, &[("image", name), ("class", class)], v.as_f64());
+                }
+            }
+        }
         if let (Some(next), Some(covered)) = (counter("cas", "next_seq"), counter("cas", "covered_seq")) {
             let backlog = (next.as_f64() - 1.0 - covered.as_f64()).max(0.0);
             out.value("casblk_image_compaction_backlog_records", &[("image", name)], backlog);

@@ -42,6 +42,7 @@ use Kind::{Counter, Gauge, Histogram};
 const IMAGE: &[&str] = &["image"];
 const IMAGE_OP: &[&str] = &["image", "op"];
 const IMAGE_OP_GATE: &[&str] = &["image", "op", "gate"];
+const IMAGE_CLASS: &[&str] = &["image", "class"];
 const NONE: &[&str] = &[];
 
 /// Every family, in exposition order.
@@ -59,7 +60,7 @@ pub const FAMILIES: &[Family] = &[
         "casblk_image_gate_waits_total",
         Counter,
         IMAGE_OP_GATE,
-        "Times requests waited at a gate (log capacity, memory, scheduler turn, ...).",
+        "Times requests waited at a gate (log capacity, overlap, flush barrier, read credits, scheduler turn, rate limit).",
     ),
     family(
         "casblk_image_gate_wait_seconds_total",
@@ -74,6 +75,24 @@ pub const FAMILIES: &[Family] = &[
         "1 for the image's state (live, failed, log_closed, recovering), 0 for the others.",
     ),
     family("casblk_image_size_bytes", Gauge, IMAGE, "The image's size (what the guest sees)."),
+    family(
+        "casblk_image_limit_iops",
+        Gauge,
+        IMAGE_CLASS,
+        "The device's IO limit in requests a second, by class (read, write); no sample: unlimited.",
+    ),
+    family(
+        "casblk_image_limit_bytes_per_second",
+        Gauge,
+        IMAGE_CLASS,
+        "The device's IO limit in bytes a second, by class (read, write); no sample: unlimited.",
+    ),
+    family(
+        "casblk_image_rate_limited_requests_total",
+        Counter,
+        IMAGE,
+        "Requests the image's IO limits held before admitting them.",
+    ),
     family("casblk_image_log_used_bytes", Gauge, IMAGE, "Write-ahead log bytes in use."),
     family(
         "casblk_image_log_quota_bytes",
@@ -190,6 +209,7 @@ pub const FAMILIES: &[Family] = &[
 /// (family, source, counter, scale to the family's unit).
 pub const IMAGE_COUNTERS: &[(&str, &str, &str, f64)] = &[
     ("casblk_image_size_bytes", "cas", "size_bytes", 1.0),
+    ("casblk_image_rate_limited_requests_total", "sched", "rate_limited_admissions", 1.0),
     ("casblk_image_log_used_bytes", "cas", "log_used_bytes", 1.0),
     ("casblk_image_log_quota_bytes", "cas", "log_quota_bytes", 1.0),
     ("casblk_image_log_capacity_waits_total", "cas", "capacity_waits", 1.0),

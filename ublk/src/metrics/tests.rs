@@ -38,7 +38,17 @@ fn fixture() -> Snapshot {
         ..Default::default()
     };
     a.attach("cas", counters_from("cas", &cas_stats).unwrap());
-    a.attach("sched", counters_from("sched", &sched::ImageCounters::default()).unwrap());
+    let sched_counters = sched::ImageCounters {
+        rate_limited_admissions: 7,
+        limits: sched::Limits {
+            read_iops: Some(sched::RateLimit::new(500)),
+            write_bytes_per_sec: Some(sched::RateLimit::new(20 << 20)),
+            ..Default::default()
+        }
+        .into(),
+        ..Default::default()
+    };
+    a.attach("sched", counters_from("sched", &sched_counters).unwrap());
     let mut b = Tracer::idle_stats("vm-b");
     b.state = image_state::RECOVERING.into();
     let mut snap = Snapshot::new(vec![a, b]);
@@ -145,6 +155,13 @@ fn samples_equal_the_fields_they_come_from() {
     assert_eq!(value(&text, "casblk_store_overcommit_ratio", ""), 3.0);
     assert_eq!(value(&text, "casblk_store_fs_avail_bytes", ""), (100u64 << 20) as f64);
     assert_eq!(value(&text, "casblk_store_space_warning", ""), 1.0);
+    assert_eq!(value(&text, "casblk_image_limit_iops", r#"image="vm-a",class="read""#), 500.0);
+    assert_eq!(
+        value(&text, "casblk_image_limit_bytes_per_second", r#"image="vm-a",class="write""#),
+        (20u64 << 20) as f64
+    );
+    assert!(!text.contains(r#"casblk_image_limit_iops{image="vm-a",class="write"}"#), "unlimited: no sample");
+    assert_eq!(value(&text, "casblk_image_rate_limited_requests_total", r#"image="vm-a""#), 7.0);
     let wait_ms = snap.images[0].ops.read.gates["scheduler_turn"].wait_ms_total;
     assert_eq!(
         value(

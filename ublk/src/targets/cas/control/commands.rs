@@ -29,7 +29,7 @@ impl Daemon {
     pub(super) fn control(self: &Arc<Self>, cmd: Command) -> Result<Value> {
         match cmd {
             Command::Ping {} => Ok(json!({ "store": self.store_dir.display().to_string() })),
-            Command::Add(add) => Ok(json!({ "device": self.attach(&add)? })),
+            Command::Add(add) => Ok(json!({ "device": self.attach(&add)?, "limits": add.limits })),
             Command::ImageCreate { name, size_bytes } => {
                 self.store.create_image(&name, size_bytes)?;
                 Ok(json!({ "created": name }))
@@ -75,6 +75,7 @@ impl Daemon {
                 Ok(info)
             }
             Command::ImageResize { name, size_bytes } => self.resize(&name, size_bytes),
+            Command::ImageLimits { name, change } => self.limits(&name, change),
             Command::Gc {} => Ok(serde_json::to_value(self.store.gc()?)?),
             Command::Handoff {} => self.handoff(),
         }

@@ -44,6 +44,10 @@ impl Daemon {
                 shape: state.shape,
                 settings: self.settings.clone(),
                 recover: true,
+                limits: match &state.target {
+                    crate::device::state::Target::Cas { limits, .. } => *limits,
+                    crate::device::state::Target::Raw { .. } => sched::Limits::default(),
+                },
             };
             // attach logs the recovery, with the time it took.
             let _mark = crate::device::recovering::RecoveringMark::new(id);
@@ -61,6 +65,7 @@ impl Daemon {
     /// Attaches an image as a new ublk device; returns its path once usable.
     pub(super) fn attach(self: &Arc<Self>, args: &AddImageArgs) -> Result<String> {
         args.shape.validate()?;
+        args.limits.validate()?;
         // A recovered device joins whatever daemon serves its store now:
         // the settings are the store's, not the device's.
         if !args.recover {
@@ -129,6 +134,10 @@ impl Daemon {
             .context("creating a queue eventfd")?,
         );
         self.path.attach(core.clone()).map_err(|e| anyhow!("scheduler: {e}"))?;
+        if let Err(e) = self.path.sched.set_limits(sched_id, args.limits) {
+            self.path.detach(&core).ok();
+            bail!("IO limits: {e}");
+        }
         table.attached.insert(args.image.clone(), Attached { sched_id, dev_id: None, path: None });
         drop(table);
 
@@ -182,6 +191,7 @@ impl Daemon {
             store: self.store_dir.clone(),
             image: core.name.clone(),
             settings: Box::new(self.settings.clone()),
+            limits: args.limits,
         };
         // User copy: a write's data stays in the kernel until it executes.
         let device = Device::create("casblk", args.id, args.shape, start, state, true)?;

@@ -1,12 +1,14 @@
 //! The store daemon's lifecycle: starting it (store, request path, control
 //! socket, signals), what it serves, and when it exits. Attaching and
 //! detaching devices (`devices.rs`), the control socket's commands
-//! (`commands.rs`), growing an image online (`resize.rs`), the stats
+//! (`commands.rs`), growing an image online (`resize.rs`), changing a
+//! device's IO limits online (`limits.rs`), the stats
 //! snapshot (`snapshot.rs`) and the watch on the store filesystem's
 //! fullness (`space.rs`) are beside it.
 
 mod commands;
 mod devices;
+mod limits;
 mod resize;
 mod snapshot;
 mod space;
@@ -49,6 +51,10 @@ pub struct AddImageArgs {
     /// Take over device `id`, whose daemon died, instead of adding one.
     #[serde(default)]
     pub recover: bool,
+    /// The device's IO limits (crate::limits). The reply names them back,
+    /// so a client learns when an older daemon ignored them.
+    #[serde(default, skip_serializing_if = "sched::Limits::is_unlimited")]
+    pub limits: sched::Limits,
 }
 
 /// The control socket of the daemon serving `store_dir` (which must be
