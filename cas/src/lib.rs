@@ -55,5 +55,8 @@ pub use compact::{CompactReport, CompactStats};
 pub use error::{Error, Result};
 pub use gc::GcReport;
 pub use image::{Image, ImageStats, LogReservation};
-pub use store::{ImageInfo, SpaceStats, Store, StoreOptions};
+pub use store::{
+    DamagedBlock, ImageInfo, ScrubFinding, ScrubOptions, ScrubProgress, ScrubReport, SpaceStats, Store,
+    StoreOptions,
+};
 pub use wal::RecordKind;

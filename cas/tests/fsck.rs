@@ -47,17 +47,6 @@ fn check(mem: &MemStorage) -> FsckReport {
     run(mem, &FsckOptions::default())
 }
 
-fn flip(mem: &MemStorage, path: &Path, offset: u64) {
-    let f = mem.open(path, OpenMode::Existing).unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, offset).unwrap();
-    f.write_all_at(&[b[0] ^ 0x10], offset).unwrap();
-}
-
-fn pack(id: u32) -> PathBuf {
-    store_dir().join(format!("chunks/pack-{id:08x}.pack"))
-}
-
 fn kinds(r: &FsckReport) -> Vec<&'static str> {
     r.problems.iter().map(|f| f.kind).collect()
 }

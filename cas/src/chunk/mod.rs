@@ -89,6 +89,7 @@ pub(crate) mod pack;
 pub mod pack_id;
 mod pin;
 mod read;
+pub mod scrub;
 mod seal;
 mod stats;
 pub mod tier;

@@ -50,6 +50,7 @@ mod open;
 mod options;
 mod remote_images;
 mod resize;
+mod scrub;
 mod snapshot;
 mod stats;
 
@@ -63,6 +64,10 @@ pub use names::{check_image_dir_name, validate_image_name, IMAGE_NAME_BYTES_MAX,
 pub use options::{StoreOptions, StoreRemote, IMAGE_BYTES_MAX};
 pub use remote_images::{FetchAs, FetchReport};
 pub use resize::Resized;
+pub use scrub::{
+    DamagedBlock, ScrubFinding, ScrubOptions, ScrubProgress, ScrubReport, SCRUB_BLOCKS_PER_FINDING_MAX,
+    SCRUB_FINDINGS_MAX,
+};
 pub use snapshot::{snapshot_name, SNAPSHOT_SEPARATOR};
 pub use stats::SpaceStats;
 

@@ -283,3 +283,17 @@ impl cas::image::ManifestView for MapManifest {
         Ok(())
     }
 }
+
+/// Flips one bit of the byte at `offset` of `path` (damage for checks).
+pub fn flip(mem: &MemStorage, path: &std::path::Path, offset: u64) {
+    use cas::storage::{OpenMode, Storage};
+    let f = mem.open(path, OpenMode::Existing).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).unwrap();
+    f.write_all_at(&[b[0] ^ 0x10], offset).unwrap();
+}
+
+/// The path of pack `id` in the test store.
+pub fn pack(id: u32) -> PathBuf {
+    store_dir().join(format!("chunks/pack-{id:08x}.pack"))
+}

@@ -1,0 +1,107 @@
+//! Online scrub: on an open store (images open, compaction done), a
+//! flipped byte in a pack is found, named with the blocks of every image
+//! that holds the chunk, and reads of those blocks fail (never wrong
+//! data); a damaged manifest page is found; the rate bounds the pass; a
+//! stop ends it; --image checks only that image's chunks.
+
+mod common;
+
+use cas::storage::MemStorage;
+use cas::{ScrubOptions, ScrubProgress, Store};
+use common::*;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+const BLOCKS: u64 = 300;
+const FAST: u64 = 1 << 40;
+
+/// Image "a" with 300 distinct compacted blocks; "b" holds a's first 100.
+fn build() -> (MemStorage, Arc<Store>) {
+    let (mem, store) = mem_store(small_opts());
+    for (name, blocks) in [("a", BLOCKS), ("b", 100)] {
+        store.create_image(name, 16 << 20).unwrap();
+        let image = store.open_image(name).unwrap();
+        image.write(0, &payload(7, 0, blocks * 8), false).unwrap();
+        image.flush().unwrap();
+        store.compact_once(&image).unwrap();
+    }
+    (mem, store)
+}
+
+fn scrub(store: &Store, image: Option<&str>, rate: u64) -> cas::ScrubReport {
+    let opts = ScrubOptions { image: image.map(String::from), rate_bytes_per_sec: rate };
+    store.scrub(&opts, &ScrubProgress::default(), &AtomicBool::new(false)).expect("scrub runs")
+}
+
+#[test]
+fn a_clean_store_scrubs_clean_and_every_chunk_is_read() {
+    let (_mem, store) = build();
+    let r = scrub(&store, None, FAST);
+    assert!(r.is_clean(), "{r:#?}");
+    assert_eq!(r.chunks_checked, BLOCKS, "each chunk once: {r:#?}");
+    assert_eq!(r.manifest_refs_walked, BLOCKS + 100);
+    let r = scrub(&store, Some("b"), FAST);
+    assert!(r.is_clean(), "{r:#?}");
+    assert_eq!((r.chunks_checked, r.manifest_refs_walked), (100, 100));
+}
+
+#[test]
+fn a_flipped_byte_under_an_open_store_is_found_named_and_never_read_back() {
+    let (mem, store) = build();
+    let a = store.open_image("a").unwrap();
+    let mut before = vec![0u8; 4096];
+    a.read(5 * 4096, &mut before).unwrap(); // one read: not admitted to the cache
+                                            // Slot 5 of the first pack: block 5 of both images.
+    flip(&mem, &pack(1), 4096 + 5 * 4096 + 77);
+    let r = scrub(&store, None, FAST);
+    assert_eq!(r.damaged_chunks, 1, "{r:#?}");
+    assert_eq!(r.chunks_checked, BLOCKS);
+    let f = &r.findings[0];
+    assert!(f.detail.contains("pack 1 slot 5") && f.detail.contains("crc32c"), "{}", f.detail);
+    let named: Vec<(&str, u64)> = f.blocks.iter().map(|b| (b.image.as_str(), b.block)).collect();
+    assert_eq!(named, [("a", 5), ("b", 5)]);
+    assert_eq!(f.blocks_total, 2);
+    // The read path refuses it as well: an error, not other bytes.
+    let mut out = vec![0u8; 4096];
+    let e = a.read(5 * 4096, &mut out).unwrap_err();
+    assert!(e.to_string().contains("checksum"), "{e}");
+    // --image b finds it through b's refs, and a's other chunks are not read.
+    let r = scrub(&store, Some("b"), FAST);
+    assert_eq!((r.damaged_chunks, r.chunks_checked), (1, 100), "{r:#?}");
+    assert_eq!(r.findings[0].blocks, [cas::DamagedBlock { image: "b".into(), block: 5 }]);
+}
+
+#[test]
+fn a_damaged_manifest_page_is_found() {
+    let (mem, store) = build();
+    drop(store);
+    let path = store_dir().join("images/a/manifest");
+    flip(&mem, &path, 2 * 4096 + 300);
+    let store = reopen(&mem, small_opts()).unwrap();
+    let r = scrub(&store, None, FAST);
+    assert!(!r.is_clean());
+    assert!(r.damaged_metadata.iter().any(|m| m.contains("image a")), "{r:#?}");
+}
+
+#[test]
+fn the_rate_bounds_the_pass_and_a_stop_ends_it() {
+    let (_mem, store) = build();
+    // 300 chunks of 4 KiB at 4 MiB/s: about 0.29 s.
+    let t = Instant::now();
+    let r = scrub(&store, None, 4 << 20);
+    assert!(t.elapsed().as_millis() >= 250, "{:?} for {} chunks", t.elapsed(), r.chunks_checked);
+    let stop = AtomicBool::new(true);
+    let opts = ScrubOptions { image: None, rate_bytes_per_sec: 4096 };
+    let r = store.scrub(&opts, &ScrubProgress::default(), &stop).unwrap();
+    assert!(r.stopped);
+    assert!(r.chunks_checked <= 1, "{r:#?}");
+    let zero = ScrubOptions { image: None, rate_bytes_per_sec: 0 };
+    assert!(store.scrub(&zero, &ScrubProgress::default(), &stop).is_err());
+    let missing = ScrubOptions { image: Some("nope".into()), rate_bytes_per_sec: FAST };
+    assert!(store
+        .scrub(&missing, &ScrubProgress::default(), &stop)
+        .unwrap_err()
+        .to_string()
+        .contains("nope"));
+}
