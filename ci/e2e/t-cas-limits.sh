@@ -89,7 +89,9 @@ w_mib=$(fio_figure wcap 'round(write["bw_bytes"] / 2**20, 2)')
 r_iops=$(fio_figure rmix 'round(read["iops"])')
 note "a under --write-bps 20M for 10 s: writes $w_mib MiB/s, reads beside them $r_iops IOPS"
 python3 -c "import sys; sys.exit(0 if 18 <= $w_mib <= 22 else 1)" || fail "writes ran at $w_mib MiB/s under a 20 MiB/s cap (10% is 18-22)"
-[ "$r_iops" -ge 200 ] || fail "reads of a slowed to $r_iops IOPS behind its capped writes"
+# Reads queued behind the held writes would go at the writes' pace (about
+# 320 a second); passing them, they go much faster.
+[ "$r_iops" -ge 640 ] || fail "reads of a slowed to $r_iops IOPS behind its capped writes"
 [ "$(gate_waits a write)" -gt 0 ] || fail "a's writes never waited at the rate gate"
 metric=$("$CASBLK" --store "$store" stats --openmetrics | grep '^casblk_image_limit_bytes_per_second{' || true)
 grep -qE 'class="write",image="a"} 20971520$|image="a",class="write"} 20971520$' <<<"$metric" \

@@ -368,15 +368,14 @@ impl Frontier {
         held
     }
 
-    /// When this image next retries a refused write, or a request held by
-    /// its limits conforms (as of the last scan), without a wake.
-    pub(crate) fn retry_at_ns(&self) -> Option<u64> {
+    /// When, after `now_ns`, this image next retries a refused write, or a
+    /// request held by its limits conforms (as of the last scan), without a
+    /// wake. A deadline already past is no deadline: its request is held
+    /// by another gate now, whose release wakes a worker.
+    pub(crate) fn retry_at_ns(&self, now_ns: u64) -> Option<u64> {
         let capacity =
             (self.capacity_blocked && self.writes_waiting > 0).then_some(self.capacity_retry_at_ns);
-        match (capacity, self.rate_retry_at_ns) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [capacity, self.rate_retry_at_ns].into_iter().flatten().filter(|&t| t > now_ns).min()
     }
 
     /// Applies new limits from `now_ns` (see [`Limiter::set`]).

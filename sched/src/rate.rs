@@ -148,8 +148,9 @@ impl Bucket {
         self.tat_ns = self.tat_ns.max(now_ns).saturating_add(self.ns_for(cost));
     }
 
-    /// The same debt in tokens under `limit`, and never more than its burst:
-    /// a change neither forgives what was used nor gives a free burst.
+    /// The same debt in tokens under `limit`, but never more than its
+    /// burst: a change gives no free burst, and forgives only debt beyond
+    /// one burst of the new rate.
     fn changed(self, limit: RateLimit, now_ns: u64) -> Self {
         if limit == self.limit {
             return self;

@@ -397,11 +397,13 @@ impl<C: Clock> Scheduler<C> {
         self.images.get(&image).map(Frontier::limits)
     }
 
-    /// When a held write is next retried, or a request held by an IO limit
-    /// conforms, without a wake; callers with nothing else to wake them
-    /// call [`Scheduler::next`] again by then.
+    /// The earliest time still to come at which a held write is retried,
+    /// or a request held by an IO limit conforms, without a wake; callers
+    /// with nothing else to wake them call [`Scheduler::next`] again by
+    /// then.
     pub fn next_retry_at_ns(&self) -> Option<u64> {
-        self.images.values().filter_map(Frontier::retry_at_ns).min()
+        let now_ns = self.now_ns();
+        self.images.values().filter_map(|f| f.retry_at_ns(now_ns)).min()
     }
 
     pub fn counters(&self, image: ImageId) -> Option<ImageCounters> {

@@ -60,8 +60,9 @@ struct State<C: Clock, K> {
     room_waiters: usize,
     /// Targeted wakes sent to idle workers (`notify_one` on `work`).
     worker_wakes: u64,
-    /// An idle worker sleeps until the next retry deadline.
-    timer_armed: bool,
+    /// The retry deadline an idle worker (the timer) sleeps to, if any
+    /// (the scheduler clock's ns).
+    timer_at_ns: Option<u64>,
     /// Times the timer worker woke at its deadline.
     timer_wakes: u64,
 }
@@ -83,7 +84,7 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
                 idle_workers: 0,
                 room_waiters: 0,
                 worker_wakes: 0,
-                timer_armed: false,
+                timer_at_ns: None,
                 timer_wakes: 0,
             }),
             work: Condvar::new(),
@@ -219,32 +220,35 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
             }
             let mut wait = deadline - now;
             // A held request is tried again at its deadline even if no wake
-            // comes. A deadline already past means it is held by another
-            // gate, whose completion will notify.
+            // comes: this worker becomes the timer if no worker sleeps to
+            // that deadline or an earlier one. (One beyond its own timeout
+            // is still its: it leaves, and is called again.)
             let sched_now_ns = sched.now_ns();
-            let retry = sched.next_retry_at_ns().filter(|&r| r > sched_now_ns);
-            let timer = match retry {
-                Some(retry_ns) if !state.timer_armed && retry_ns - sched_now_ns < wait.as_nanos() as u64 => {
-                    wait = Duration::from_nanos(retry_ns - sched_now_ns);
-                    state.timer_armed = true;
-                    true
+            let timer = match sched.next_retry_at_ns() {
+                Some(retry_ns) if state.timer_at_ns.is_none_or(|t| retry_ns < t) => {
+                    wait = wait.min(Duration::from_nanos(retry_ns - sched_now_ns));
+                    state.timer_at_ns = Some(retry_ns);
+                    Some(retry_ns)
                 }
-                _ => false,
+                _ => None,
             };
             state.idle_workers += 1;
             let (s, timeout) = self.work.wait_timeout(state, wait).expect("scheduler mutex poisoned");
             state = s;
             state.idle_workers -= 1;
-            if timer {
-                state.timer_armed = false;
+            if let Some(at) = timer {
+                // Another worker may have taken an earlier deadline over.
+                if state.timer_at_ns == Some(at) {
+                    state.timer_at_ns = None;
+                }
                 state.timer_wakes += u64::from(timeout.timed_out());
             }
         }
     }
 
     /// Whether to wake an idle worker: a request is admissible now, or a
-    /// retry deadline is pending and no worker sleeps to it (the woken one
-    /// becomes the timer).
+    /// retry deadline is pending that no worker sleeps to (no timer, or
+    /// one sleeping to a later deadline): the woken one becomes the timer.
     fn worker_needed(state: &mut State<C, K>) -> bool {
         if state.idle_workers == 0 {
             return false;
@@ -252,8 +256,8 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
         if state.sched.has_candidate() {
             return true;
         }
-        let now_ns = state.sched.now_ns();
-        !state.timer_armed && state.sched.next_retry_at_ns().is_some_and(|r| r > now_ns)
+        let timer = state.timer_at_ns;
+        state.sched.next_retry_at_ns().is_some_and(|r| timer.is_none_or(|t| r < t))
     }
 
     /// Sets `image`'s IO limits (see [`Scheduler::set_limits`]) and wakes
@@ -269,15 +273,15 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
     }
 
     /// Reports a finished request; see [`Scheduler::complete`]. Wakes an
-    /// idle worker only if a request is admissible now: a completion that
-    /// frees nothing (most reads) would only make a worker wake, find
-    /// nothing and sleep again, while the caller (a worker) looks for work
-    /// itself right after.
+    /// idle worker only if a request is admissible now, or a deadline has
+    /// no timer: a completion that frees nothing (most reads) would only
+    /// make a worker wake, find nothing and sleep again, while the caller
+    /// (a worker) looks for work itself right after.
     pub fn complete(&self, image: ImageId, request: RequestId) -> Result<(), Error> {
         let mut state = self.lock();
         state.sched.complete(image, request)?;
         let wake_room = state.room_waiters > 0;
-        let wake_worker = state.idle_workers > 0 && state.sched.has_candidate();
+        let wake_worker = Self::worker_needed(&mut state);
         self.wake_worker_if(state, wake_worker);
         if wake_room {
             self.room.notify_all();
@@ -289,7 +293,8 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
     /// a lock that [`Capacity::try_reserve`] takes.
     pub fn capacity_released(&self, image: ImageId) {
         let mut state = self.lock();
-        let wake = state.sched.capacity_released(image) && state.idle_workers > 0;
+        let released = state.sched.capacity_released(image);
+        let wake = (released && state.idle_workers > 0) || Self::worker_needed(&mut state);
         self.wake_worker_if(state, wake);
     }
 
@@ -315,9 +320,9 @@ impl<C: Clock, K: Capacity> SharedScheduler<C, K> {
         self.lock().worker_wakes
     }
 
-    /// Whether an idle worker sleeps to the next retry deadline now.
+    /// Whether an idle worker sleeps to a retry deadline now.
     pub fn timer_armed(&self) -> bool {
-        self.lock().timer_armed
+        self.lock().timer_at_ns.is_some()
     }
 
     /// Times the timer worker slept to a retry deadline and woke there.

@@ -143,3 +143,58 @@ fn a_read_queued_behind_its_limit_wakes_no_worker() {
     assert_eq!(worker.join().unwrap().request.0, 2);
     assert!(t.elapsed() >= Duration::from_millis(900), "{:?}", t.elapsed());
 }
+
+#[test]
+fn an_earlier_deadline_gets_its_own_timer() {
+    // A at 1 IOPS keeps a timer asleep to a deadline a second away; B at
+    // 1000 IOPS has deadlines a millisecond away, earlier than A's.
+    let shared = shared(Config::default());
+    let b = ImageId(2);
+    shared.add_image(b).unwrap();
+    let rate = |per_sec| sched::Limits {
+        read_iops: Some(sched::RateLimit { per_sec, burst: 1 }),
+        ..sched::Limits::default()
+    };
+    shared.set_limits(IMAGE, rate(1)).unwrap();
+    shared.set_limits(b, rate(1000)).unwrap();
+    for i in 0..5 {
+        shared.submit(IMAGE, Descriptor::read(i, i * 4096, 4096)).unwrap();
+    }
+    let b_done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let start = Instant::now();
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (s, n) = (shared.clone(), b_done.clone());
+            thread::spawn(move || loop {
+                match s.next_blocking(Duration::from_millis(200)) {
+                    Next::Dispatch(d) => {
+                        s.complete(d.image, d.request).unwrap();
+                        if d.image == ImageId(2) {
+                            n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
+                    Next::TimedOut => {}
+                    Next::Shutdown => return,
+                }
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(20)); // A's timer is asleep now
+                                              // B at queue depth 1: each read is submitted when the last completed,
+                                              // and waits up to a millisecond for its token.
+    for i in 0..30 {
+        shared.submit(b, Descriptor::read(100 + i, i * 4096, 4096)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while b_done.load(std::sync::atomic::Ordering::SeqCst) <= i && Instant::now() < deadline {
+            thread::yield_now();
+        }
+    }
+    let took = start.elapsed();
+    shared.shutdown();
+    for w in workers {
+        w.join().unwrap();
+    }
+    // 30 at 1000 IOPS: about 30 ms; each behind A's timer (or an idle
+    // worker's 200 ms timeout), about 3 s.
+    assert!(took < Duration::from_millis(1000), "B's 30 reads at queue depth 1 took {took:?}");
+}
