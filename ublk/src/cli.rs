@@ -55,6 +55,10 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Read back every stored chunk (or one image's) and check it, on a
+    /// store being served or not: damaged chunks are named with the image
+    /// blocks that hold them. Exit 0 clean, 1 damage found.
+    Scrub(ScrubArgs),
     /// Check a store nothing serves: every checksum, every manifest-to-chunk
     /// reference, the logs, leftovers. Exit 0 clean, 1 problems, 2 could not run.
     Fsck(FsckArgs),
@@ -91,6 +95,33 @@ pub enum RemoteCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Args, Debug)]
+pub struct ScrubArgs {
+    /// Only the chunks this image references.
+    #[arg(long, value_name = "NAME")]
+    pub image: Option<String>,
+    /// Chunk bytes read a second at most [default: 64M].
+    #[arg(long, value_name = "SIZE", value_parser = parse_scrub_rate)]
+    pub rate: Option<u64>,
+    /// Show the running daemon's scrub (progress, the last pass's report)
+    /// instead of starting one.
+    #[arg(long, conflicts_with_all = ["image", "rate", "no_wait"])]
+    pub status: bool,
+    /// Start the pass in the daemon and return at once.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_scrub_rate(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err("a scrub rate must be at least 1 byte a second".into()),
+        n => Ok(n),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -358,6 +389,12 @@ pub struct StoreSettings {
     /// filesystem is at least PCT percent full [default: 90].
     #[arg(long = "space-warn", value_name = "PCT", value_parser = clap::value_parser!(u64).range(1..=100), conflicts_with = "backing")]
     pub space_warn_pct: Option<u64>,
+
+    /// Scrub the whole store every HOURS hours (every chunk read back and
+    /// checked, 64 MiB/s at most, in the background CPU class); off
+    /// unless given (`casblk scrub` runs one pass).
+    #[arg(long = "scrub-interval", value_name = "HOURS", value_parser = clap::value_parser!(u64).range(1..=8760), conflicts_with = "backing")]
+    pub scrub_interval_h: Option<u64>,
 
     /// Serve Prometheus metrics over HTTP at ADDR (`127.0.0.1:9465`, path
     /// /metrics); off unless given. A daemon started to recover a device

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bound on a control or stats round trip.
-const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on attaching a device through a running daemon.
 const ADD_TIMEOUT: Duration = Duration::from_secs(150);
 
@@ -44,7 +44,7 @@ fn query(socket: &Path, request: &trace::stats::Request, timeout: Duration) -> R
 }
 
 /// The socket of the daemon serving `dir`, if one answers.
-fn running_daemon(dir: &Path) -> Option<PathBuf> {
+pub(crate) fn running_daemon(dir: &Path) -> Option<PathBuf> {
     let socket = daemon::socket_path(dir);
     if !socket.exists() {
         return None;
@@ -52,7 +52,7 @@ fn running_daemon(dir: &Path) -> Option<PathBuf> {
     query(&socket, &Command::Ping {}.request(), QUERY_TIMEOUT).ok().map(|_| socket)
 }
 
-fn control(socket: &Path, cmd: Command, timeout: Duration) -> Result<Value> {
+pub(crate) fn control(socket: &Path, cmd: Command, timeout: Duration) -> Result<Value> {
     query(socket, &cmd.request(), timeout)
 }
 
@@ -60,7 +60,7 @@ fn control(socket: &Path, cmd: Command, timeout: Duration) -> Result<Value> {
 /// last device went (`del`, then an image command at once) still holds
 /// the store's lock for a moment: this waits for it, up to
 /// [`LOCKED_STORE_WAIT`], as `add` does.
-fn open_store(dir: &Path, create: bool) -> Result<Arc<cas::Store>> {
+pub(crate) fn open_store(dir: &Path, create: bool) -> Result<Arc<cas::Store>> {
     let deadline = Instant::now() + LOCKED_STORE_WAIT;
     loop {
         let storage: Arc<dyn cas::storage::Storage> = Arc::new(cas::storage::FsStorage::new());

@@ -19,6 +19,7 @@ mod metrics;
 mod protocol;
 mod qcow2;
 mod remote;
+mod scrub;
 mod targets;
 
 use clap::Parser;
@@ -92,6 +93,7 @@ fn run(cli: cli::Cli) -> anyhow::Result<()> {
         cli::Command::Image(cmd) => client::image(&cli.store, cmd),
         cli::Command::Stats(args) => client::stats(&cli.store, &args),
         cli::Command::Gc { json } => client::gc(&cli.store, json),
+        cli::Command::Scrub(args) => scrub::run(&cli.store, &args),
         cli::Command::Remote(cmd) => remote::command(&cli.store, cmd),
         cli::Command::Del(args) => devices::del(&args),
         cli::Command::Recover(args) => devices::recover(&args),

@@ -67,6 +67,11 @@ pub enum Command {
         #[serde(default)]
         change: crate::limits::LimitChange,
     },
+    /// Starts a scrub pass in the background (one at a time). Replies
+    /// `{"started": SCOPE, "passes": N}` (passes finished before it).
+    Scrub { image: Option<String>, rate_bytes_per_sec: u64 },
+    /// Replies `{"running": SCOPE|null, "progress": {...}, "last": REPORT|null}`.
+    ScrubStatus {},
     /// Replies the GC report.
     Gc {},
     /// Live upgrade: flush every image, reply `{"devices", "service",

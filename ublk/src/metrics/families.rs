@@ -201,6 +201,15 @@ pub const FAMILIES: &[Family] = &[
         NONE,
         "Failed upload attempts (each is retried).",
     ),
+    family("casblk_store_scrub_running", Gauge, NONE, "1 while a scrub pass runs."),
+    family("casblk_store_scrub_passes_total", Counter, NONE, "Scrub passes finished."),
+    family("casblk_store_scrub_checked_bytes_total", Counter, NONE, "Chunk bytes scrubs read back and checked."),
+    family(
+        "casblk_store_scrub_damaged_chunks",
+        Gauge,
+        NONE,
+        "Damaged chunks the last scrub pass found (0 before the first).",
+    ),
     family("casblk_daemon_resident_memory_bytes", Gauge, NONE, "The store daemon's resident memory."),
     family("casblk_daemon_threads", Gauge, NONE, "The store daemon's threads."),
 ];
@@ -242,6 +251,10 @@ pub const STORE_COUNTERS: &[(&str, &str, &str, f64)] = &[
     ("casblk_store_remote_upload_pending_packs", "remote", "sealed_packs", 1.0),
     ("casblk_store_remote_uploaded_bytes_total", "remote", "uploaded_bytes", 1.0),
     ("casblk_store_remote_upload_errors_total", "remote", "upload_errors", 1.0),
+    ("casblk_store_scrub_running", "scrub", "running", 1.0),
+    ("casblk_store_scrub_passes_total", "scrub", "passes", 1.0),
+    ("casblk_store_scrub_checked_bytes_total", "scrub", "bytes_checked", 1.0),
+    ("casblk_store_scrub_damaged_chunks", "scrub", "last_damaged_chunks", 1.0),
     ("casblk_daemon_resident_memory_bytes", "process", "resident_bytes", 1.0),
     ("casblk_daemon_threads", "process", "threads", 1.0),
 ];

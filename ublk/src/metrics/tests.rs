@@ -68,6 +68,8 @@ fn fixture() -> Snapshot {
     snap.attach("chunks", counters_from("chunks", &chunks).unwrap());
     let remote = serde_json::json!({"sealed_packs": 3, "pending_upload_bytes": 12345, "uploaded_bytes": 7, "upload_errors": 1});
     snap.attach("remote", trace::counters_from_value("remote", &remote).unwrap());
+    let scrub = serde_json::json!({"running": 1, "passes": 2, "chunks_checked": 30, "bytes_checked": 122880, "last_damaged_chunks": 1});
+    snap.attach("scrub", trace::counters_from_value("scrub", &scrub).unwrap());
     snap.attach(
         "space",
         trace::counters_from_value(
@@ -162,6 +164,8 @@ fn samples_equal_the_fields_they_come_from() {
     );
     assert!(!text.contains(r#"casblk_image_limit_iops{image="vm-a",class="write"}"#), "unlimited: no sample");
     assert_eq!(value(&text, "casblk_image_rate_limited_requests_total", r#"image="vm-a""#), 7.0);
+    assert_eq!(value(&text, "casblk_store_scrub_checked_bytes_total", ""), 122880.0);
+    assert_eq!(value(&text, "casblk_store_scrub_damaged_chunks", ""), 1.0);
     let wait_ms = snap.images[0].ops.read.gates["scheduler_turn"].wait_ms_total;
     assert_eq!(
         value(

@@ -26,7 +26,7 @@ mod queue;
 mod settings;
 mod staging;
 
-pub use control::{serve_store, socket_path, AddImageArgs, Serve};
+pub use control::{serve_store, socket_path, AddImageArgs, Serve, DEFAULT_SCRUB_RATE_BYTES_PER_SEC};
 pub use settings::StoreSettings;
 
 use serve::Sched;

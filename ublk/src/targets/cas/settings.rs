@@ -88,7 +88,8 @@ impl StoreSettings {
     }
 
     /// Why a daemon running with `running` (and serving metrics at
-    /// `running_metrics`, warning at `running_space_warn_pct`) cannot take
+    /// `running_metrics`, warning at `running_space_warn_pct`, scrubbing
+    /// every `running_scrub_interval_h` hours) cannot take
     /// these settings: the first one given that differs. `None` when they
     /// agree.
     pub fn conflict(
@@ -96,6 +97,7 @@ impl StoreSettings {
         running: &cas::StoreOptions,
         running_metrics: Option<std::net::SocketAddr>,
         running_space_warn_pct: u64,
+        running_scrub_interval_h: Option<u64>,
     ) -> Option<String> {
         if let Some(want) = self.metrics_listen {
             if running_metrics != Some(want) {
@@ -128,7 +130,12 @@ impl StoreSettings {
             self.gc_auto_interval_s.map(|s| s.to_string()),
             (running.gc_auto.min_interval_ms / 1000).to_string(),
         );
-        sizes.into_iter().chain([class, gc, interval]).find_map(|(flag, want, has)| match want {
+        let scrub = (
+            "--scrub-interval",
+            self.scrub_interval_h.map(|h| h.to_string()),
+            running_scrub_interval_h.map_or_else(|| "off".to_string(), |h| h.to_string()),
+        );
+        sizes.into_iter().chain([class, gc, interval, scrub]).find_map(|(flag, want, has)| match want {
             Some(w) if w != has => Some(format!(
                 "the store's daemon already runs with {flag} {has}, not {w}: store settings apply when \
                  the daemon starts (delete the store's devices first, or leave the flag out)"
@@ -161,6 +168,7 @@ mod tests {
             metrics_listen: None,
             metrics_allow_remote: false,
             space_warn_pct: Some(80),
+            scrub_interval_h: None,
         };
         let o = s.options().unwrap();
         assert!(!o.gc_auto.enabled);
@@ -171,7 +179,7 @@ mod tests {
         assert_eq!(o.compaction_memory_bytes, 64 << 20, "a quarter of the budget");
         assert_eq!(o.compaction_threads, 1);
         assert_eq!(o.background_cpu, cas::BackgroundCpu::Idle);
-        assert_eq!(s.conflict(&o, None, 80), None);
+        assert_eq!(s.conflict(&o, None, 80, None), None);
     }
 
     #[test]
@@ -201,21 +209,27 @@ mod tests {
     #[test]
     fn a_running_daemon_refuses_only_differing_flags() {
         let running = cas::StoreOptions::default();
-        assert_eq!(StoreSettings::default().conflict(&running, None, 90), None);
+        assert_eq!(StoreSettings::default().conflict(&running, None, 90, None), None);
         let same = StoreSettings { chunk_cache_bytes: Some(running.chunk_cache_bytes), ..Default::default() };
-        assert_eq!(same.conflict(&running, None, 90), None);
+        assert_eq!(same.conflict(&running, None, 90, None), None);
         let other = StoreSettings { compaction_threads: Some(2), ..Default::default() };
-        let e = other.conflict(&running, None, 90).unwrap();
+        let e = other.conflict(&running, None, 90, None).unwrap();
         assert!(e.contains("--compaction-threads 3, not 2"), "{e}");
         let class = StoreSettings { background_cpu: Some("normal".into()), ..Default::default() };
-        let e = class.conflict(&running, None, 90).unwrap();
+        let e = class.conflict(&running, None, 90, None).unwrap();
         assert!(e.contains("--background-cpu batch, not normal"), "{e}");
         let same = StoreSettings { background_cpu: Some("batch".into()), ..Default::default() };
-        assert_eq!(same.conflict(&running, None, 90), None);
+        assert_eq!(same.conflict(&running, None, 90, None), None);
         let gc = StoreSettings { gc_auto: Some("off".into()), ..Default::default() };
-        assert!(gc.conflict(&running, None, 90).unwrap().contains("--gc-auto on, not off"));
+        assert!(gc.conflict(&running, None, 90, None).unwrap().contains("--gc-auto on, not off"));
         let interval = StoreSettings { gc_auto_interval_s: Some(15), ..Default::default() };
-        assert!(interval.conflict(&running, None, 90).unwrap().contains("--gc-auto-interval 60, not 15"));
+        assert!(interval
+            .conflict(&running, None, 90, None)
+            .unwrap()
+            .contains("--gc-auto-interval 60, not 15"));
+        let scrub = StoreSettings { scrub_interval_h: Some(24), ..Default::default() };
+        assert!(scrub.conflict(&running, None, 90, None).unwrap().contains("--scrub-interval off, not 24"));
+        assert_eq!(scrub.conflict(&running, None, 90, Some(24)), None);
         let o = interval.options().unwrap();
         assert_eq!((o.gc_auto.min_interval_ms, o.gc_auto.check_interval_ms), (15_000, 3_750));
         let long = StoreSettings { gc_auto_interval_s: Some(3600), ..Default::default() };
@@ -231,19 +245,19 @@ mod tests {
         let running = cas::StoreOptions::default();
         let at = |a: &str| StoreSettings { metrics_listen: Some(a.parse().unwrap()), ..Default::default() };
         let here: std::net::SocketAddr = "127.0.0.1:9465".parse().unwrap();
-        assert_eq!(at("127.0.0.1:9465").conflict(&running, Some(here), 90), None);
+        assert_eq!(at("127.0.0.1:9465").conflict(&running, Some(here), 90, None), None);
         assert_eq!(
-            StoreSettings::default().conflict(&running, Some(here), 90),
+            StoreSettings::default().conflict(&running, Some(here), 90, None),
             None,
             "no flag: whatever runs"
         );
-        let e = at("127.0.0.1:9466").conflict(&running, Some(here), 90).unwrap();
+        let e = at("127.0.0.1:9466").conflict(&running, Some(here), 90, None).unwrap();
         assert!(e.contains("--metrics-listen 127.0.0.1:9465, not --metrics-listen 127.0.0.1:9466"), "{e}");
-        let e = at("127.0.0.1:9466").conflict(&running, None, 90).unwrap();
+        let e = at("127.0.0.1:9466").conflict(&running, None, 90, None).unwrap();
         assert!(e.contains("no metrics endpoint"), "{e}");
         let warn = StoreSettings { space_warn_pct: Some(80), ..Default::default() };
-        assert_eq!(warn.conflict(&running, None, 80), None);
-        assert!(warn.conflict(&running, None, 90).unwrap().contains("--space-warn 90, not 80"));
+        assert_eq!(warn.conflict(&running, None, 80, None), None);
+        assert!(warn.conflict(&running, None, 90, None).unwrap().contains("--space-warn 90, not 80"));
     }
 
     #[test]

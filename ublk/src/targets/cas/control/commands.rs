@@ -77,6 +77,8 @@ impl Daemon {
             Command::ImageResize { name, size_bytes } => self.resize(&name, size_bytes),
             Command::ImageLimits { name, change } => self.limits(&name, change),
             Command::Gc {} => Ok(serde_json::to_value(self.store.gc()?)?),
+            Command::Scrub { image, rate_bytes_per_sec } => self.scrub_start(image, rate_bytes_per_sec),
+            Command::ScrubStatus {} => Ok(self.scrub_status()),
             Command::Handoff {} => self.handoff(),
         }
     }

@@ -73,6 +73,7 @@ impl Daemon {
                 &self.options,
                 self.metrics.get().copied(),
                 self.space.warn_pct.load(Ordering::Relaxed),
+                self.settings.scrub_interval_h,
             ) {
                 bail!(why);
             }

@@ -2,17 +2,19 @@
 //! socket, signals), what it serves, and when it exits. Attaching and
 //! detaching devices (`devices.rs`), the control socket's commands
 //! (`commands.rs`), growing an image online (`resize.rs`), changing a
-//! device's IO limits online (`limits.rs`), the stats
-//! snapshot (`snapshot.rs`) and the watch on the store filesystem's
+//! device's IO limits online (`limits.rs`), scrubbing (`scrub.rs`), the
+//! stats snapshot (`snapshot.rs`) and the watch on the store filesystem's
 //! fullness (`space.rs`) are beside it.
 
 mod commands;
 mod devices;
 mod limits;
 mod resize;
+mod scrub;
 mod snapshot;
 mod space;
 
+pub use scrub::DEFAULT_RATE_BYTES_PER_SEC as DEFAULT_SCRUB_RATE_BYTES_PER_SEC;
 pub use space::DEFAULT_WARN_PCT as DEFAULT_SPACE_WARN_PCT;
 
 use super::links;
@@ -105,6 +107,8 @@ struct Daemon {
     metrics: std::sync::OnceLock<std::net::SocketAddr>,
     /// How full the store's filesystem is (`space.rs` watches it).
     space: Arc<space::SpaceState>,
+    /// The scrub under way and the last one's report (`scrub.rs`).
+    scrub: scrub::ScrubState,
 }
 
 /// Exit status of a service daemon after a handoff (EX_TEMPFAIL): a
@@ -190,7 +194,11 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
         recovering: Mutex::new(Default::default()),
         metrics: std::sync::OnceLock::new(),
         space: space_watch.state.clone(),
+        scrub: scrub::ScrubState::default(),
     });
+    if let Some(hours) = daemon.settings.scrub_interval_h {
+        daemon.scrub_periodically(Duration::from_secs(hours * 3600)).context("spawning the scrub timer")?;
+    }
     // Before the control socket takes requests: an add naming the same
     // address must find it set. Devices held by a dead daemon matter more
     // than metrics: a daemon that recovers any serves without them rather
@@ -243,6 +251,7 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
     drop(server);
     drop(metrics);
     drop(space_watch);
+    daemon.scrub_stop();
     path.shutdown();
     // The process exits without dropping the store (threads hold it):
     // chunks that a compaction stopped by the last `del` placed are

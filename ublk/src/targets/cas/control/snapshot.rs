@@ -80,6 +80,10 @@ impl Daemon {
             Ok(c) => snap.attach("space", c),
             Err(e) => tracing::warn!("space counters: {e}"),
         }
+        match trace::counters_from_value("scrub", &self.scrub.counters()) {
+            Ok(c) => snap.attach("scrub", c),
+            Err(e) => tracing::warn!("scrub counters: {e}"),
+        }
         match serve::process_memory::usage() {
             Ok(u) => match trace::counters_from_value(
                 "process",
