@@ -6,7 +6,7 @@
 
 mod common;
 
-use cas::storage::MemStorage;
+use cas::storage::{MemStorage, Storage};
 use cas::{ScrubOptions, ScrubProgress, Store};
 use common::*;
 use std::sync::atomic::AtomicBool;
@@ -104,4 +104,42 @@ fn the_rate_bounds_the_pass_and_a_stop_ends_it() {
         .unwrap_err()
         .to_string()
         .contains("nope"));
+}
+
+#[test]
+fn a_damaged_chunk_the_bucket_holds_is_repaired_from_it() {
+    let mem = MemStorage::new();
+    let objects = cas::objects::MemObjects::new();
+    let mut opts = remote_opts(Some(Arc::new(objects.clone())));
+    // Keep the uploaded packs' local copies: the damage is in one of them.
+    if let Some(r) = opts.remote.0.as_mut() {
+        r.local_keep_bytes = 1 << 30;
+    }
+    let store = Store::create(Arc::new(mem.clone()), &store_dir(), opts).unwrap();
+    store.create_image("vm", 8 << 20).unwrap();
+    let image = store.open_image("vm").unwrap();
+    image.write(0, &payload(3, 0, 512), false).unwrap();
+    image.flush().unwrap();
+    let want = read_tokens(&image).unwrap();
+    store.compact_once(&image).unwrap();
+    store.chunks().seal_active().unwrap();
+    store.tier().unwrap().upload_sealed().unwrap();
+    let st = store.tier().unwrap().stats();
+    assert!(st.uploaded_packs >= 1 && st.evicted_packs == 0, "{st:?}");
+    let first = mem
+        .list_dir(&store_dir().join("chunks"))
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.ends_with(".pack"))
+        .min()
+        .expect("a local pack");
+    flip(&mem, &store_dir().join("chunks").join(&first), 4096 + 7 * 4096 + 9);
+    let r = scrub(&store, None, FAST);
+    assert_eq!((r.damaged_chunks, r.repaired_chunks), (1, 1), "{r:#?}");
+    assert!(r.findings[0].repaired && r.is_clean(), "{r:#?}");
+    assert_eq!(r.findings[0].blocks.len(), 1);
+    // The slot holds the chunk again: a second pass is clean, reads match.
+    let r = scrub(&store, None, FAST);
+    assert_eq!(r.damaged_chunks, 0, "{r:#?}");
+    same_tokens(&read_tokens(&image).unwrap(), &want, "after the repair");
 }

@@ -4,8 +4,10 @@
 # `casblk scrub` (exit 1), named with the image block that holds it,
 # counted in stats and metrics; a direct read of that block returns the
 # bytes written while the chunk cache holds a good copy and fails with EIO
-# once it does not, never other bytes; fsck of the stopped store reports the same chunk; bad input
-# is refused in one line.
+# once it does not, never other bytes; fsck of the stopped store reports
+# the same chunk; with a bucket (Garage), a damaged chunk of an uploaded
+# pack is repaired from the bucket's copy; bad input is refused in one
+# line.
 source "$(dirname "$0")/lib.sh"
 
 store=$(new_store a 64M)
@@ -52,7 +54,7 @@ print(f"  - background pass: {last['chunks_checked']} chunks in {last['elapsed_m
 sys.exit(0 if s["running"] is None and last["chunks_checked"] >= 4096 and last["damaged_chunks"] == 0 else 1)
 PY
 "$CASBLK" --store "$store" scrub | tee "$SCRATCH/clean.txt"
-grep -q " 0 damaged chunks" "$SCRATCH/clean.txt" || fail "a clean store did not scrub clean"
+grep -q " 0 damaged chunks (0 repaired)" "$SCRATCH/clean.txt" || fail "a clean store did not scrub clean"
 
 # 2. A flipped byte in a pack, under the running daemon.
 packfile=$(ls "$store"/chunks/pack-*.pack | head -n1)
@@ -72,7 +74,7 @@ rc=0
 "$CASBLK" --store "$store" scrub >"$SCRATCH/damaged.txt" 2>"$SCRATCH/damaged.err" || rc=$?
 cat "$SCRATCH/damaged.txt"
 [ "$rc" -eq 1 ] || fail "scrub of a damaged store exited $rc: $(cat "$SCRATCH/damaged.err")"
-grep -q "scrub found 1 damaged chunks" "$SCRATCH/damaged.err" || fail "scrub's error line: $(cat "$SCRATCH/damaged.err")"
+grep -q "scrub found 1 damaged chunks (0 repaired)" "$SCRATCH/damaged.err" || fail "scrub's error line: $(cat "$SCRATCH/damaged.err")"
 line=$(grep "^damaged: pack $((16#$pack_id)) slot $slot:" "$SCRATCH/damaged.txt") || fail "the damaged slot is not named"
 block=$(sed -n 's/.*held by a block \([0-9][0-9]*\).*/\1/p' <<<"$line")
 [ -n "$block" ] || fail "the damaged chunk names no block of image a: $line"
@@ -109,3 +111,38 @@ done
 [ "$rc" -eq 1 ] || fail "fsck of the damaged store exited $rc: $(tail -n 3 "$SCRATCH/fsck.txt")"
 grep -q "block $block" "$SCRATCH/fsck.txt" || fail "fsck does not name block $block: $(head -n 5 "$SCRATCH/fsck.txt")"
 note "fsck: $(grep -m1 "block $block" "$SCRATCH/fsck.txt")"
+
+# 5. With a bucket, the damaged chunk is rewritten from the bucket's copy
+# of its pack, and reads give the bytes written.
+start_garage
+r=$(new_store vm 64M)
+remote_set "$r"
+head -c 8M /dev/urandom >"$SCRATCH/data"
+dev=$(add_image "$r" vm)
+dd if="$SCRATCH/data" of="$dev" bs=1M oflag=direct conv=fsync status=none
+wait_published "$r"
+[ "$(store_counter "$r" remote uploaded_packs)" -ge 1 ] || fail "no pack reached the bucket"
+packfile=$(ls "$r"/chunks/pack-*.pack | head -n1)
+python3 - "$packfile" $((4096 + 10 * 4096 + 99)) <<'PY'
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+off = int(sys.argv[2])
+os.pwrite(fd, bytes([os.pread(fd, 1, off)[0] ^ 0x40]), off)
+os.fsync(fd)
+os.close(fd)
+PY
+"$CASBLK" --store "$r" scrub >"$SCRATCH/repair.txt" || fail "scrub with a bucket copy exited non-zero: $(cat "$SCRATCH/repair.txt")"
+cat "$SCRATCH/repair.txt"
+grep -q "repaired from the bucket's copy" "$SCRATCH/repair.txt" || fail "the damaged chunk was not repaired"
+grep -q " 1 damaged chunks (1 repaired)" "$SCRATCH/repair.txt" || fail "the summary does not count the repair"
+block=$(sed -n 's/.*held by vm block \([0-9][0-9]*\).*/\1/p' "$SCRATCH/repair.txt")
+[ -n "$block" ] || fail "the repaired chunk names no block"
+"$CASBLK" del -a
+wait_no_devices
+dev=$(add_image "$r" vm)
+cmp -s <(dd if="$dev" bs=4096 skip="$block" count=1 iflag=direct status=none) \
+    <(dd if="$SCRATCH/data" bs=4096 skip="$block" count=1 status=none) || fail "block $block after the repair differs"
+note "a byte flipped in an uploaded pack: repaired from the bucket; block $block reads back as written from a new daemon"
+"$CASBLK" del -a
+wait_no_devices
+fsck_clean "$r"

@@ -2,7 +2,8 @@
 //! With a daemon serving the store the pass runs in the daemon, in the
 //! background, and this command follows it until it ends (`--no-wait`
 //! returns at once; `--status` shows it); without one it runs here. Exit 0
-//! clean, 1 with damage found (named, with the image blocks that hold it).
+//! clean (or every damaged chunk repaired from the bucket), 1 with damage
+//! left (named, with the image blocks that hold it).
 
 use crate::cli::ScrubArgs;
 use crate::client::{control, open_store, running_daemon, store_dir, QUERY_TIMEOUT};
@@ -69,19 +70,21 @@ fn finish(r: &cas::ScrubReport, json: bool) -> Result<()> {
             let more = f.blocks_total.saturating_sub(f.blocks.len() as u64);
             let more = if more > 0 { format!(" and {more} more") } else { String::new() };
             let held = if blocks.is_empty() { "no image block".to_string() } else { blocks.join(", ") };
-            println!("damaged: {} (held by {held}{more})", f.detail);
+            let fixed = if f.repaired { "; repaired from the bucket's copy" } else { "" };
+            println!("damaged: {} (held by {held}{more}){fixed}", f.detail);
         }
         for m in &r.damaged_metadata {
             println!("damaged: {m}");
         }
         println!(
-            "scrub of the {}: {} chunks ({}) checked, {} manifest refs walked, {} damaged chunks, {} damaged metadata, \
-             in {:.1} s{}",
+            "scrub of the {}: {} chunks ({}) checked, {} manifest refs walked, {} damaged chunks ({} repaired), \
+             {} damaged metadata, in {:.1} s{}",
             r.scope,
             r.chunks_checked,
             trace::human_bytes(r.bytes_checked),
             r.manifest_refs_walked,
             r.damaged_chunks,
+            r.repaired_chunks,
             r.damaged_metadata.len(),
             r.elapsed_ms as f64 / 1000.0,
             if r.stopped { " (stopped before the end)" } else { "" }
@@ -89,8 +92,9 @@ fn finish(r: &cas::ScrubReport, json: bool) -> Result<()> {
     }
     if !r.is_clean() {
         bail!(
-            "scrub found {} damaged chunks and {} damaged metadata in the {}",
+            "scrub found {} damaged chunks ({} repaired) and {} damaged metadata in the {}",
             r.damaged_chunks,
+            r.repaired_chunks,
             r.damaged_metadata.len(),
             r.scope
         );

@@ -16,7 +16,7 @@
 //! it meanwhile), and streams each run's pages, which checks their own
 //! checksums: a damaged index page is a finding too.
 
-use super::{check, lock, pack, ChunkHash, ChunkLoc, ChunkStore, CHUNK_BYTES};
+use super::{lock, pack, ChunkHash, ChunkLoc, ChunkStore, CHUNK_BYTES};
 use crate::error::Result;
 use crate::units::ChunkTag;
 
@@ -52,24 +52,9 @@ impl ChunkStore {
         let offset = pack::slot_offset(at.slot);
         let problem = match file.read_exact_at(&mut buf[..CHUNK_BYTES], offset) {
             Err(e) => format!("reading it failed: {e}"),
-            Ok(()) => match expected {
-                Expected::Hash(hash) => match check::check_bytes(&buf[..CHUNK_BYTES], hash, at.crc, true) {
-                    Ok(()) => return Checked::Good,
-                    Err(check::Mismatch::Crc(crc)) => {
-                        format!("crc32c {crc:#010x}, its pointer says {:#010x}", at.crc)
-                    }
-                    Err(check::Mismatch::Content) => "the crc32c matches but the blake3 name does not".into(),
-                },
-                Expected::Tag(tag) => {
-                    let crc = crate::format::crc32c(&buf[..CHUNK_BYTES]);
-                    if crc != at.crc {
-                        format!("crc32c {crc:#010x}, its pointer says {:#010x}", at.crc)
-                    } else if ChunkHash::of(&buf[..CHUNK_BYTES]).tag() != *tag {
-                        "the crc32c matches but the blake3 name does not".into()
-                    } else {
-                        return Checked::Good;
-                    }
-                }
+            Ok(()) => match verdict(expected, at.crc, &buf[..CHUNK_BYTES]) {
+                None => return Checked::Good,
+                Some(why) => why,
             },
         };
         // Damage counts only where the chunk still lives.
@@ -132,7 +117,41 @@ impl ChunkStore {
     }
 }
 
+/// What is wrong with `bytes` as chunk `expected` with crc32c `crc`;
+/// None if nothing.
+fn verdict(expected: Expected<'_>, crc: u32, bytes: &[u8]) -> Option<String> {
+    let actual = crate::format::crc32c(bytes);
+    if actual != crc {
+        return Some(format!("crc32c {actual:#010x}, its pointer says {crc:#010x}"));
+    }
+    let name = ChunkHash::of(bytes);
+    let same = match expected {
+        Expected::Hash(hash) => name == *hash,
+        Expected::Tag(tag) => name.tag() == *tag,
+    };
+    (!same).then(|| "the crc32c matches but the blake3 name does not".into())
+}
+
 impl ChunkStore {
+    /// Rewrites slot `at` of its local pack with the bucket's copy of the
+    /// chunk, if the tier holds the pack and its copy checks (crc32c and
+    /// name); synced before it returns. Returns whether it did. The bytes
+    /// written are the chunk's own, so readers see no change but the fix.
+    pub fn repair_from_bucket(&self, expected: Expected<'_>, at: ChunkLoc) -> Result<bool> {
+        let Some(copy) = self.tier.as_ref().and_then(|t| t.bucket_copy(at.pack)) else { return Ok(false) };
+        let mut buf = vec![0u8; CHUNK_BYTES];
+        let offset = pack::slot_offset(at.slot);
+        copy.read_exact_at(&mut buf, offset)?;
+        if verdict(expected, at.crc, &buf).is_some() {
+            return Ok(false);
+        }
+        let path = self.dir.join(pack::pack_file_name(at.pack));
+        let file = self.storage.open(&path, crate::storage::OpenMode::Existing)?;
+        file.write_all_at(&buf, offset)?;
+        file.sync_data()?;
+        Ok(true)
+    }
+
     /// Where the index puts the chunk tagged `tag` now (a live slot), for
     /// a manifest ref that carries no location.
     pub fn locate(&self, tag: &ChunkTag) -> Result<Option<ChunkLoc>> {

@@ -82,6 +82,9 @@ pub trait Tier: Send + Sync {
     fn foreign(&self) -> BTreeSet<u32>;
     /// Deletes local copies of uploaded packs past the tier's bound.
     fn evict(&self) -> Result<()>;
+    /// A handle reading the bucket's copy of this store's pack `id`, if
+    /// it was uploaded (a scrub repairs a damaged local slot from it).
+    fn bucket_copy(&self, id: u32) -> Option<Arc<dyn StorageFile>>;
     /// Starts the tier's background work (uploads).
     fn run(&self) -> Result<()>;
     /// Stops it (work under way finishes first) and waits for it.

@@ -3,6 +3,10 @@
 //! core's `chunk::scrub`), every index page on the way, and every image's
 //! manifest pages; at a bounded rate, so foreground IO keeps its latency.
 //!
+//! A damaged chunk whose pack the bucket holds is repaired from the
+//! bucket's copy (when that copy checks): the slot is rewritten with the
+//! chunk's own bytes and synced, and the finding says so.
+//!
 //! A damaged chunk is named with the image blocks that hold it: after the
 //! chunk walk, each image's manifest is walked and its refs matched against
 //! the damaged slots (by location, or by tag for a ref without one). Reads
@@ -51,6 +55,9 @@ pub struct ScrubFinding {
     /// Blocks that hold it (at most [`SCRUB_BLOCKS_PER_FINDING_MAX`]).
     pub blocks: Vec<DamagedBlock>,
     pub blocks_total: u64,
+    /// Rewritten from the bucket's copy of its pack, which checked.
+    #[serde(default)]
+    pub repaired: bool,
 }
 
 /// What a scrub pass found.
@@ -61,8 +68,11 @@ pub struct ScrubReport {
     pub chunks_checked: u64,
     pub bytes_checked: u64,
     pub manifest_refs_walked: u64,
-    /// Damaged chunks (all of them; `findings` lists the first).
+    /// Damaged chunks (all of them; `findings` lists the first), and those
+    /// of them repaired from the bucket.
     pub damaged_chunks: u64,
+    #[serde(default)]
+    pub repaired_chunks: u64,
     pub findings: Vec<ScrubFinding>,
     /// Index runs or manifests that could not be read through.
     pub damaged_metadata: Vec<String>,
@@ -73,7 +83,7 @@ pub struct ScrubReport {
 
 impl ScrubReport {
     pub fn is_clean(&self) -> bool {
-        self.damaged_chunks == 0 && self.damaged_metadata.is_empty()
+        self.damaged_chunks == self.repaired_chunks && self.damaged_metadata.is_empty()
     }
 }
 
@@ -123,14 +133,15 @@ struct Damage {
 }
 
 impl Damage {
-    fn add(&mut self, report: &mut ScrubReport, tag: ChunkTag, at: ChunkLoc, detail: String) {
+    fn add(&mut self, report: &mut ScrubReport, tag: ChunkTag, at: ChunkLoc, detail: String, repaired: bool) {
         report.damaged_chunks += 1;
+        report.repaired_chunks += u64::from(repaired);
         if self.by_loc.contains_key(&(at.pack, at.slot)) || self.findings.len() >= SCRUB_FINDINGS_MAX {
             return;
         }
         self.by_loc.insert((at.pack, at.slot), self.findings.len());
         self.by_tag.insert(tag, self.findings.len());
-        self.findings.push(ScrubFinding { detail, blocks: Vec::new(), blocks_total: 0 });
+        self.findings.push(ScrubFinding { detail, blocks: Vec::new(), blocks_total: 0, repaired });
     }
 
     /// Records that `image`'s `block` holds `r`, if `r` is damaged.
@@ -188,8 +199,15 @@ impl Store {
                 progress.bytes_checked.fetch_add(CHUNK_BYTES as u64, Ordering::Relaxed);
                 if let Checked::Damaged(detail) = chunks.scrub_slot(r, at, &mut buf) {
                     progress.damaged_chunks.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(%detail, "scrub: a damaged chunk");
-                    damage.add(report, tag, at, detail);
+                    let repaired = match chunks.repair_from_bucket(r, at) {
+                        Ok(done) => done,
+                        Err(e) => {
+                            tracing::warn!(%detail, "scrub: repairing from the bucket failed: {e}");
+                            false
+                        }
+                    };
+                    tracing::error!(%detail, repaired, "scrub: a damaged chunk");
+                    damage.add(report, tag, at, detail, repaired);
                 }
             };
         if opts.image.is_none() {

@@ -463,6 +463,15 @@ impl Tier for PackTier {
         self.evict_local()
     }
 
+    fn bucket_copy(&self, id: u32) -> Option<Arc<dyn crate::storage::StorageFile>> {
+        let slots = match self.state().catalog.packs.get(&id) {
+            Some(e) if e.phase == crate::chunk::pack_id::PackPhase::Uploaded => e.slots,
+            _ => return None,
+        };
+        let len = crate::chunk::pack::slot_offset(slots);
+        Some(Arc::new(RemotePackFile::new(id, len, self.reads.clone())))
+    }
+
     /// Starts the uploaders (`upload_threads` of them, uploader.rs).
     fn run(&self) -> Result<()> {
         for i in 0..self.upload_threads {
