@@ -143,3 +143,24 @@ fn a_damaged_chunk_the_bucket_holds_is_repaired_from_it() {
     assert_eq!(r.damaged_chunks, 0, "{r:#?}");
     same_tokens(&read_tokens(&image).unwrap(), &want, "after the repair");
 }
+
+#[test]
+fn packs_only_in_the_bucket_are_not_downloaded_to_be_scrubbed() {
+    let mem = MemStorage::new();
+    let objects = cas::objects::MemObjects::new();
+    // local_keep_bytes 0: every uploaded pack leaves the disk.
+    let store = Store::create(Arc::new(mem.clone()), &store_dir(), remote_opts(Some(Arc::new(objects.clone()))))
+        .unwrap();
+    store.create_image("vm", 8 << 20).unwrap();
+    let image = store.open_image("vm").unwrap();
+    image.write(0, &payload(5, 0, 256), false).unwrap();
+    image.flush().unwrap();
+    store.compact_once(&image).unwrap();
+    store.chunks().seal_active().unwrap();
+    store.tier().unwrap().upload_sealed().unwrap();
+    let gets = store.tier().unwrap().stats().gets;
+    let r = scrub(&store, None, FAST);
+    assert!(r.is_clean(), "{r:#?}");
+    assert_eq!((r.chunks_checked, r.chunks_not_local), (0, 32), "{r:#?}");
+    assert_eq!(store.tier().unwrap().stats().gets, gets, "the scrub read the bucket");
+}

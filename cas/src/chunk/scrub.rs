@@ -133,6 +133,14 @@ fn verdict(expected: Expected<'_>, crc: u32, bytes: &[u8]) -> Option<String> {
 }
 
 impl ChunkStore {
+    /// The packs with a file on this host now. A pack evicted to the
+    /// bucket, or another store's, is read through the bucket: a scrub
+    /// leaves it alone (a pass over the bucket would download it, and the
+    /// bucket keeps its own checksums).
+    pub fn local_pack_ids(&self) -> Result<std::collections::HashSet<u32>> {
+        Ok(self.storage.list_dir(&self.dir)?.iter().filter_map(|n| pack::parse_pack_file_name(n)).collect())
+    }
+
     /// Rewrites slot `at` of its local pack with the bucket's copy of the
     /// chunk, if the tier holds the pack and its copy checks (crc32c and
     /// name); synced before it returns. Returns whether it did. The bytes

@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 pub const SCRUB_FINDINGS_MAX: usize = 1000;
 /// Image blocks a finding lists (all are counted).
 pub const SCRUB_BLOCKS_PER_FINDING_MAX: usize = 64;
+/// The most reading a pass may save up by falling behind its rate.
+const PACER_BURST: Duration = Duration::from_millis(100);
 
 /// What to scrub, how fast.
 #[derive(Clone, Debug)]
@@ -67,6 +69,10 @@ pub struct ScrubReport {
     pub scope: String,
     pub chunks_checked: u64,
     pub bytes_checked: u64,
+    /// Chunks in packs read through the bucket (evicted, or another
+    /// store's): not scrubbed here.
+    #[serde(default)]
+    pub chunks_not_local: u64,
     pub manifest_refs_walked: u64,
     /// Damaged chunks (all of them; `findings` lists the first), and those
     /// of them repaired from the bucket.
@@ -107,10 +113,16 @@ struct Pacer<'a> {
 }
 
 impl Pacer<'_> {
-    /// Counts `bytes` read; returns false once `stop` is set.
+    /// Counts `bytes` read; returns false once `stop` is set. Time not
+    /// spent reading is credit for at most [`PACER_BURST`]: a pass never
+    /// catches up at full speed after a slow stretch.
     fn spend(&mut self, bytes: u64) -> bool {
         self.bytes += bytes;
         let due = Duration::from_secs_f64(self.bytes as f64 / self.rate_bytes_per_sec as f64);
+        let behind = self.start.elapsed().saturating_sub(due);
+        if behind > PACER_BURST {
+            self.start += behind - PACER_BURST;
+        }
         loop {
             if self.stop.load(Ordering::Relaxed) {
                 return false;
@@ -128,20 +140,40 @@ impl Pacer<'_> {
 #[derive(Default)]
 struct Damage {
     findings: Vec<ScrubFinding>,
+    /// Every damaged slot, each counted once even past the findings
+    /// listed, and even if the walk meets it twice (an index flush or
+    /// merge installing shows its entries in two places for a moment).
+    damaged: std::collections::HashSet<(u32, u32)>,
     by_loc: HashMap<(u32, u32), usize>,
     by_tag: HashMap<ChunkTag, usize>,
 }
 
 impl Damage {
-    fn add(&mut self, report: &mut ScrubReport, tag: ChunkTag, at: ChunkLoc, detail: String, repaired: bool) {
+    fn seen(&self, at: ChunkLoc) -> bool {
+        self.damaged.contains(&(at.pack, at.slot))
+    }
+
+    /// Records damage at `at`; false if it was recorded already.
+    fn add(
+        &mut self,
+        report: &mut ScrubReport,
+        tag: ChunkTag,
+        at: ChunkLoc,
+        detail: String,
+        repaired: bool,
+    ) -> bool {
+        if !self.damaged.insert((at.pack, at.slot)) {
+            return false;
+        }
         report.damaged_chunks += 1;
         report.repaired_chunks += u64::from(repaired);
-        if self.by_loc.contains_key(&(at.pack, at.slot)) || self.findings.len() >= SCRUB_FINDINGS_MAX {
-            return;
+        if self.findings.len() >= SCRUB_FINDINGS_MAX {
+            return true;
         }
         self.by_loc.insert((at.pack, at.slot), self.findings.len());
         self.by_tag.insert(tag, self.findings.len());
         self.findings.push(ScrubFinding { detail, blocks: Vec::new(), blocks_total: 0, repaired });
+        true
     }
 
     /// Records that `image`'s `block` holds `r`, if `r` is damaged.
@@ -191,14 +223,22 @@ impl Store {
         let mut damage = Damage::default();
         let mut buf = vec![0u8; CHUNK_BYTES];
         let chunks = self.chunks();
+        let local = chunks.local_pack_ids()?;
+        // Checks the chunk at `at` once a pass; returns whether it read it.
         let mut checked =
-            |report: &mut ScrubReport, damage: &mut Damage, tag: ChunkTag, r: Expected<'_>, at| {
+            |report: &mut ScrubReport, damage: &mut Damage, tag: ChunkTag, r: Expected<'_>, at: ChunkLoc| {
+                if !local.contains(&at.pack) {
+                    report.chunks_not_local += 1;
+                    return false;
+                }
+                if damage.seen(at) {
+                    return false;
+                }
                 report.chunks_checked += 1;
                 report.bytes_checked += CHUNK_BYTES as u64;
                 progress.chunks_checked.fetch_add(1, Ordering::Relaxed);
                 progress.bytes_checked.fetch_add(CHUNK_BYTES as u64, Ordering::Relaxed);
                 if let Checked::Damaged(detail) = chunks.scrub_slot(r, at, &mut buf) {
-                    progress.damaged_chunks.fetch_add(1, Ordering::Relaxed);
                     let repaired = match chunks.repair_from_bucket(r, at) {
                         Ok(done) => done,
                         Err(e) => {
@@ -207,15 +247,18 @@ impl Store {
                         }
                     };
                     tracing::error!(%detail, repaired, "scrub: a damaged chunk");
-                    damage.add(report, tag, at, detail, repaired);
+                    if damage.add(report, tag, at, detail, repaired) {
+                        progress.damaged_chunks.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
+                true
             };
         if opts.image.is_none() {
             let mut damaged_runs = Vec::new();
             chunks.scrub_entries(
                 &mut |hash, at| {
-                    checked(&mut report, &mut damage, hash.tag(), Expected::Hash(hash), at);
-                    pacer.spend(CHUNK_BYTES as u64)
+                    let read = checked(&mut report, &mut damage, hash.tag(), Expected::Hash(hash), at);
+                    !read || pacer.spend(CHUNK_BYTES as u64)
                 },
                 &mut |why| damaged_runs.push(why),
             )?;
@@ -223,10 +266,7 @@ impl Store {
         }
         // Every image's manifest: its pages read through (checked), each
         // ref named if damaged; with --image, each ref's chunk checked.
-        for name in &images {
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
+        'images: for name in &images {
             let manifest = match self.manifest(name) {
                 Ok(m) => m,
                 // Removed while the scrub ran.
@@ -237,6 +277,9 @@ impl Store {
                 }
             };
             for item in manifest.iter() {
+                if stop.load(Ordering::Relaxed) {
+                    break 'images;
+                }
                 let (block, r) = match item {
                     Ok(x) => x,
                     Err(e) => {
@@ -248,14 +291,20 @@ impl Store {
                 if opts.image.is_some() {
                     let at = match r.at {
                         Some(at) => Some(at),
-                        None => chunks.locate(&r.tag)?,
+                        None => match chunks.locate(&r.tag) {
+                            Ok(at) => at,
+                            Err(e) => {
+                                report
+                                    .damaged_metadata
+                                    .push(format!("finding chunk {} in the index: {e}", r.tag));
+                                None
+                            }
+                        },
                     };
                     if let Some(at) = at {
-                        if !damage.by_loc.contains_key(&(at.pack, at.slot)) {
-                            checked(&mut report, &mut damage, r.tag, Expected::Tag(&r.tag), at);
-                        }
-                        if !pacer.spend(CHUNK_BYTES as u64) {
-                            break;
+                        let read = checked(&mut report, &mut damage, r.tag, Expected::Tag(&r.tag), at);
+                        if read && !pacer.spend(CHUNK_BYTES as u64) {
+                            break 'images;
                         }
                     }
                 }

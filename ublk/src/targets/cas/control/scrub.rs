@@ -39,7 +39,7 @@ impl ScrubState {
             "chunks_checked": p.chunks_checked.load(Ordering::Relaxed),
             "bytes_checked": p.bytes_checked.load(Ordering::Relaxed),
             "damaged_chunks_found": p.damaged_chunks.load(Ordering::Relaxed),
-            "last_damaged_chunks": last.as_ref().map_or(0, |r| r.damaged_chunks),
+            "last_damaged_chunks": last.as_ref().map_or(0, |r| r.damaged_chunks - r.repaired_chunks),
             "last_damaged_metadata": last.as_ref().map_or(0, |r| r.damaged_metadata.len() as u64),
         })
     }
@@ -59,13 +59,18 @@ impl Daemon {
             self.store.image_info(name)?;
         }
         let scope = image.as_ref().map_or_else(|| "store".to_string(), |n| format!("image {n}"));
-        {
+        // Read before the pass can end: a follower waits for one more.
+        let passes = {
             let mut running = self.scrub.running.lock().unwrap_or_else(|e| e.into_inner());
+            if self.scrub.stop.load(Ordering::Relaxed) {
+                bail!("the store daemon is exiting");
+            }
             if let Some(what) = &*running {
                 bail!("a scrub of the {what} is running; see casblk scrub --status");
             }
             *running = Some(scope.clone());
-        }
+            self.scrub.progress.passes.load(Ordering::Relaxed)
+        };
         let daemon = self.clone();
         let opts = cas::ScrubOptions { image, rate_bytes_per_sec };
         let spawned =
@@ -75,7 +80,7 @@ impl Daemon {
             bail!("spawning the scrub thread: {e}");
         }
         tracing::info!(scope, rate_bytes_per_sec, "scrub started");
-        Ok(json!({ "started": scope, "passes": self.scrub.progress.passes.load(Ordering::Relaxed) }))
+        Ok(json!({ "started": scope, "passes": passes }))
     }
 
     fn scrub_pass(&self, opts: &cas::ScrubOptions) {
