@@ -149,8 +149,9 @@ fn packs_only_in_the_bucket_are_not_downloaded_to_be_scrubbed() {
     let mem = MemStorage::new();
     let objects = cas::objects::MemObjects::new();
     // local_keep_bytes 0: every uploaded pack leaves the disk.
-    let store = Store::create(Arc::new(mem.clone()), &store_dir(), remote_opts(Some(Arc::new(objects.clone()))))
-        .unwrap();
+    let store =
+        Store::create(Arc::new(mem.clone()), &store_dir(), remote_opts(Some(Arc::new(objects.clone()))))
+            .unwrap();
     store.create_image("vm", 8 << 20).unwrap();
     let image = store.open_image("vm").unwrap();
     image.write(0, &payload(5, 0, 256), false).unwrap();
