@@ -121,6 +121,9 @@ impl StorageFile for CountingFile {
     fn set_len(&self, len: u64) -> Result<()> {
         self.inner.set_len(len)
     }
+    fn allocate(&self, offset: u64, len: u64) -> Result<()> {
+        self.inner.allocate(offset, len)
+    }
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.inner.read_exact_at(buf, offset)
     }

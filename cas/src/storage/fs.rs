@@ -134,6 +134,15 @@ impl StorageFile for FsFile {
     fn set_len(&self, len: u64) -> Result<()> {
         self.file.set_len(len).map_err(|e| Error::io(&self.path, e))
     }
+
+    fn allocate(&self, offset: u64, len: u64) -> Result<()> {
+        match rustix::fs::fallocate(&self.file, rustix::fs::FallocateFlags::KEEP_SIZE, offset, len) {
+            Ok(()) => Ok(()),
+            // tmpfs before 3.5, some FUSE filesystems: writes allocate as before.
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP => Ok(()),
+            Err(e) => Err(Error::io(&self.path, std::io::Error::from_raw_os_error(e.raw_os_error()))),
+        }
+    }
 }
 
 impl Storage for FsStorage {

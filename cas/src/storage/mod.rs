@@ -166,6 +166,15 @@ pub trait StorageFile: Send + Sync {
     fn sync_data(&self) -> Result<()>;
     fn len(&self) -> Result<u64>;
     fn set_len(&self, len: u64) -> Result<()>;
+    /// Allocates `[offset, offset + len)` without changing the length
+    /// (`fallocate(FALLOC_FL_KEEP_SIZE)`), so later writes there cannot
+    /// fail for lack of space. Fails with ENOSPC when the filesystem is
+    /// full; succeeds without allocating where the backend cannot (the
+    /// default, and filesystems without fallocate).
+    fn allocate(&self, offset: u64, len: u64) -> Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
 
     /// Reads exactly `buf.len()` bytes at `offset`, or fails with a
     /// corruption error naming the short read.

@@ -90,4 +90,8 @@ impl<F: StorageFile> StorageFile for SyncGuard<F> {
     fn set_len(&self, len: u64) -> Result<()> {
         self.inner.set_len(len)
     }
+
+    fn allocate(&self, offset: u64, len: u64) -> Result<()> {
+        self.inner.allocate(offset, len)
+    }
 }

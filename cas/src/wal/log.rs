@@ -152,6 +152,17 @@ impl Log {
             segs.push_back(SegState { segment: Arc::new(segment), last_seq: None, synced: true });
             write_pos = SEGMENT_HEADER_BYTES as u64;
         }
+        if let Some(tail) = segs.back() {
+            // Truncating a torn tail freed the blocks past the last record:
+            // allocate them again, or, on a full filesystem, leave the tail
+            // so that the first record rolls (a roll can fail cleanly, a
+            // record write cannot).
+            let seg_bytes = tail.segment.header.segment_bytes;
+            if let Err(e) = tail.segment.file.allocate(write_pos, seg_bytes.saturating_sub(write_pos)) {
+                tracing::warn!(dir = %dir.display(), "cannot allocate the log's tail ({e}); the next record starts a new segment");
+                write_pos = seg_bytes;
+            }
+        }
         let log = Log {
             storage,
             dir: dir.to_path_buf(),
@@ -189,6 +200,14 @@ impl Log {
         let st = lock(&self.state);
         let closed: u64 = st.segments.iter().rev().skip(1).map(|s| s.segment.header.segment_bytes).sum();
         closed + st.write_pos
+    }
+
+    /// Bytes left in the current segment: what records may take before
+    /// the next roll needs new space.
+    pub fn tail_room_bytes(&self) -> u64 {
+        let st = lock(&self.state);
+        let seg = st.segments.back().expect("a log always has a segment");
+        seg.segment.header.segment_bytes.saturating_sub(st.write_pos)
     }
 
     /// Segment files: in the log, plus retired ones not deleted yet.

@@ -186,13 +186,19 @@ impl Segment {
             }
             other => other?,
         };
-        let made = file.write_all_at(&header.encode(), 0).and_then(|()| {
-            if durable {
-                file.sync_data()?;
-                storage.sync_dir(dir)?;
-            }
-            Ok(())
-        });
+        // The whole segment is allocated before its header is written, so
+        // no record written into it can fail for lack of space: a full
+        // filesystem fails the roll, before any seq is assigned.
+        let made = file
+            .allocate(0, header.segment_bytes)
+            .and_then(|()| file.write_all_at(&header.encode(), 0))
+            .and_then(|()| {
+                if durable {
+                    file.sync_data()?;
+                    storage.sync_dir(dir)?;
+                }
+                Ok(())
+            });
         if let Err(e) = made {
             let _ = storage.remove_file(&path);
             return Err(e);
