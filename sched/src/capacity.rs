@@ -4,6 +4,7 @@
 //! trait, and tests use a fake.
 
 use crate::descriptor::{ImageId, Op};
+use trace::Gate;
 
 /// Log capacity for write-kind requests (WRITE, WRITE_ZEROES, DISCARD).
 ///
@@ -18,8 +19,10 @@ pub trait Capacity {
     /// Proof of a reservation, handed to the worker that writes the request.
     type Reservation: Send;
 
-    /// Reserves what `op` of `len_bytes` needs in `image`'s log, or `None`
-    /// when the log is full. Never blocks. A `None` is not an error: the
-    /// request waits until `capacity_released` or the periodic retry.
-    fn try_reserve(&mut self, image: ImageId, op: Op, len_bytes: u64) -> Option<Self::Reservation>;
+    /// Reserves what `op` of `len_bytes` needs in `image`'s log, or names
+    /// the gate that holds it: [`Gate::LogCapacity`] when the log is full,
+    /// [`Gate::StoreSpace`] when the store is below its space reserve.
+    /// Never blocks. A refusal is not an error: the request waits until
+    /// `capacity_released` or the periodic retry.
+    fn try_reserve(&mut self, image: ImageId, op: Op, len_bytes: u64) -> Result<Self::Reservation, Gate>;
 }

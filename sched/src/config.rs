@@ -6,11 +6,11 @@ use crate::error::Error;
 /// image's frontier quota: the entry itself (descriptor, arrival time, gate
 /// bookkeeping, about 112 bytes) plus its share of the ordered map and the
 /// request-id index. A unit test keeps the entry within this charge.
-pub const DESCRIPTOR_SLOT_BYTES: u64 = 208;
+pub const DESCRIPTOR_SLOT_BYTES: u64 = 216;
 
 /// Descriptor metadata quota per image (frontend), sized like the seed's
-/// "about 6 MiB": 6.5 MiB / 208 B = 32,768 retained descriptors.
-pub const DEFAULT_FRONTIER_QUOTA_BYTES: u64 = 13 << 19;
+/// "about 6 MiB": 6.75 MiB / 216 B = 32,768 retained descriptors.
+pub const DEFAULT_FRONTIER_QUOTA_BYTES: u64 = 27 << 18;
 
 /// Configuration shared by all images of one scheduler.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -98,6 +98,9 @@ pub(crate) struct Frontier {
     capacity_blocked: bool,
     /// When a refused write is tried again without a wake.
     capacity_retry_at_ns: u64,
+    /// The gate the last refusal named: the log's quota, or the store's
+    /// space reserve.
+    capacity_gate: Gate,
     /// DRR deficit in bytes.
     pub(crate) deficit_bytes: u64,
     limiter: Limiter,
@@ -127,6 +130,7 @@ impl Frontier {
             flushes_uncompleted: 0,
             capacity_blocked: false,
             capacity_retry_at_ns: 0,
+            capacity_gate: Gate::LogCapacity,
             deficit_bytes: 0,
             limiter: Limiter::default(),
             rate_retry_at_ns: None,
@@ -231,7 +235,7 @@ impl Frontier {
                 } else if !limits.write_slot_free {
                     Some(Gate::SchedulerTurn)
                 } else if capacity_waits {
-                    Some(Gate::LogCapacity)
+                    Some(self.capacity_gate)
                 } else {
                     None
                 };
@@ -259,12 +263,14 @@ impl Frontier {
         pick
     }
 
-    /// The log refused `ticket`'s reservation: hold this image's writes
-    /// until a wake or `now + retry_ns`, so later scans pass over them to
-    /// the image's reads (the refused ticket goes to the back of the line).
-    pub(crate) fn refuse(&mut self, ticket: Ticket, now_ns: u64, retry_ns: u64) {
+    /// The engine refused `ticket`'s reservation at `gate` (the log's
+    /// quota or the store's space reserve): hold this image's writes until
+    /// a wake or `now + retry_ns`, so later scans pass over them to the
+    /// image's reads (the refused ticket goes to the back of the line).
+    pub(crate) fn refuse(&mut self, ticket: Ticket, now_ns: u64, retry_ns: u64, gate: Gate) {
         let entry = self.entries.get_mut(&ticket).expect("a refused ticket is retained");
-        entry.track.observe(now_ns, Gate::LogCapacity);
+        entry.track.observe(now_ns, gate);
+        self.capacity_gate = gate;
         self.capacity_blocked = true;
         self.capacity_retry_at_ns = now_ns.saturating_add(retry_ns);
         self.counters.refused_turns += 1;

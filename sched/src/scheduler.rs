@@ -227,12 +227,12 @@ impl<C: Clock> Scheduler<C> {
         }
         match frontier.scan(now_ns, limits) {
             Some(pick) if pick.ticket == ticket => match cap.try_reserve(image, desc.op, desc.len_bytes) {
-                Some(r) => {
+                Ok(r) => {
                     frontier.count_write_in_place();
                     Ok(InPlace::Admitted(self.admit(image, pick, Some(r), now_ns)))
                 }
-                None => {
-                    frontier.refuse(ticket, now_ns, retry_ns);
+                Err(gate) => {
+                    frontier.refuse(ticket, now_ns, retry_ns, gate);
                     Ok(InPlace::Queued(ticket))
                 }
             },
@@ -280,12 +280,12 @@ impl<C: Clock> Scheduler<C> {
                     break;
                 }
                 match cap.try_reserve(image, pick.desc.op, pick.desc.len_bytes) {
-                    Some(r) => {
+                    Ok(r) => {
                         reservation = Some(r);
                         break;
                     }
-                    None => {
-                        frontier.refuse(pick.ticket, now_ns, self.config.capacity_retry_ns);
+                    Err(gate) => {
+                        frontier.refuse(pick.ticket, now_ns, self.config.capacity_retry_ns, gate);
                         picked = frontier.scan(now_ns, limits);
                     }
                 }

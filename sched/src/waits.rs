@@ -19,6 +19,7 @@ pub struct GateWaits {
     pub read_credits_ns: u64,
     pub scheduler_turn_ns: u64,
     pub rate_limit_ns: u64,
+    pub store_space_ns: u64,
 }
 
 impl GateWaits {
@@ -31,6 +32,7 @@ impl GateWaits {
             Gate::ReadCredits => self.read_credits_ns,
             Gate::SchedulerTurn => self.scheduler_turn_ns,
             Gate::RateLimit => self.rate_limit_ns,
+            Gate::StoreSpace => self.store_space_ns,
             _ => 0,
         }
     }
@@ -43,6 +45,7 @@ impl GateWaits {
             Gate::ReadCredits => &mut self.read_credits_ns,
             Gate::SchedulerTurn => &mut self.scheduler_turn_ns,
             Gate::RateLimit => &mut self.rate_limit_ns,
+            Gate::StoreSpace => &mut self.store_space_ns,
             other => panic!("sched never holds a request behind gate {other:?}"),
         }
     }

@@ -30,14 +30,15 @@ impl sched::Capacity for EngineCapacity {
         image: sched::ImageId,
         op: sched::Op,
         len_bytes: u64,
-    ) -> Option<Self::Reservation> {
-        let img = self.images.get(&image)?;
+    ) -> Result<Self::Reservation, sched::Gate> {
+        // A device that went away: its writes wait until they are dropped.
+        let img = self.images.get(&image).ok_or(sched::Gate::LogCapacity)?;
         let kind = match op {
             sched::Op::Write => cas::wal::RecordKind::Write,
             sched::Op::WriteZeroes => cas::wal::RecordKind::WriteZeroes,
             sched::Op::Discard => cas::wal::RecordKind::Discard,
             sched::Op::Read | sched::Op::Flush => unreachable!("sched reserves only for write kinds"),
         };
-        img.try_reserve(img.log_bytes_needed(kind, len_bytes))
+        img.try_reserve(img.log_bytes_needed(kind, len_bytes)).ok_or(sched::Gate::LogCapacity)
     }
 }

@@ -20,11 +20,14 @@ pub enum Gate {
     /// The image's IO limit (IOPS or bytes per second) for the request's
     /// class had no tokens yet.
     RateLimit,
+    /// A write waits because the store's filesystem is below its space
+    /// reserve, while GC may free room.
+    StoreSpace,
 }
 
 impl Gate {
     /// Number of gates; the length of per-gate arrays.
-    pub const COUNT: usize = 6;
+    pub const COUNT: usize = 7;
 
     pub const ALL: [Gate; Gate::COUNT] = [
         Gate::LogCapacity,
@@ -33,6 +36,7 @@ impl Gate {
         Gate::ReadCredits,
         Gate::SchedulerTurn,
         Gate::RateLimit,
+        Gate::StoreSpace,
     ];
 
     /// Position in [`Gate::ALL`], for per-gate arrays.
@@ -44,6 +48,7 @@ impl Gate {
             Gate::ReadCredits => 3,
             Gate::SchedulerTurn => 4,
             Gate::RateLimit => 5,
+            Gate::StoreSpace => 6,
         }
     }
 
@@ -56,6 +61,7 @@ impl Gate {
             Gate::ReadCredits => "read_credits",
             Gate::SchedulerTurn => "scheduler_turn",
             Gate::RateLimit => "rate_limit",
+            Gate::StoreSpace => "store_space",
         }
     }
 }

@@ -142,7 +142,9 @@ pub struct RequestTrace {
     /// Spans folded into a stored one because the array was full.
     pub(crate) spans_merged: u32,
     pub(crate) gate_wait_ns: [u64; Gate::COUNT],
-    pub(crate) gate_waits: [u32; Gate::COUNT],
+    /// Wait intervals per gate, saturating (u16 keeps the record within
+    /// four cache lines with seven gates).
+    pub(crate) gate_waits: [u16; Gate::COUNT],
     pub(crate) open_gate: Option<(Gate, u64)>,
 }
 

@@ -125,7 +125,7 @@ impl Tracer {
         let phases = phase_durations(trace, &timeline);
         let total_ns = timeline.total_ns();
         let mut gate_wait_ns = trace.gate_wait_ns;
-        let mut gate_waits = trace.gate_waits;
+        let mut gate_waits = trace.gate_waits.map(u32::from);
         if let Some((gate, since_ns)) = trace.open_gate {
             let i = gate.index();
             gate_wait_ns[i] = gate_wait_ns[i].saturating_add(timeline.completed_ns.saturating_sub(since_ns));

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use sched::{Capacity, Config, Descriptor, Dispatch, FakeClock, ImageId, Op, RequestId, Scheduler};
+use sched::{Capacity, Config, Descriptor, Dispatch, FakeClock, Gate, ImageId, Op, RequestId, Scheduler};
 
 /// Log bytes a fake write-kind request needs: its length for WRITE, one
 /// 512-byte record for WRITE_ZEROES / DISCARD.
@@ -43,17 +43,17 @@ impl FakeLog {
 impl Capacity for FakeLog {
     type Reservation = FakeReservation;
 
-    fn try_reserve(&mut self, image: ImageId, op: Op, len_bytes: u64) -> Option<FakeReservation> {
+    fn try_reserve(&mut self, image: ImageId, op: Op, len_bytes: u64) -> Result<FakeReservation, Gate> {
         assert!(op.is_write_kind(), "sched asked a {op:?} for log capacity");
         let need = log_bytes_needed(op, len_bytes);
         let free = self.free_bytes.get_mut(&image).expect("reserving in a known image");
         if *free < need {
             self.refusals += 1;
-            return None;
+            return Err(Gate::LogCapacity);
         }
         *free -= need;
         self.reservations += 1;
-        Some(FakeReservation { image, log_bytes: need })
+        Ok(FakeReservation { image, log_bytes: need })
     }
 }
 
