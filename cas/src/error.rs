@@ -64,6 +64,11 @@ pub enum Error {
     /// block.
     #[error("the read would block")]
     WouldBlock,
+
+    /// A write needed new space and the store is below its space reserve
+    /// with nothing left for GC to free (`cas::space`).
+    #[error("{0}")]
+    NoSpace(String),
 }
 
 impl Error {
@@ -85,13 +90,18 @@ impl Error {
             Error::Unavailable(..) => libc::EIO,
             Error::WouldBlock => libc::EAGAIN,
             Error::ReadOnly(_) => libc::EROFS,
+            Error::NoSpace(_) => libc::ENOSPC,
         };
         -code
     }
 
     /// True when the error says the device ran out of space.
     pub fn is_no_space(&self) -> bool {
-        matches!(self, Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC))
+        match self {
+            Error::Io { source, .. } => source.raw_os_error() == Some(libc::ENOSPC),
+            Error::NoSpace(_) => true,
+            _ => false,
+        }
     }
 }
 

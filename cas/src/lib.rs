@@ -21,7 +21,7 @@
 //! trees     manifest
 //! data      chunk image
 //! records   dedup objects wal
-//! base      background cache error format heap io observe report storage sync tasks thread_time units
+//! base      background cache error format heap io observe report space storage sync tasks thread_time units
 //! ```
 #![deny(unsafe_code)]
 
@@ -42,6 +42,7 @@ pub mod manifest;
 pub mod objects;
 pub mod observe;
 pub mod report;
+pub mod space;
 pub mod storage;
 pub mod store;
 mod sync;

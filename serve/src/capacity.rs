@@ -39,6 +39,9 @@ impl sched::Capacity for EngineCapacity {
             sched::Op::Discard => cas::wal::RecordKind::Discard,
             sched::Op::Read | sched::Op::Flush => unreachable!("sched reserves only for write kinds"),
         };
-        img.try_reserve(img.log_bytes_needed(kind, len_bytes)).ok_or(sched::Gate::LogCapacity)
+        img.try_reserve_for(kind, len_bytes).map_err(|held| match held {
+            cas::image::Held::LogFull => sched::Gate::LogCapacity,
+            cas::image::Held::NoSpace => sched::Gate::StoreSpace,
+        })
     }
 }

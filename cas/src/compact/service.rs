@@ -208,10 +208,14 @@ fn step(
     image.rearm_pressure();
     let cfg = &compactor.cfg;
     let blocked = image.capacity_refused();
+    let covered = state.manifest.covered();
+    // Below the store's space reserve, records not compacted yet (a trim
+    // not flushed) may hold the garbage GC needs: make them durable now.
+    let space_low = image.store_space_low() && image.completed_seq() > covered;
     let pressure = blocked
+        || space_low
         || u128::from(image.log_used_bytes()) * 100
             >= u128::from(image.log_quota_bytes()) * u128::from(cfg.trigger_percent);
-    let covered = state.manifest.covered();
     let waiting = image.durable_seq() > covered;
     let due = waiting
         && lock(&state.last_pass).is_none_or(|t| now.saturating_duration_since(t) >= cfg.interval)

@@ -47,10 +47,15 @@
 use crate::chunk::{lock, ChunkStore};
 use crate::error::Result;
 use crate::gc::GcReport;
+use crate::space::{SpacePhase, SpaceReserve};
 use crate::tasks::{Context, Step, Task, Wake};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+/// The least time between automatic passes while the store is below its
+/// space reserve.
+pub const URGENT_MIN_INTERVAL_MS: u64 = 5_000;
 
 /// When the store runs GC by itself ([`crate::StoreOptions::gc_auto`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -112,8 +117,31 @@ pub(crate) struct GcHistory {
 
 impl GcHistory {
     /// Why a pass is due now, if it is: `chunks` live chunks and
-    /// `refs_dropped` dropped mappings (summed since the open) at `now`.
-    pub fn due(&self, opts: &AutoGcOptions, chunks: u64, refs_dropped: u64, now: Instant) -> Option<String> {
+    /// `refs_dropped` dropped mappings (summed since the open) at `now`,
+    /// with the store's space reserve in `space`: below the reserve a pass
+    /// is due every [`URGENT_MIN_INTERVAL_MS`] (writes wait for it); once
+    /// GC has shown it cannot free space, only when new garbage may have
+    /// appeared.
+    pub fn due(
+        &self,
+        opts: &AutoGcOptions,
+        chunks: u64,
+        refs_dropped: u64,
+        space: SpacePhase,
+        now: Instant,
+    ) -> Option<String> {
+        let urgent_gap = Duration::from_millis(URGENT_MIN_INTERVAL_MS.min(opts.min_interval_ms));
+        let urgent_ok = self.last_at.is_none_or(|t| now.saturating_duration_since(t) >= urgent_gap);
+        let new_garbage = self.nudged || refs_dropped > self.refs_dropped_at_last;
+        match space {
+            SpacePhase::Low { .. } if urgent_ok => {
+                return Some("the store is below its space reserve".into())
+            }
+            SpacePhase::Exhausted if urgent_ok && new_garbage => {
+                return Some("the store is full and new garbage may be freed".into())
+            }
+            _ => {}
+        }
         let min_interval = Duration::from_millis(opts.min_interval_ms);
         if self.last_at.is_some_and(|t| now.saturating_duration_since(t) < min_interval) {
             return None;
@@ -158,17 +186,24 @@ impl GcHistory {
 /// The GC state the store and its automatic task share: the history,
 /// the task's waker once it runs (so a removal can wake it), and the
 /// compactor's count of dropped block mappings.
-#[derive(Default)]
 pub(crate) struct GcShared {
     pub history: Mutex<GcHistory>,
     pub wake: OnceLock<Wake>,
     pub refs_dropped: Arc<AtomicU64>,
+    /// The store's space reserve: below it passes are urgent.
+    pub space: Arc<SpaceReserve>,
 }
 
 impl GcShared {
     /// An image was removed: its chunks may be garbage now.
     pub fn nudge(&self) {
         lock(&self.history).nudged = true;
+        self.space.garbage_appeared();
+        self.wake_task();
+    }
+
+    /// The store went below its space reserve: run a pass now.
+    pub fn space_low(&self) {
         self.wake_task();
     }
 
@@ -205,8 +240,17 @@ impl Task for AutoGcTask {
         let check = Step::Wait(Some(Duration::from_millis(self.opts.check_interval_ms.max(1))));
         let chunks = self.chunks.len();
         let dropped = self.shared.refs_dropped.load(Ordering::Relaxed);
-        let Some(why) = lock(&self.shared.history).due(&self.opts, chunks, dropped, cx.now()) else {
-            return check;
+        let mut space = self.shared.space.phase();
+        if space == SpacePhase::Exhausted && dropped > lock(&self.shared.history).refs_dropped_at_last {
+            // Trims or overwrites since the last pass: writes wait for the
+            // pass that may free their space instead of failing.
+            self.shared.space.garbage_appeared();
+            space = self.shared.space.phase();
+        }
+        let due = lock(&self.shared.history).due(&self.opts, chunks, dropped, space, cx.now());
+        let Some(why) = due else {
+            // Below the reserve, look again soon: writes are waiting.
+            return if space == SpacePhase::Ok { check } else { Step::Wait(Some(Duration::from_secs(1))) };
         };
         match (self.pass)(&why) {
             None => {}

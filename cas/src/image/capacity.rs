@@ -104,6 +104,9 @@ pub struct LogReservation {
     bytes: u64,
     cap: Arc<Capacity>,
     refusal: Option<Arc<str>>,
+    /// The refusal is for lack of space in the store (ENOSPC), not a
+    /// failed image or a closed log (EIO).
+    no_space: bool,
 }
 
 impl std::fmt::Debug for LogReservation {
@@ -121,6 +124,11 @@ impl LogReservation {
     /// Why the write must fail instead of waiting, for a refusal.
     pub fn refusal(&self) -> Option<&str> {
         self.refusal.as_deref()
+    }
+
+    /// True for a refusal for lack of space in the store.
+    pub fn is_no_space(&self) -> bool {
+        self.no_space
     }
 
     pub(crate) fn belongs_to(&self, cap: &Arc<Capacity>) -> bool {
@@ -226,7 +234,7 @@ impl Capacity {
             let mut st = lock(&self.state);
             if st.consumed_bytes + st.reserved_bytes + bytes <= self.quota_bytes {
                 st.reserved_bytes += bytes;
-                return Some(LogReservation { bytes, cap: self.clone(), refusal: None });
+                return Some(LogReservation { bytes, cap: self.clone(), refusal: None, no_space: false });
             }
             if let Some(why) = &st.closed {
                 return Some(self.refusal(why.clone()));
@@ -239,7 +247,12 @@ impl Capacity {
 
     /// A reservation of nothing that makes its write fail with `why`.
     pub fn refusal(self: &Arc<Self>, why: Arc<str>) -> LogReservation {
-        LogReservation { bytes: 0, cap: self.clone(), refusal: Some(why) }
+        LogReservation { bytes: 0, cap: self.clone(), refusal: Some(why), no_space: false }
+    }
+
+    /// A reservation of nothing that makes its write fail with ENOSPC.
+    pub fn no_space_refusal(self: &Arc<Self>, why: Arc<str>) -> LogReservation {
+        LogReservation { bytes: 0, cap: self.clone(), refusal: Some(why), no_space: true }
     }
 
     /// Declares that space will not come back (reclamation keeps failing):

@@ -28,16 +28,19 @@ pub mod durability;
 pub mod manifest_view;
 pub mod overlay;
 mod read;
+mod reserve;
 pub mod stats;
 pub mod writeback;
 
 pub use capacity::{CapacityListener, LogReservation, CAPACITY_RETRY_MS};
 pub use manifest_view::{ChunkHash, ChunkRef, EmptyManifest, ManifestView, BLOCK_BYTES};
+pub use reserve::Held;
 pub use stats::ImageStats;
 
 use crate::background::BackgroundCpu;
 use crate::error::{Error, Result};
 use crate::io::IoCx;
+use crate::space::SpaceReserve;
 use crate::storage::Storage;
 use crate::tasks::Tasks;
 use crate::units::SECTOR_BYTES;
@@ -70,6 +73,9 @@ pub struct ImageConfig {
     pub tasks: Tasks,
     /// A snapshot: every write, zeroing and discard is refused.
     pub read_only: bool,
+    /// The store's space reserve, asked before a write takes a new log
+    /// segment.
+    pub space: Arc<SpaceReserve>,
 }
 
 /// One open image. See the module docs.
@@ -95,6 +101,7 @@ pub struct Image {
     /// (cas::bucket::manifests), so the log quota bounds what is flushed and
     /// not yet published.
     reclaim_gate: std::sync::atomic::AtomicU64,
+    space: Arc<SpaceReserve>,
 }
 
 /// How long reclamation waits for pins on a covered segment before it
@@ -197,6 +204,7 @@ impl Image {
             recovery,
             start_cursor,
             reclaim_gate: std::sync::atomic::AtomicU64::new(u64::MAX),
+            space: cfg.space,
         })
     }
 
@@ -343,6 +351,7 @@ impl Image {
                 self.capacity.quota_bytes()
             )));
         }
+        self.wait_for_space(kind, needed)?;
         self.capacity.reserve_blocking(
             needed,
             || self.durability.check(),
@@ -387,6 +396,9 @@ impl Image {
         self.check_writable()?;
         self.durability.check()?;
         if let Some(why) = r.refusal() {
+            if r.is_no_space() {
+                return Err(Error::NoSpace(format!("image {}: {why}", self.name)));
+            }
             return Err(Error::Unavailable(self.name.clone(), why.to_string()));
         }
         if !r.belongs_to(&self.capacity) {

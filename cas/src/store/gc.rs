@@ -37,7 +37,14 @@ impl Store {
         // Read before the mark: mappings dropped during the pass may hold
         // chunks it does not sweep, so they count toward the next one.
         let dropped = self.gc.refs_dropped.load(Ordering::Relaxed);
+        let started = std::time::Instant::now();
         let result = self.gc_marked_and_swept(opts);
+        if let Ok(report) = &result {
+            // Below the space reserve, a pass that freed nothing tells
+            // waiting writes to fail with ENOSPC (cas::space).
+            let freed = report.bytes_reclaimed.max(0) as u64 + report.manifest_pages_reclaimed * 4096;
+            self.space.gc_finished(started, freed);
+        }
         let (now, chunks) = (self.opts.tasks.now(), self.chunks.len());
         // The pass's mark sets are freed: hand their pages back.
         crate::heap::PROCESS.release_free(now);

@@ -52,6 +52,7 @@ mod remote_images;
 mod resize;
 mod scrub;
 mod snapshot;
+mod space;
 mod stats;
 
 pub use export::ExportReport;
@@ -80,6 +81,7 @@ use crate::error::{Error, Result};
 use crate::gc::{AutoGcTask, GcHistory, GcShared};
 use crate::image::{Image, ImageConfig, ManifestView};
 use crate::manifest::{CompactedView, Manifest, ManifestOptions, PageCache};
+use crate::space::SpaceReserve;
 use crate::storage::{Storage, StorageLock};
 use crate::tasks::TaskHandle;
 use crate::units::BLOCK_BYTES;
@@ -122,6 +124,8 @@ pub struct Store {
     maint: Mutex<()>,
     /// The GC passes so far, for automatic GC and the counters.
     gc: Arc<GcShared>,
+    /// The space guest writes may not take (cas::space).
+    space: Arc<SpaceReserve>,
     /// Automatic GC (cas::gc::auto), if on; woken when an image is removed.
     _auto_gc: Option<TaskHandle>,
     _lock: StorageLock,
@@ -204,6 +208,7 @@ impl Store {
             tasks: opts.tasks.clone(),
             refs_dropped: refs_dropped.clone(),
         });
+        let space = Arc::new(space::reserve(&storage, dir, &opts)?);
         let open: Arc<OpenImages> = Arc::default();
         // The interval counts from the open: no automatic pass races the
         // first minute's manual maintenance.
@@ -215,7 +220,14 @@ impl Store {
             }),
             wake: OnceLock::new(),
             refs_dropped,
+            space: space.clone(),
         });
+        let waker = Arc::downgrade(&gc);
+        space.set_low_listener(Arc::new(move || {
+            if let Some(gc) = waker.upgrade() {
+                gc.space_low();
+            }
+        }));
         let service = opts.background_compaction.then(|| {
             let (open, gc) = (open.clone(), gc.clone());
             Service::start(
@@ -270,6 +282,7 @@ impl Store {
                 manifests: Mutex::default(),
                 maint: Mutex::default(),
                 gc,
+                space,
                 _auto_gc: auto_gc,
                 _lock: held,
             }
@@ -500,6 +513,7 @@ impl Store {
             background_cpu: self.opts.background_cpu,
             tasks: self.opts.tasks.clone(),
             read_only: header.kind != ImageKind::Image,
+            space: self.space.clone(),
         })
     }
 

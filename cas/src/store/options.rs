@@ -82,6 +82,16 @@ pub struct StoreOptions {
     /// writeback): threads, or a test's stepper (`cas::tasks`).
     #[serde(skip)]
     pub tasks: Tasks,
+    /// Free space of the store filesystem that guest writes may not take
+    /// (cas::space): compaction, GC and manifest commits keep it to free
+    /// space on a full store. `None`: 1% of the filesystem, at least
+    /// 256 MiB, at most 4 GiB and never more than a tenth of it; 0: none.
+    /// (Left out of the settings counters when `None`: they are numbers.)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub space_reserve_bytes: Option<u64>,
+    /// How long writes wait below the reserve, at most, before they fail
+    /// with ENOSPC (less when GC shows it cannot free space).
+    pub space_wait_ms: u64,
     /// Upload sealed packs to an object store and read them back from it
     /// (cas::bucket::packs); none by default.
     #[serde(skip)]
@@ -118,6 +128,8 @@ impl Default for StoreOptions {
             compaction_interval_ms: 1000,
             pack_bytes: 64 << 20,
             index_flush_bytes: 4 << 20,
+            space_reserve_bytes: None,
+            space_wait_ms: crate::space::DEFAULT_SPACE_WAIT_MS,
             background_cpu: BackgroundCpu::default(),
             tasks: Tasks::default(),
             remote: StoreRemote::default(),

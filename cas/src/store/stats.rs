@@ -40,6 +40,15 @@ pub struct SpaceStats {
     pub fs_avail_bytes: u64,
     pub provisioned_bytes: u64,
     pub overcommit_ratio: f64,
+    /// The space reserve (cas::space; 0: none), its state (0 ok, 1 low:
+    /// writes that need new space wait, 2 exhausted: they fail with
+    /// ENOSPC), and its counters: writes held, writes refused, and times
+    /// the store went below it.
+    pub space_reserve_bytes: u64,
+    pub space_state: u8,
+    pub space_waits: u64,
+    pub space_refusals: u64,
+    pub space_low_episodes: u64,
 }
 
 impl Store {
@@ -70,6 +79,9 @@ impl Store {
         s.mapped_bytes = s.mapped_blocks * BLOCK_BYTES;
         s.unique_bytes = s.chunks * BLOCK_BYTES;
         s.dedup_ratio = if s.chunks == 0 { 1.0 } else { s.mapped_blocks as f64 / s.chunks as f64 };
+        let c = self.space.counters();
+        (s.space_reserve_bytes, s.space_state) = (self.space.reserve_bytes(), self.space.phase().code());
+        (s.space_waits, s.space_refusals, s.space_low_episodes) = (c.waits, c.refusals, c.low_episodes);
         let gc = *lock(&self.gc.history);
         (s.gc_passes, s.gc_auto_passes, s.gc_auto_failures, s.gc_reclaimed_bytes) =
             (gc.passes, gc.auto_passes, gc.auto_failures, gc.reclaimed_bytes);
