@@ -291,6 +291,21 @@ remote_set() {
         --key-file "${3:-$GARAGE_KEY}" >/dev/null
 }
 
+# fill_until_error DEV N: writes DEV with flushed 4 MiB writes of random
+# data ($SCRATCH/fill<i>, at offset i * 4 MiB, each bounded to 150 s)
+# until one fails (its error left in $SCRATCH/dd.err) or N are done, and
+# prints how many were flushed.
+fill_until_error() {
+    local dev=$1 n=$2 i flushed=0
+    for i in $(seq 0 $((n - 1))); do
+        head -c 4M /dev/urandom >"$SCRATCH/fill$i"
+        timeout 150 dd if="$SCRATCH/fill$i" of="$dev" bs=1M seek=$((i * 4)) oflag=direct conv=fsync status=none \
+            2>"$SCRATCH/dd.err" || break
+        flushed=$((i + 1))
+    done
+    echo "$flushed"
+}
+
 # Prints counter KEY of source SRC (e.g. store dedup_ratio) from STORE's stats.
 store_counter() {
     "$CASBLK" --store "$1" stats --json | python3 -c "import json,sys; print(json.load(sys.stdin)['counters']['$2']['$3'])"

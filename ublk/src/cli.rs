@@ -390,6 +390,14 @@ pub struct StoreSettings {
     #[arg(long = "space-warn", value_name = "PCT", value_parser = clap::value_parser!(u64).range(1..=100), conflicts_with = "backing")]
     pub space_warn_pct: Option<u64>,
 
+    /// Free space of the store's filesystem that guest writes may not
+    /// take, kept for compaction and GC to free space on a full store:
+    /// below it, writes that need new log space wait while GC runs, and
+    /// fail with ENOSPC once GC cannot free any. 0 turns it off
+    /// [default: 1% of the filesystem, 256M to 4G, at most a tenth of it].
+    #[arg(long = "space-reserve", value_name = "SIZE", value_parser = parse_size, conflicts_with = "backing")]
+    pub space_reserve_bytes: Option<u64>,
+
     /// Scrub the whole store every HOURS hours (every chunk read back and
     /// checked, 64 MiB/s at most, in the background CPU class); off
     /// unless given (`casblk scrub` runs one pass).

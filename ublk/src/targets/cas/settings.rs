@@ -31,6 +31,9 @@ impl StoreSettings {
             }
             o.log_quota_bytes = v;
         }
+        if let Some(v) = self.space_reserve_bytes {
+            o.space_reserve_bytes = Some(v);
+        }
         if let Some(v) = self.compaction_threads {
             o.compaction_threads = v;
         }
@@ -130,18 +133,25 @@ impl StoreSettings {
             self.gc_auto_interval_s.map(|s| s.to_string()),
             (running.gc_auto.min_interval_ms / 1000).to_string(),
         );
+        let reserve = (
+            "--space-reserve",
+            self.space_reserve_bytes.map(|b| b.to_string()),
+            running.space_reserve_bytes.map_or_else(|| "default".to_string(), |b| b.to_string()),
+        );
         let scrub = (
             "--scrub-interval",
             self.scrub_interval_h.map(|h| h.to_string()),
             running_scrub_interval_h.map_or_else(|| "off".to_string(), |h| h.to_string()),
         );
-        sizes.into_iter().chain([class, gc, interval, scrub]).find_map(|(flag, want, has)| match want {
-            Some(w) if w != has => Some(format!(
-                "the store's daemon already runs with {flag} {has}, not {w}: store settings apply when \
+        sizes.into_iter().chain([class, gc, interval, reserve, scrub]).find_map(
+            |(flag, want, has)| match want {
+                Some(w) if w != has => Some(format!(
+                    "the store's daemon already runs with {flag} {has}, not {w}: store settings apply when \
                  the daemon starts (delete the store's devices first, or leave the flag out)"
-            )),
-            _ => None,
-        })
+                )),
+                _ => None,
+            },
+        )
     }
 }
 
@@ -152,6 +162,16 @@ mod tests {
     #[test]
     fn no_flags_give_the_defaults() {
         assert_eq!(StoreSettings::default().options().unwrap(), cas::StoreOptions::default());
+    }
+
+    #[test]
+    fn the_options_are_a_counter_source_with_or_without_a_reserve() {
+        let default = cas::StoreOptions::default();
+        let c = trace::counters_from("settings", &default).unwrap();
+        assert!(!format!("{c:?}").contains("space_reserve_bytes"), "no reserve given, none named");
+        let given = cas::StoreOptions { space_reserve_bytes: Some(1 << 30), ..default };
+        let c = trace::counters_from("settings", &given).unwrap();
+        assert!(format!("{c:?}").contains("space_reserve_bytes"), "{c:?}");
     }
 
     #[test]
@@ -168,9 +188,11 @@ mod tests {
             metrics_listen: None,
             metrics_allow_remote: false,
             space_warn_pct: Some(80),
+            space_reserve_bytes: Some(128 << 20),
             scrub_interval_h: None,
         };
         let o = s.options().unwrap();
+        assert_eq!(o.space_reserve_bytes, Some(128 << 20));
         assert!(!o.gc_auto.enabled);
         assert_eq!(o.chunk_cache_bytes, 1 << 20);
         assert_eq!(o.manifest_cache_bytes, 2 << 20);
@@ -230,6 +252,9 @@ mod tests {
         let scrub = StoreSettings { scrub_interval_h: Some(24), ..Default::default() };
         assert!(scrub.conflict(&running, None, 90, None).unwrap().contains("--scrub-interval off, not 24"));
         assert_eq!(scrub.conflict(&running, None, 90, Some(24)), None);
+        let reserve = StoreSettings { space_reserve_bytes: Some(1 << 30), ..Default::default() };
+        let e = reserve.conflict(&running, None, 90, None).unwrap();
+        assert!(e.contains("--space-reserve default, not 1073741824"), "{e}");
         let o = interval.options().unwrap();
         assert_eq!((o.gc_auto.min_interval_ms, o.gc_auto.check_interval_ms), (15_000, 3_750));
         let long = StoreSettings { gc_auto_interval_s: Some(3600), ..Default::default() };
