@@ -3,7 +3,8 @@
 //! commits can always make progress towards freeing space.
 //!
 //! ```text
-//!   avail (statvfs f_bavail) >= reserve        ok: every write goes on
+//!   avail = statvfs f_bavail - one log segment (what a granted roll takes)
+//!   avail >= reserve                           ok: every write goes on
 //!   avail <  reserve, first seen               -> low: wake GC at once
 //!     a write that needs a new log segment     waits (gate store_space)
 //!     a trim or zeroing (range record)         goes on while avail >= reserve/2
@@ -22,10 +23,19 @@
 //! - Compaction, GC and manifest writes never ask: the reserve is theirs.
 //!   Deletions never ask.
 //! - Range records (DISCARD, WRITE_ZEROES) may roll into half the
-//!   reserve: a trim is how a guest gives space back, and the filesystem
-//!   commit before it is small.
+//!   reserve: a trim is how a guest gives space back. So may one WRITE per
+//!   image per low episode (its grace roll): the filesystem commit before
+//!   a trim is small, and an idle image's current segment may be full.
 //! - The free space is probed at most every [`PROBE_MAX_AGE_MS`] while it
-//!   is well above the reserve, and at every ask near it.
+//!   is well above the reserve, and at every ask near it (inside the
+//!   scheduler's lock: one statvfs); GC's task refreshes it every second
+//!   while the store is not ok, so the state reported stays current.
+//! - "More garbage" is GC's count of dropped block mappings growing past
+//!   what the pass that exhausted the reserve had seen, or an image
+//!   removed. A pass that fails counts as one that freed nothing.
+//! - Where the filesystem cannot allocate ahead (no fallocate; a
+//!   copy-on-write filesystem, which may still fail a write), a record
+//!   write can still meet ENOSPC; the reserve then only makes it rarer.
 //!
 //! This module owns the state machine and its counters; the image asks it
 //! ([`SpaceReserve::check`]), GC reports its passes to it, and the store
@@ -97,6 +107,11 @@ pub type LowListener = Arc<dyn Fn() + Send + Sync>;
 
 struct State {
     phase: SpacePhase,
+    /// Why the phase is exhausted, for the refusal's message.
+    exhausted_because: &'static str,
+    /// While exhausted: the dropped-mappings count (cas::gc::auto) up to
+    /// which GC has already looked; more than this is new garbage.
+    garbage_mark: Option<u64>,
     avail_bytes: Option<u64>,
     probed_at: Option<Instant>,
 }
@@ -104,17 +119,22 @@ struct State {
 /// Counters of the reserve, summed since the store opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SpaceCounters {
-    /// Asks that had to wait.
+    /// Asks told to wait (a held write asks again every 100 ms).
     pub waits: u64,
     /// Asks refused with ENOSPC.
     pub refusals: u64,
     /// Times the store went below its reserve.
     pub low_episodes: u64,
+    /// Grace rolls granted (one per image per episode).
+    pub graces: u64,
 }
 
 /// One store's reserve; see the module docs.
 pub struct SpaceReserve {
     reserve_bytes: u64,
+    /// What one roll allocates (a log segment): the free space is counted
+    /// without it, so a granted roll never takes the reserve.
+    roll_bytes: u64,
     wait: Duration,
     probe: SpaceProbe,
     state: Mutex<State>,
@@ -122,27 +142,42 @@ pub struct SpaceReserve {
     waits: AtomicU64,
     refusals: AtomicU64,
     low_episodes: AtomicU64,
+    graces: AtomicU64,
 }
+
+/// One writer's (an image's) claim on its grace roll: the low episode it
+/// last used it in (0: never).
+#[derive(Debug, Default)]
+pub struct GraceToken(AtomicU64);
 
 impl SpaceReserve {
     /// A reserve of `reserve_bytes` (0: none, every ask is granted) over
-    /// the free space `probe` reports; writes wait at most `wait_ms`.
-    pub fn new(reserve_bytes: u64, wait_ms: u64, probe: SpaceProbe) -> SpaceReserve {
+    /// the free space `probe` reports, less `roll_bytes` (what a granted
+    /// roll allocates); writes wait at most `wait_ms`.
+    pub fn new(reserve_bytes: u64, roll_bytes: u64, wait_ms: u64, probe: SpaceProbe) -> SpaceReserve {
         SpaceReserve {
             reserve_bytes,
+            roll_bytes,
             wait: Duration::from_millis(wait_ms),
             probe,
-            state: Mutex::new(State { phase: SpacePhase::Ok, avail_bytes: None, probed_at: None }),
+            state: Mutex::new(State {
+                phase: SpacePhase::Ok,
+                exhausted_because: "",
+                garbage_mark: None,
+                avail_bytes: None,
+                probed_at: None,
+            }),
             on_low: Mutex::new(None),
             waits: AtomicU64::new(0),
             refusals: AtomicU64::new(0),
             low_episodes: AtomicU64::new(0),
+            graces: AtomicU64::new(0),
         }
     }
 
     /// No reserve (tools, stores whose space cannot be probed).
     pub fn none() -> Arc<SpaceReserve> {
-        Arc::new(SpaceReserve::new(0, DEFAULT_SPACE_WAIT_MS, Box::new(|| None)))
+        Arc::new(SpaceReserve::new(0, 0, DEFAULT_SPACE_WAIT_MS, Box::new(|| None)))
     }
 
     pub fn reserve_bytes(&self) -> u64 {
@@ -162,6 +197,7 @@ impl SpaceReserve {
             waits: self.waits.load(Ordering::Relaxed),
             refusals: self.refusals.load(Ordering::Relaxed),
             low_episodes: self.low_episodes.load(Ordering::Relaxed),
+            graces: self.graces.load(Ordering::Relaxed),
         }
     }
 
@@ -172,6 +208,19 @@ impl SpaceReserve {
 
     /// [`SpaceReserve::check`] at `now`.
     pub fn check_at(&self, class: SpaceClass, now: Instant) -> SpaceVerdict {
+        self.decide(class, None, now)
+    }
+
+    /// [`SpaceReserve::check`] for a writer holding `grace`: once per time
+    /// the store goes below the reserve, a WRITE of that writer may roll
+    /// while half the reserve is left, as a trim may. An idle image whose
+    /// current segment is full can then still commit the filesystem
+    /// metadata that comes before the guest's trim.
+    pub fn check_with_grace(&self, class: SpaceClass, grace: &GraceToken) -> SpaceVerdict {
+        self.decide(class, Some(grace), Instant::now())
+    }
+
+    fn decide(&self, class: SpaceClass, grace: Option<&GraceToken>, now: Instant) -> SpaceVerdict {
         if self.reserve_bytes == 0 {
             return SpaceVerdict::Grant;
         }
@@ -185,13 +234,19 @@ impl SpaceReserve {
                 SpaceClass::Write => self.reserve_bytes,
                 SpaceClass::Range => self.reserve_bytes / 2,
             };
+            let episode = self.low_episodes.load(Ordering::Relaxed);
+            let graced = |g: &GraceToken| g.0.swap(episode, Ordering::Relaxed) != episode;
             let verdict = if avail >= floor {
+                SpaceVerdict::Grant
+            } else if avail >= self.reserve_bytes / 2 && grace.is_some_and(graced) {
+                bump(&self.graces);
                 SpaceVerdict::Grant
             } else if st.phase == SpacePhase::Exhausted {
                 SpaceVerdict::Refuse(format!(
-                    "the store's filesystem is full: {} MiB free, below the space reserve of {} MiB, and GC could not free more",
+                    "the store's filesystem is full: {} MiB free after a log segment, below the space reserve of {} MiB, and {}",
                     avail >> 20,
-                    self.reserve_bytes >> 20
+                    self.reserve_bytes >> 20,
+                    st.exhausted_because
                 ))
             } else {
                 SpaceVerdict::Wait
@@ -209,16 +264,18 @@ impl SpaceReserve {
         verdict
     }
 
-    /// A GC pass that began at `started` ended, freeing `freed_bytes`:
-    /// below the reserve, a pass that began after the store went low and
-    /// freed nothing shows that waiting is useless (exhausted); a pass
-    /// that freed something starts a new bounded wait.
-    pub fn gc_finished(&self, started: Instant, freed_bytes: u64) {
-        self.gc_finished_at(started, freed_bytes, Instant::now())
+    /// A GC pass that began at `started`, when the store had dropped
+    /// `dropped` block mappings (cas::gc::auto), ended, freeing
+    /// `freed_bytes` (0 for a pass that failed): below the reserve, a
+    /// pass that began after the store went low and freed nothing shows
+    /// that waiting is useless (exhausted); a pass that freed something
+    /// starts a new bounded wait.
+    pub fn gc_finished(&self, started: Instant, dropped: u64, freed_bytes: u64) {
+        self.gc_finished_at(started, dropped, freed_bytes, Instant::now())
     }
 
     /// [`SpaceReserve::gc_finished`] at `now`.
-    pub fn gc_finished_at(&self, started: Instant, freed_bytes: u64, now: Instant) {
+    pub fn gc_finished_at(&self, started: Instant, dropped: u64, freed_bytes: u64, now: Instant) {
         if self.reserve_bytes == 0 {
             return;
         }
@@ -235,20 +292,60 @@ impl SpaceReserve {
                     "GC freed nothing below the space reserve; writes that need new space now fail with ENOSPC"
                 );
                 st.phase = SpacePhase::Exhausted;
+                st.exhausted_because = "GC could not free more";
+                // Mappings dropped since this pass began may be garbage
+                // it did not sweep.
+                st.garbage_mark = Some(dropped);
             }
             SpacePhase::Exhausted if freed_bytes > 0 => st.phase = SpacePhase::Low { since: now },
             _ => {}
         }
     }
 
-    /// Garbage may have appeared (blocks trimmed or overwritten, an image
-    /// removed): an exhausted store waits again, for the GC pass that may
-    /// free it.
+    /// Garbage may have appeared (an image removed): an exhausted store
+    /// waits again, for the GC pass that may free it.
     pub fn garbage_appeared(&self) {
         let mut st = lock(&self.state);
         if st.phase == SpacePhase::Exhausted {
             tracing::info!("new garbage below the space reserve; writes wait for GC again");
             st.phase = SpacePhase::Low { since: Instant::now() };
+        }
+    }
+
+    /// The store has dropped `dropped` block mappings so far: while
+    /// exhausted, more than GC has looked at since is new garbage (trims,
+    /// overwrites), and writes wait again for the pass that may free it.
+    pub fn garbage_seen(&self, dropped: u64) {
+        let mut st = lock(&self.state);
+        if st.phase != SpacePhase::Exhausted {
+            return;
+        }
+        match st.garbage_mark {
+            None => st.garbage_mark = Some(dropped),
+            Some(mark) if dropped > mark => {
+                tracing::info!("new garbage below the space reserve; writes wait for GC again");
+                st.phase = SpacePhase::Low { since: Instant::now() };
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Probes the free space now and moves the phase, so that the state
+    /// reported is current while no write asks (a paused guest).
+    pub fn refresh(&self) {
+        if self.reserve_bytes == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let went_low = {
+            let mut st = lock(&self.state);
+            match self.probe_locked(&mut st, now, true) {
+                Some(avail) => self.update_locked(&mut st, avail, now),
+                None => false,
+            }
+        };
+        if went_low {
+            self.call_low();
         }
     }
 
@@ -261,7 +358,7 @@ impl SpaceReserve {
             .is_some_and(|t| now.saturating_duration_since(t).as_millis() < PROBE_MAX_AGE_MS as u128);
         let roomy = st.avail_bytes.is_some_and(|a| a >= self.reserve_bytes.saturating_mul(2));
         if force || !fresh || !roomy {
-            st.avail_bytes = (self.probe)();
+            st.avail_bytes = (self.probe)().map(|a| a.saturating_sub(self.roll_bytes));
             st.probed_at = Some(now);
         }
         st.avail_bytes
@@ -293,6 +390,8 @@ impl SpaceReserve {
                     "no space came back below the space reserve; writes that need new space now fail with ENOSPC"
                 );
                 st.phase = SpacePhase::Exhausted;
+                st.exhausted_because = "no space came back while writes waited";
+                st.garbage_mark = None;
                 false
             }
             _ => false,

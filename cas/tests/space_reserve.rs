@@ -108,8 +108,14 @@ fn writes_wait_below_the_reserve_fail_with_enospc_when_gc_cannot_free_and_resume
     // that fits in the current segment, a flush and reads go on.
     free(&mem, RESERVE - MIB);
     std::thread::sleep(Duration::from_millis(cas::space::PROBE_MAX_AGE_MS));
+    // The first such write of each image is its grace roll (above half the
+    // reserve); the next one waits.
+    let grace = b.try_reserve_for(RecordKind::Write, BIG).expect("b's grace roll");
+    assert!(grace.bytes() > 0 && grace.refusal().is_none());
+    drop(grace);
     assert_eq!(b.try_reserve_for(RecordKind::Write, BIG).err(), Some(Held::NoSpace));
     assert_eq!(state(&store), 1);
+    assert_eq!(store.space_stats().unwrap().space_graces, 1);
     b.write(MIB, &pattern(3, 4096), false).unwrap();
     b.flush().unwrap();
     assert_eq!(read(&b, MIB, 4096), pattern(3, 4096));

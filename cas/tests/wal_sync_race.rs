@@ -31,7 +31,8 @@ fn log_with_a_closed_segment(mem: &MemStorage) -> (Log, Durability, Arc<Segment>
     mem.create_dir_all(dir).unwrap();
     mem.sync_dir(Path::new("/")).unwrap();
     Log::create(mem, dir, SEGMENT_BYTES, 7).unwrap();
-    let (log, _) = Log::open(Arc::new(mem.clone()), dir, SEGMENT_BYTES, 7, 0, &mut |_, _, _| {}).unwrap();
+    let (log, _) =
+        Log::open(Arc::new(mem.clone()), dir, SEGMENT_BYTES, 7, 0, true, &mut |_, _, _| {}).unwrap();
     let durability = Durability::new("race".into(), 0);
     let mut written = Vec::new();
     loop {

@@ -1,12 +1,13 @@
 # A full store (issue 48 item 2): the store sits on a small ext4 with a
 # 128 MiB space reserve (--space-reserve) and a ballast file, two images
 # over it. b's flushed 4 MiB writes go on until the store is below the
-# reserve; then a write waits (space_state 1) while GC runs, and once GC
-# has freed nothing it fails with "No space left on device". The daemon
+# reserve; then (after b's one grace roll) a write waits (space_state 1)
+# while GC runs, and once GC has freed nothing it fails with "No space
+# left on device". The daemon
 # and both images stay up (no image failed). a deletes and trims a file;
 # GC frees it, the store goes back above the reserve (space_state 0), and
 # writes resume on both images. Everything flushed reads back, after a
-# restart too, and fsck is clean. 42 s in ci/vm (TCG), 70 s on a busy machine.
+# restart too, and fsck is clean. 42-57 s in ci/vm (TCG), 70 s on a busy machine.
 source "$(dirname "$0")/lib.sh"
 
 modprobe loop 2>/dev/null || true
@@ -58,12 +59,18 @@ flushed=$(fill_until_error "$bdev" 40)
 grep -q "No space left on device" "$SCRATCH/dd.err" || { cat "$SCRATCH/dd.err"; fail "the failing write did not say ENOSPC"; }
 pid_alive "$pid" || fail "the daemon died on a full store"
 [ "$(store_counter "$store" store space_state)" -eq 2 ] || fail "space_state is not 2 (full) after ENOSPC"
-[ "$(store_counter "$store" store space_waits)" -gt 0 ] || fail "no write waited below the reserve before ENOSPC"
+# b's first roll below the reserve is its grace roll; GC (woken when the
+# store went low) may have shown it frees nothing before b asks again, so
+# a wait is not certain here (cas/tests/space_reserve.rs shows one).
+asked=$(( $(store_counter "$store" store space_waits) + $(store_counter "$store" store space_graces) ))
+[ "$asked" -gt 0 ] || fail "no write asked the reserve before ENOSPC"
+[ "$(store_counter "$store" store space_low_episodes)" -ge 1 ] || fail "the store never went below its reserve"
+[ "$(store_counter "$store" store gc_auto_passes)" -ge 1 ] || fail "going below the reserve ran no GC pass"
 [ "$(store_counter "$store" store space_refusals)" -gt 0 ] || fail "no space refusal was counted"
 failures=$("$CASBLK" --store "$store" stats --json \
     | python3 -c "import json,sys; print(' '.join(i['name'] + ': ' + i['failure'] for i in json.load(sys.stdin)['images'] if i['failure']))")
 [ -z "$failures" ] || fail "an image failed on a full store: $failures"
-note "b: $flushed flushed 4 MiB writes, the next failed with ENOSPC after waiting ($((SECONDS - t0)) s of writes); daemon and images up"
+note "b: $flushed flushed 4 MiB writes, the next failed with ENOSPC ($((SECONDS - t0)) s of writes; $asked asks of the reserve held or graced); daemon and images up"
 tally space_enospc 1
 
 # a gives space back: rm, sync (a small write into its log's current

@@ -4,7 +4,7 @@ use crate::error::Error;
 
 /// Bytes of descriptor metadata one retained request is charged against its
 /// image's frontier quota: the entry itself (descriptor, arrival time, gate
-/// bookkeeping, about 112 bytes) plus its share of the ordered map and the
+/// bookkeeping, about 120 bytes) plus its share of the ordered map and the
 /// request-id index. A unit test keeps the entry within this charge.
 pub const DESCRIPTOR_SLOT_BYTES: u64 = 216;
 

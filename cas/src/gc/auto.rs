@@ -240,13 +240,14 @@ impl Task for AutoGcTask {
         let check = Step::Wait(Some(Duration::from_millis(self.opts.check_interval_ms.max(1))));
         let chunks = self.chunks.len();
         let dropped = self.shared.refs_dropped.load(Ordering::Relaxed);
-        let mut space = self.shared.space.phase();
-        if space == SpacePhase::Exhausted && dropped > lock(&self.shared.history).refs_dropped_at_last {
-            // Trims or overwrites since the last pass: writes wait for the
-            // pass that may free their space instead of failing.
-            self.shared.space.garbage_appeared();
-            space = self.shared.space.phase();
+        if self.shared.space.phase() != SpacePhase::Ok {
+            // Keep the reported state current while no write asks, and let
+            // trims or overwrites since the pass that exhausted the reserve
+            // make writes wait for the next pass instead of failing.
+            self.shared.space.refresh();
+            self.shared.space.garbage_seen(dropped);
         }
+        let space = self.shared.space.phase();
         let due = lock(&self.shared.history).due(&self.opts, chunks, dropped, space, cx.now());
         let Some(why) = due else {
             // Below the reserve, look again soon: writes are waiting.

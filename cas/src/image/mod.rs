@@ -40,7 +40,7 @@ pub use stats::ImageStats;
 use crate::background::BackgroundCpu;
 use crate::error::{Error, Result};
 use crate::io::IoCx;
-use crate::space::SpaceReserve;
+use crate::space::{GraceToken, SpaceReserve};
 use crate::storage::Storage;
 use crate::tasks::Tasks;
 use crate::units::SECTOR_BYTES;
@@ -102,6 +102,8 @@ pub struct Image {
     /// not yet published.
     reclaim_gate: std::sync::atomic::AtomicU64,
     space: Arc<SpaceReserve>,
+    /// This image's grace roll below the space reserve (cas::space).
+    space_grace: GraceToken,
 }
 
 /// How long reclamation waits for pins on a covered segment before it
@@ -155,6 +157,7 @@ impl Image {
             cfg.segment_bytes,
             cfg.log_id,
             cfg.replay_after_seq,
+            !cfg.read_only,
             &mut |seg, pos, h: &RecordHeader| {
                 first.get_or_insert((seg.index(), pos, h.seq));
                 let (start_sector, len_sectors) = (sectors(h.offset_bytes), sectors(h.len_bytes));
@@ -205,6 +208,7 @@ impl Image {
             start_cursor,
             reclaim_gate: std::sync::atomic::AtomicU64::new(u64::MAX),
             space: cfg.space,
+            space_grace: GraceToken::default(),
         })
     }
 

@@ -71,6 +71,6 @@ impl Image {
             return SpaceVerdict::Grant;
         }
         let class = if kind == RecordKind::Write { SpaceClass::Write } else { SpaceClass::Range };
-        self.space.check(class)
+        self.space.check_with_grace(class, &self.space_grace)
     }
 }

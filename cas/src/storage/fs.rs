@@ -138,8 +138,15 @@ impl StorageFile for FsFile {
     fn allocate(&self, offset: u64, len: u64) -> Result<()> {
         match rustix::fs::fallocate(&self.file, rustix::fs::FallocateFlags::KEEP_SIZE, offset, len) {
             Ok(()) => Ok(()),
-            // tmpfs before 3.5, some FUSE filesystems: writes allocate as before.
-            Err(e) if e == rustix::io::Errno::OPNOTSUPP => Ok(()),
+            // Some FUSE filesystems, seccomp or gVisor refusing the call:
+            // writes allocate as they go (said once).
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::warn!(path = %self.path.display(), "fallocate is not supported here; log records may still meet ENOSPC on a full filesystem");
+                });
+                Ok(())
+            }
             Err(e) => Err(Error::io(&self.path, std::io::Error::from_raw_os_error(e.raw_os_error()))),
         }
     }

@@ -39,12 +39,12 @@ impl Store {
         let dropped = self.gc.refs_dropped.load(Ordering::Relaxed);
         let started = std::time::Instant::now();
         let result = self.gc_marked_and_swept(opts);
-        if let Ok(report) = &result {
-            // Below the space reserve, a pass that freed nothing tells
-            // waiting writes to fail with ENOSPC (cas::space).
-            let freed = report.bytes_reclaimed.max(0) as u64 + report.manifest_pages_reclaimed * 4096;
-            self.space.gc_finished(started, freed);
-        }
+        // Below the space reserve, a pass that freed nothing (or failed)
+        // tells waiting writes to fail with ENOSPC (cas::space).
+        let freed = result.as_ref().map_or(0, |r| {
+            r.bytes_reclaimed.max(0) as u64 + r.manifest_pages_reclaimed * crate::manifest::PAGE_BYTES as u64
+        });
+        self.space.gc_finished(started, dropped, freed);
         let (now, chunks) = (self.opts.tasks.now(), self.chunks.len());
         // The pass's mark sets are freed: hand their pages back.
         crate::heap::PROCESS.release_free(now);

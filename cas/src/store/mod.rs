@@ -208,7 +208,7 @@ impl Store {
             tasks: opts.tasks.clone(),
             refs_dropped: refs_dropped.clone(),
         });
-        let space = Arc::new(space::reserve(&storage, dir, &opts)?);
+        let space = Arc::new(space::reserve(&storage, dir, &opts));
         let open: Arc<OpenImages> = Arc::default();
         // The interval counts from the open: no automatic pass races the
         // first minute's manual maintenance.

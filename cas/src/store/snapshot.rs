@@ -144,6 +144,7 @@ impl Store {
             self.opts.log_segment_bytes,
             header.log_id,
             own.covered(),
+            false,
             &mut |_, _, _| {},
         )?;
         let covered = (log.next_seq() - 1).max(own.covered());

@@ -2,7 +2,6 @@
 //! filesystem the store is on, handed to every image, GC and the stats.
 
 use super::{Store, StoreOptions};
-use crate::error::Result;
 use crate::space::{default_reserve_bytes, SpaceReserve};
 use crate::storage::Storage;
 use std::path::Path;
@@ -16,10 +15,12 @@ impl Store {
 }
 
 /// The reserve `opts` asks for over the filesystem holding `dir`: none
-/// where its space is unknown (storage in memory without a figure).
-pub(super) fn reserve(storage: &Arc<dyn Storage>, dir: &Path, opts: &StoreOptions) -> Result<SpaceReserve> {
-    let Some(fs) = storage.space(dir)? else {
-        return Ok(SpaceReserve::new(0, opts.space_wait_ms, Box::new(|| None)));
+/// where its space is unknown (storage in memory without a figure, a
+/// statvfs that fails).
+pub(super) fn reserve(storage: &Arc<dyn Storage>, dir: &Path, opts: &StoreOptions) -> SpaceReserve {
+    let roll_bytes = opts.log_segment_bytes;
+    let Some(fs) = storage.space(dir).ok().flatten() else {
+        return SpaceReserve::new(0, roll_bytes, opts.space_wait_ms, Box::new(|| None));
     };
     let reserve_bytes = opts.space_reserve_bytes.unwrap_or_else(|| default_reserve_bytes(fs.size_bytes));
     if reserve_bytes > 0 {
@@ -33,5 +34,5 @@ pub(super) fn reserve(storage: &Arc<dyn Storage>, dir: &Path, opts: &StoreOption
     let (storage, dir) = (storage.clone(), dir.to_path_buf());
     // A failed statvfs counts as unknown: the reserve grants.
     let probe = move || storage.space(&dir).ok().flatten().map(|s| s.avail_bytes);
-    Ok(SpaceReserve::new(reserve_bytes, opts.space_wait_ms, Box::new(probe)))
+    SpaceReserve::new(reserve_bytes, roll_bytes, opts.space_wait_ms, Box::new(probe))
 }

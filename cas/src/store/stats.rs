@@ -42,13 +42,17 @@ pub struct SpaceStats {
     pub overcommit_ratio: f64,
     /// The space reserve (cas::space; 0: none), its state (0 ok, 1 low:
     /// writes that need new space wait, 2 exhausted: they fail with
-    /// ENOSPC), and its counters: writes held, writes refused, and times
-    /// the store went below it.
+    /// ENOSPC), and its counters: asks told to wait (a held write asks
+    /// again every 100 ms), asks refused, and times the store went below
+    /// it.
     pub space_reserve_bytes: u64,
     pub space_state: u8,
     pub space_waits: u64,
     pub space_refusals: u64,
     pub space_low_episodes: u64,
+    /// Grace rolls granted: one WRITE per image per episode may roll
+    /// while half the reserve is left.
+    pub space_graces: u64,
 }
 
 impl Store {
@@ -81,7 +85,8 @@ impl Store {
         s.dedup_ratio = if s.chunks == 0 { 1.0 } else { s.mapped_blocks as f64 / s.chunks as f64 };
         let c = self.space.counters();
         (s.space_reserve_bytes, s.space_state) = (self.space.reserve_bytes(), self.space.phase().code());
-        (s.space_waits, s.space_refusals, s.space_low_episodes) = (c.waits, c.refusals, c.low_episodes);
+        (s.space_waits, s.space_refusals, s.space_low_episodes, s.space_graces) =
+            (c.waits, c.refusals, c.low_episodes, c.graces);
         let gc = *lock(&self.gc.history);
         (s.gc_passes, s.gc_auto_passes, s.gc_auto_failures, s.gc_reclaimed_bytes) =
             (gc.passes, gc.auto_passes, gc.auto_failures, gc.reclaimed_bytes);

@@ -16,6 +16,7 @@ use crate::storage::Storage;
 use crate::units::SECTOR_BYTES;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -110,6 +111,9 @@ pub struct Log {
     /// Size of segments created from now on.
     segment_bytes: u64,
     state: Mutex<LogState>,
+    /// Bytes left in the current segment, kept outside `state` so that
+    /// the scheduler's reservations never wait for a roll's file I/O.
+    tail_room_bytes: AtomicU64,
 }
 
 use crate::sync::lock;
@@ -117,7 +121,10 @@ use crate::sync::lock;
 impl Log {
     /// Creates an empty log (its first segment) in `dir`, which must exist.
     pub fn create(storage: &dyn Storage, dir: &Path, segment_bytes: u64, log_id: u64) -> Result<()> {
-        Segment::create(storage, dir, SegmentHeader { index: 1, segment_bytes, first_seq: 1, log_id }, true)?;
+        // Not allocated here: a snapshot's log is never written; a writable
+        // image allocates its tail at open.
+        let header = SegmentHeader { index: 1, segment_bytes, first_seq: 1, log_id };
+        Segment::create(storage, dir, header, true, false)?;
         Ok(())
     }
 
@@ -130,6 +137,7 @@ impl Log {
         segment_bytes: u64,
         log_id: u64,
         replay_after_seq: u64,
+        allocate_tail: bool,
         apply: &mut dyn FnMut(&Arc<Segment>, u64, &RecordHeader),
     ) -> Result<(Log, RecoveryReport)> {
         let Recovered { segments, tail, next_seq, next_index, report } =
@@ -148,17 +156,19 @@ impl Log {
         let mut write_pos = tail;
         if segs.is_empty() {
             let header = SegmentHeader { index: next_index, segment_bytes, first_seq: next_seq, log_id };
-            let segment = Segment::create(&*storage, dir, header, true)?;
+            let segment = Segment::create(&*storage, dir, header, true, false)?;
             segs.push_back(SegState { segment: Arc::new(segment), last_seq: None, synced: true });
             write_pos = SEGMENT_HEADER_BYTES as u64;
         }
-        if let Some(tail) = segs.back() {
-            // Truncating a torn tail freed the blocks past the last record:
-            // allocate them again, or, on a full filesystem, leave the tail
-            // so that the first record rolls (a roll can fail cleanly, a
-            // record write cannot).
+        if let Some(tail) = segs.back().filter(|_| allocate_tail) {
+            // A log's first segment, and a tail whose torn records were
+            // truncated, hold no blocks past the last record: allocate
+            // them, or, on a full filesystem, leave the tail so that the
+            // first record rolls (a roll can fail cleanly, a record write
+            // cannot).
             let seg_bytes = tail.segment.header.segment_bytes;
-            if let Err(e) = tail.segment.file.allocate(write_pos, seg_bytes.saturating_sub(write_pos)) {
+            let rest = seg_bytes.saturating_sub(write_pos);
+            if let Err(e) = if rest > 0 { tail.segment.file.allocate(write_pos, rest) } else { Ok(()) } {
                 tracing::warn!(dir = %dir.display(), "cannot allocate the log's tail ({e}); the next record starts a new segment");
                 write_pos = seg_bytes;
             }
@@ -168,6 +178,7 @@ impl Log {
             dir: dir.to_path_buf(),
             log_id,
             segment_bytes,
+            tail_room_bytes: AtomicU64::new(0),
             state: Mutex::new(LogState {
                 segments: segs,
                 write_pos,
@@ -177,6 +188,7 @@ impl Log {
                 retired: Vec::new(),
             }),
         };
+        log.note_tail(&lock(&log.state));
         Ok((log, report))
     }
 
@@ -205,9 +217,14 @@ impl Log {
     /// Bytes left in the current segment: what records may take before
     /// the next roll needs new space.
     pub fn tail_room_bytes(&self) -> u64 {
-        let st = lock(&self.state);
+        self.tail_room_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Publishes the current segment's room after `st` changed.
+    fn note_tail(&self, st: &LogState) {
         let seg = st.segments.back().expect("a log always has a segment");
-        seg.segment.header.segment_bytes.saturating_sub(st.write_pos)
+        let room = seg.segment.header.segment_bytes.saturating_sub(st.write_pos);
+        self.tail_room_bytes.store(room, Ordering::Relaxed);
     }
 
     /// Segment files: in the log, plus retired ones not deleted yet.
@@ -278,6 +295,7 @@ impl Log {
         };
         st.next_seq += 1;
         st.write_pos += RECORD_HEADER_BYTES as u64 + granted;
+        self.note_tail(&st);
         Ok(slot)
     }
 
@@ -290,13 +308,14 @@ impl Log {
             first_seq: st.next_seq,
             log_id: self.log_id,
         };
-        let segment = Segment::create(&*self.storage, &self.dir, header, false)?;
+        let segment = Segment::create(&*self.storage, &self.dir, header, false, true)?;
         let last = st.segments.back_mut().expect("a log always has a segment");
         last.last_seq = Some(st.next_seq - 1);
         last.synced = false;
         st.segments.push_back(SegState { segment: Arc::new(segment), last_seq: None, synced: false });
         st.write_pos = SEGMENT_HEADER_BYTES as u64;
         st.dir_created += 1;
+        self.note_tail(st);
         Ok(())
     }
 

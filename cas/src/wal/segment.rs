@@ -169,12 +169,15 @@ impl Segment {
     /// without, the next group-commit round syncs both (a segment rolled to
     /// on the write path costs no sync there). On failure the half-made
     /// file is removed (best effort); a file left by such a failure is
-    /// replaced by the next attempt.
+    /// replaced by the next attempt. With `allocate`, the whole segment is
+    /// allocated first (a roll on the write path; a log's first segment
+    /// is allocated when a writable image opens it, see `Log::open`).
     pub fn create(
         storage: &dyn Storage,
         dir: &Path,
         header: SegmentHeader,
         durable: bool,
+        allocate: bool,
     ) -> Result<Segment> {
         let path: PathBuf = dir.join(segment_file_name(header.index));
         let file = match storage.open(&path, OpenMode::CreateNew) {
@@ -189,16 +192,14 @@ impl Segment {
         // The whole segment is allocated before its header is written, so
         // no record written into it can fail for lack of space: a full
         // filesystem fails the roll, before any seq is assigned.
-        let made = file
-            .allocate(0, header.segment_bytes)
-            .and_then(|()| file.write_all_at(&header.encode(), 0))
-            .and_then(|()| {
-                if durable {
-                    file.sync_data()?;
-                    storage.sync_dir(dir)?;
-                }
-                Ok(())
-            });
+        let allocated = if allocate { file.allocate(0, header.segment_bytes) } else { Ok(()) };
+        let made = allocated.and_then(|()| file.write_all_at(&header.encode(), 0)).and_then(|()| {
+            if durable {
+                file.sync_data()?;
+                storage.sync_dir(dir)?;
+            }
+            Ok(())
+        });
         if let Err(e) = made {
             let _ = storage.remove_file(&path);
             return Err(e);
