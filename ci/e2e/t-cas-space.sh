@@ -95,16 +95,20 @@ if [ "$state" -ne 0 ]; then
 fi
 note "after the trim: above the reserve again in $((SECONDS - t1)) s ($(store_counter "$store" store gc_auto_passes) automatic GC passes)"
 
-# Writes resume on both images.
-for i in $(seq "$flushed" $((flushed + 7))); do
+# Writes resume on both images: 12 MiB of new data, which with its log
+# fits in what GC freed above the reserve (more would be a full store
+# again). a's file is fsync'd: a plain sync(1) does not report an ext4
+# writeback error.
+for i in $(seq "$flushed" $((flushed + 1))); do
     head -c 4M /dev/urandom >"$SCRATCH/fill$i"
     dd if="$SCRATCH/fill$i" of="$bdev" bs=1M seek=$((i * 4)) oflag=direct conv=fsync status=none \
         || fail "b's write $i failed after space came back"
 done
-flushed=$((flushed + 8))
-head -c 16M /dev/urandom >"$mnt/more"
+flushed=$((flushed + 2))
+head -c 4M /dev/urandom >"$mnt/more"
 (cd "$mnt" && sha256sum more) >"$SCRATCH/more.sum"
-sync || fail "a's sync failed after space came back"
+sync "$mnt/more" || fail "a's fsync failed after space came back"
+sync
 (cd "$mnt" && sha256sum --quiet -c "$SCRATCH/keep.sum") || fail "a's kept file changed"
 tally space_resumed 1
 umount "$mnt"
