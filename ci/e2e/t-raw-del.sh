@@ -9,7 +9,7 @@ pid1=$("$CASBLK" list --json | python3 -c "import json,sys; print([d['daemon_pid
 [ ! -e "$d1" ] || fail "$d1 still exists after del"
 for _ in $(seq 100); do pid_alive "$pid1" || break; sleep 0.1; done
 ! pid_alive "$pid1" || fail "daemon $pid1 of $d1 still running after del"
-[ ! -e "/run/ublksrvd/$(dev_id "$d1").json" ] || fail "the device's json was left in /run/ublksrvd"
+[ ! -e "/run/ublksrvd/$(printf %04d "$(dev_id "$d1")").json" ] || fail "the device's json was left in /run/ublksrvd"
 [ -b "$d2" ] || fail "del of $d1 removed $d2 too"
 dd if=/dev/zero of="$d2" bs=4k count=1 oflag=direct status=none || fail "$d2 not usable after deleting $d1"
 note "del -n removed only its device and daemon"

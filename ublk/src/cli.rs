@@ -319,6 +319,20 @@ pub struct AddArgs {
     #[arg(long)]
     pub foreground: bool,
 
+    /// What the device's IO does while no daemon serves it (the daemon
+    /// died, or `upgrade` hands it over): queue waits for the next daemon,
+    /// which serves it again; fail fails it at once, until a daemon takes
+    /// the device over (Linux 6.13+).
+    #[arg(long, value_enum, value_name = "queue|fail", default_value = "queue")]
+    pub on_daemon_loss: crate::device::policy::DaemonLoss,
+
+    /// Let the host scan the device for partitions, activating a guest's
+    /// partition table (and what udev finds in it, LVM or RAID). Without
+    /// it the host leaves the device alone where the driver can (Linux
+    /// 7.0+); older drivers always scan.
+    #[arg(long)]
+    pub partitions: bool,
+
     #[command(flatten)]
     pub store_settings: StoreSettings,
 
@@ -327,6 +341,10 @@ pub struct AddArgs {
 }
 
 impl AddArgs {
+    pub fn policy(&self) -> crate::device::policy::Policy {
+        crate::device::policy::Policy { on_daemon_loss: self.on_daemon_loss, partitions: self.partitions }
+    }
+
     pub fn shape(&self) -> crate::device::Shape {
         crate::device::Shape {
             queues: self.queues,
@@ -435,16 +453,22 @@ pub struct RecoverArgs {
 }
 
 #[derive(Args, Debug)]
-#[group(required = true, multiple = false)]
+#[group(skip)]
+#[command(group(clap::ArgGroup::new("which").required(true).multiple(false)))]
 pub struct UpgradeArgs {
     /// Only the daemon serving device ID (a store daemon hands over all of
     /// its devices).
-    #[arg(short = 'n', long = "number")]
+    #[arg(short = 'n', long = "number", group = "which")]
     pub id: Option<u32>,
 
     /// Every daemon that serves a device casblk added.
-    #[arg(short = 'a', long = "all")]
+    #[arg(short = 'a', long = "all", group = "which")]
     pub all: bool,
+
+    /// Hand over devices added with --on-daemon-loss fail too: their IO
+    /// fails while no daemon serves them, for the handoff's length.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug)]

@@ -96,9 +96,14 @@ pub fn add_image(store: &Path, args: AddArgs) -> Result<()> {
         settings: args.store_settings.clone(),
         recover: false,
         limits,
+        policy: args.policy(),
     };
     req.settings.options()?;
     req.settings.metrics_address()?;
+    // A driver that cannot honour the device options refuses here, before
+    // a daemon is reached or started.
+    crate::device::driver::require_driver()?;
+    req.policy.add_flags(crate::device::driver::driver_features().ok(), true)?;
     serve_via_daemon(&dir, &req, args.foreground)
 }
 
@@ -117,6 +122,7 @@ pub fn recover_image(state: &crate::device::state::DeviceState, foreground: bool
         settings: (**settings).clone(),
         recover: true,
         limits: *limits,
+        policy: Default::default(),
     };
     serve_via_daemon(&dir, &req, foreground)
 }

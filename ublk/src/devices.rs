@@ -3,7 +3,7 @@
 
 use crate::cli::{DelArgs, ListArgs, RecoverArgs, UpgradeArgs};
 use crate::device::driver::{
-    device_ids, driver_features, feature_names, is_quiesced, open_device, process_exists, require_driver,
+    awaits_daemon, device_ids, driver_features, feature_names, open_device, process_exists, require_driver,
     state_name, QUIESCE_WAIT,
 };
 use anyhow::{bail, Context, Result};
@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 fn feature_use(bit: u32) -> &'static str {
     use libublk::sys as u;
     match 1u32.checked_shl(bit).unwrap_or(0) {
-        f if f == u::UBLK_F_USER_RECOVERY || f == u::UBLK_F_USER_RECOVERY_REISSUE => {
-            "asked for: a device outlives its daemon (recover, upgrade)"
+        f if f == u::UBLK_F_USER_RECOVERY => "asked for: a device outlives its daemon (recover, upgrade)",
+        f if f == u::UBLK_F_USER_RECOVERY_REISSUE => {
+            "asked for unless add --on-daemon-loss fail: IO waits for the next daemon, which reissues it"
         }
         f if f == u::UBLK_F_USER_COPY => "asked for by cas images: the daemon copies request data itself",
         f if f == u::UBLK_F_URING_CMD_COMP_IN_TASK
@@ -29,6 +30,12 @@ fn feature_use(bit: u32) -> &'static str {
         f if f == u::UBLK_F_UPDATE_SIZE => "used by image resize: an attached image grows online",
         f if f == u::UBLK_F_SAFE_STOP_DEV => {
             "set by the kernel on every device; del stops through it (TRY_STOP_DEV)"
+        }
+        f if f == u::UBLK_F_USER_RECOVERY_FAIL_IO => {
+            "on request (add --on-daemon-loss fail): IO fails at once while no daemon serves the device"
+        }
+        f if f == u::UBLK_F_NO_AUTO_PART_SCAN => {
+            "asked for unless add --partitions: the host does not scan a guest's partition table"
         }
         _ => "not used",
     }
@@ -132,6 +139,7 @@ fn delete(id: u32, force: bool) -> Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
     crate::device::recovering::forget(id);
+    crate::device::remove_json(id);
     crate::device::state::DeviceState::remove(id)
 }
 
@@ -202,7 +210,7 @@ pub fn del(args: &DelArgs) -> Result<()> {
 pub fn recover(args: &RecoverArgs) -> Result<()> {
     require_driver()?;
     let ids = if args.all {
-        crate::device::state::DeviceState::ids().into_iter().filter(|&id| is_quiesced(id)).collect()
+        crate::device::state::DeviceState::ids().into_iter().filter(|&id| awaits_daemon(id)).collect()
     } else {
         vec![args.id.ok_or_else(|| anyhow::anyhow!("recover needs -n ID or -a"))?]
     };
@@ -239,9 +247,16 @@ pub fn upgrade(args: &UpgradeArgs) -> Result<()> {
         Default::default();
     for id in ids {
         let state = crate::device::state::DeviceState::load(id)?;
-        let pid = open_device(id)?.dev_info().ublksrv_pid;
+        let info = open_device(id)?.dev_info();
+        let pid = info.ublksrv_pid;
         if !state.recovery {
             bail!("ublk device {id} was added without user recovery: it cannot be handed over");
+        }
+        if crate::device::policy::fails_io_without_daemon(info.flags) && !args.force {
+            bail!(
+                "ublk device {id} was added with --on-daemon-loss fail: its IO would fail during the handoff; \
+                 --force to hand it over anyway"
+            );
         }
         by_daemon.entry(pid).or_default().push(state);
     }
@@ -342,7 +357,7 @@ fn describe(id: u32) -> Result<DeviceRow> {
         id,
         bdev: ctrl.get_bdev_path(),
         state: match state_name(info.state) {
-            "quiesced" if crate::device::recovering::recovering_pid(id).is_some() => "recovering",
+            "quiesced" | "fail_io" if crate::device::recovering::recovering_pid(id).is_some() => "recovering",
             name => name,
         },
         queues: info.nr_hw_queues,

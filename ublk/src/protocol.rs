@@ -194,6 +194,10 @@ mod tests {
         assert_eq!(back["args"]["io_buf_bytes"], 524288);
         assert!(back["args"].get("shape").is_none(), "{back}");
         assert!(back["args"].get("limits").is_none(), "no limits: the add an older daemon reads: {back}");
+        assert!(
+            back["args"].get("policy").is_none(),
+            "the default policy: the add an older daemon reads: {back}"
+        );
         let limited = AddImageArgs {
             limits: sched::Limits { read_iops: Some(sched::RateLimit::new(500)), ..Default::default() },
             ..match decode_framed(&old).unwrap() {

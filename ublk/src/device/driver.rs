@@ -44,9 +44,8 @@ pub fn require_driver() -> Result<()> {
     Ok(())
 }
 
-/// Refuses an explicit device id that is taken. Checked before ADD because
-/// libublk's control handle, when ADD fails with EEXIST, deletes the device
-/// with that id on drop: it would remove the device that is in the way.
+/// Refuses an explicit device id that is taken, before a daemon is
+/// started for it (ADD_DEV would refuse it too, with EEXIST, later).
 pub fn require_free_id(id: i32) -> Result<()> {
     if id >= 0 && Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists() {
         bail!("ublk device {id} already exists");
@@ -54,42 +53,12 @@ pub fn require_free_id(id: i32) -> Result<()> {
     Ok(())
 }
 
-/// The control flags that make a new device survive its daemon: user
-/// recovery with reissue, when the driver has both (Linux 6.1+ and 6.2+).
-/// Without them a daemon crash fails the device's IO, as before; that is
-/// said once, and the device is added anyway.
-pub fn recovery_flags() -> u64 {
-    let want = u64::from(libublk::sys::UBLK_F_USER_RECOVERY | libublk::sys::UBLK_F_USER_RECOVERY_REISSUE);
-    match driver_features() {
-        Ok(mask) if mask & want == want => want,
-        Ok(_) | Err(_) => {
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                tracing::warn!(
-                    "this ublk driver has no user recovery with reissue: if the daemon dies, its devices' IO fails"
-                )
-            });
-            0
-        }
-    }
-}
-
-/// `UBLK_F_USER_COPY` where the driver has it (Linux 6.5+), else 0: the
-/// daemon moves request data through the char device itself, when it
-/// serves the request, instead of the kernel copying it into a buffer per
-/// tag before delivery.
-pub fn user_copy_flag() -> u64 {
-    let flag = u64::from(libublk::sys::UBLK_F_USER_COPY);
-    match driver_features() {
-        Ok(mask) if mask & flag != 0 => flag,
-        Ok(_) | Err(_) => 0,
-    }
-}
-
 /// Takes over device `id`, whose daemon died, for a new daemon
-/// (START_USER_RECOVERY). The device must be QUIESCED: added with user
-/// recovery, and its daemon gone.
-pub fn begin_recovery(id: i32) -> Result<()> {
+/// (START_USER_RECOVERY). The device must wait for a daemon: added with
+/// user recovery, and its daemon gone. Returns the state it waited in:
+/// QUIESCED (its IO held) or FAIL_IO (its IO failed meanwhile), which
+/// libublk cannot finish recovering (`Device::serve` does it itself).
+pub fn begin_recovery(id: i32) -> Result<u32> {
     let mut ctrl = UblkCtrl::new_simple(id).with_context(|| format!("ublk device {id}"))?;
     let mut info = ctrl.dev_info();
     if info.flags & u64::from(libublk::sys::UBLK_F_USER_RECOVERY) == 0 {
@@ -105,12 +74,16 @@ pub fn begin_recovery(id: i32) -> Result<()> {
         ctrl = UblkCtrl::new_simple(id).with_context(|| format!("ublk device {id}"))?;
         info = ctrl.dev_info();
     }
-    match u32::from(info.state) {
-        libublk::sys::UBLK_S_DEV_QUIESCED => {}
+    let state = u32::from(info.state);
+    match state {
+        libublk::sys::UBLK_S_DEV_QUIESCED | libublk::sys::UBLK_S_DEV_FAIL_IO => {}
         libublk::sys::UBLK_S_DEV_LIVE => {
             bail!("ublk device {id} is live: its daemon (pid {}) still serves it", info.ublksrv_pid)
         }
-        _ => bail!("ublk device {id} is {}, not quiesced: nothing to recover", state_name(info.state)),
+        _ => bail!(
+            "ublk device {id} is {}, not waiting for a daemon: nothing to recover",
+            state_name(info.state)
+        ),
     }
     ctrl.start_user_recover().map_err(|e| match e {
         // Older drivers (6.12's among them) refuse a second
@@ -123,16 +96,22 @@ pub fn begin_recovery(id: i32) -> Result<()> {
         ),
         other => anyhow::anyhow!("START_USER_RECOVERY of device {id} failed: {other}"),
     })?;
-    Ok(())
+    Ok(state)
 }
 
 /// How long `recover` waits for the driver to quiesce a device whose
 /// daemon is gone.
 pub const QUIESCE_WAIT: Duration = Duration::from_secs(10);
 
-/// Whether device `id` waits, quiesced, for a daemon.
-pub fn is_quiesced(id: u32) -> bool {
-    open_device(id).is_ok_and(|c| u32::from(c.dev_info().state) == libublk::sys::UBLK_S_DEV_QUIESCED)
+/// Whether device `id` waits for a daemon: quiesced (its IO held), or
+/// failing its IO (added with `--on-daemon-loss fail`).
+pub fn awaits_daemon(id: u32) -> bool {
+    open_device(id).is_ok_and(|c| {
+        matches!(
+            u32::from(c.dev_info().state),
+            libublk::sys::UBLK_S_DEV_QUIESCED | libublk::sys::UBLK_S_DEV_FAIL_IO
+        )
+    })
 }
 
 /// Whether process `pid` still runs: a zombie (exited, not yet reaped by
@@ -200,7 +179,7 @@ pub fn state_name(state: u16) -> &'static str {
         libublk::sys::UBLK_S_DEV_DEAD => "dead",
         libublk::sys::UBLK_S_DEV_LIVE => "live",
         libublk::sys::UBLK_S_DEV_QUIESCED => "quiesced",
-        3 => "fail_io",
+        libublk::sys::UBLK_S_DEV_FAIL_IO => "fail_io",
         _ => "unknown",
     }
 }

@@ -1,20 +1,22 @@
 //! The device layer every target shares: a ublk device's shape, its
 //! lifecycle from ADD (or START_USER_RECOVERY) to its deletion, and the
 //! pieces around it: the driver (`driver`, and `ctrl_cmd` for the control
-//! commands libublk does not send), device parameters (`params`),
-//! the per-queue ring (`ring`), launching a daemon (`launch`), who holds a
-//! device open (`openers`), a started device's size (`resize`), and what a device leaves in /run for recovery
-//! (`state`, `recovering`).
+//! commands casblk sends itself), what a new device asks for (`policy`),
+//! device parameters (`params`), the per-queue ring (`ring`), launching a
+//! daemon (`launch`), who holds a device open (`openers`), a started
+//! device's size (`resize`), starting a device recovered from FAIL_IO
+//! (`fail_io`), and what a device leaves in /run for recovery (`state`,
+//! `recovering`).
 //!
 //! ```text
-//!  Device::create(id, shape, start, ..)      ADD_DEV with user recovery (and user
-//!        │                                   copy, if asked), or START_USER_RECOVERY;
-//!        │                                   state file saved
+//!  Device::create(id, shape, start, ..)      ADD_DEV sent by casblk with the policy's
+//!        │                                   flags, then taken over by libublk by id;
+//!        │                                   or START_USER_RECOVERY; state file saved
 //!  Device::serve(setup, queue_fn, ready)     params + target JSON, one thread per
 //!        │                                   queue (the target's queue_fn), START_DEV
 //!        │                                   (END_USER_RECOVERY), ready(path)
 //!        v                                   ... until the device is stopped ...
-//!  queues gone: a recovered device deleted, its state file removed
+//!  queues gone: the device deleted, its state file removed
 //! ```
 //!
 //! A target (`targets::raw`, `targets::cas`) provides the device's size,
@@ -22,9 +24,11 @@
 
 pub mod ctrl_cmd;
 pub mod driver;
+mod fail_io;
 pub mod launch;
 pub mod openers;
 pub mod params;
+pub mod policy;
 pub mod recovering;
 pub mod resize;
 pub mod ring;
@@ -105,43 +109,72 @@ pub struct Device {
     ctrl: UblkCtrl,
     start: Start,
     shape: Shape,
+    /// The device was taken over in the FAIL_IO state, which libublk
+    /// cannot finish recovering: `serve` starts it itself.
+    from_fail_io: bool,
+    /// Deletes a device this process added if it is never served.
+    added: Option<Added>,
+}
+
+/// A device this process added and has not yet served: deleted, with its
+/// state file, if it is dropped that way (a failed take-over, a target
+/// that fails before serving), so no never-started device is left behind.
+struct Added(u32);
+
+impl Drop for Added {
+    fn drop(&mut self) {
+        if let Err(e) = ctrl_cmd::del_dev(self.0) {
+            tracing::warn!(dev = self.0, "deleting the device that was never served: {e:#}");
+        }
+        remove_json(self.0);
+        let _ = state::DeviceState::remove(self.0);
+    }
 }
 
 impl Device {
     /// Adds device `id` (-1: the driver picks) for `target` (the name the
-    /// driver shows), or takes it over for recovery; then records it in its
-    /// state file, so `casblk recover` can serve it again if this daemon dies.
+    /// driver shows), with the flags `policy` asks for on this driver, or
+    /// takes it over for recovery; then records it in its state file, so
+    /// `casblk recover` can serve it again if this daemon dies.
     /// `user_copy`: a new device asks for user copy where the driver has
     /// it (the target's queue threads then pass request data through the
     /// char device); one taken over keeps what it has.
+    ///
+    /// casblk sends ADD_DEV itself (libublk refuses flags newer than it)
+    /// and libublk takes the new device over by id, as for a recovery.
     pub fn create(
         target: &str,
         id: i32,
         shape: Shape,
         start: Start,
         state: state::Target,
-        user_copy: bool,
+        flags: (policy::Policy, bool),
     ) -> Result<Device> {
-        let builder = UblkCtrlBuilder::default()
+        let (policy, user_copy) = flags;
+        let (id, shape, added, from_fail_io) = match start {
+            Start::Add => {
+                let add_flags = policy.add_flags(driver::driver_features().ok(), user_copy)?;
+                let info = ctrl_cmd::add_dev(id, &shape, add_flags)?;
+                let added = Added(info.dev_id);
+                // The kernel clamps the queues to the CPUs it has.
+                let shape = Shape { queues: info.nr_hw_queues, depth: info.queue_depth, ..shape };
+                forget_stale_json(info.dev_id);
+                (info.dev_id as i32, shape, Some(added), false)
+            }
+            Start::Recover => {
+                let waited_in = driver::begin_recovery(id)?;
+                (id, shape, None, waited_in == libublk::sys::UBLK_S_DEV_FAIL_IO)
+            }
+        };
+        let ctrl = UblkCtrlBuilder::default()
             .name(target)
             .id(id)
             .nr_queues(shape.queues)
             .depth(shape.depth)
-            .io_buf_bytes(shape.io_buf_bytes);
-        let ctrl = match start {
-            Start::Add => builder
-                .ctrl_flags(driver::recovery_flags() | if user_copy { driver::user_copy_flag() } else { 0 })
-                .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
-                .build()
-                .map_err(|e| driver::ctrl_error(id, e))?,
-            Start::Recover => {
-                driver::begin_recovery(id)?;
-                builder
-                    .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
-                    .build()
-                    .map_err(|e| driver::ctrl_error(id, e))?
-            }
-        };
+            .io_buf_bytes(shape.io_buf_bytes)
+            .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
+            .build()
+            .map_err(|e| driver::ctrl_error(id, e))?;
         let info = ctrl.dev_info();
         state::DeviceState {
             id: info.dev_id,
@@ -150,7 +183,7 @@ impl Device {
             target: state,
         }
         .save()?;
-        Ok(Device { ctrl, start, shape })
+        Ok(Device { ctrl, start, shape, from_fail_io, added })
     }
 
     pub fn id(&self) -> u32 {
@@ -160,11 +193,10 @@ impl Device {
     /// Serves the device until it is stopped (`del`, a signal, or a failed
     /// start): one thread per queue runs `queue_fn`; once the block device
     /// node exists, `ready` gets its path (or the error, and the device is
-    /// stopped). Afterwards nothing is left to recover: a device taken over
-    /// is deleted here (libublk deletes only one it added), then `stopped`
-    /// undoes what the target made for it (links), and last its state file
-    /// is removed, so a daemon dying on the way leaves the file that names
-    /// what to clean up.
+    /// stopped). Afterwards nothing is left to recover: the device is
+    /// deleted here, then `stopped` undoes what the target made for it
+    /// (links), and last its state file is removed, so a daemon dying on
+    /// the way leaves the file that names what to clean up.
     pub fn serve<Q>(
         self,
         setup: Setup,
@@ -175,7 +207,10 @@ impl Device {
     where
         Q: FnOnce(u16, &UblkDev) + Send + Sync + Clone + 'static,
     {
-        let (dev_id, start, io_buf_bytes) = (self.id(), self.start, self.shape.io_buf_bytes);
+        let Device { ctrl, start, shape, from_fail_io, added } = self;
+        // From here the device is deleted below, whatever happens.
+        std::mem::forget(added);
+        let dev_id = ctrl.dev_info().dev_id;
         let Setup { size_bytes, discard, read_only, target_json, fixed_file } = setup;
         let tgt_init = move |dev: &mut UblkDev| {
             let tgt = &mut dev.tgt;
@@ -184,7 +219,7 @@ impl Device {
                 tgt.nr_fds += 1;
             }
             tgt.dev_size = size_bytes;
-            tgt.params = params::device_params(size_bytes, io_buf_bytes, discard, read_only);
+            tgt.params = params::device_params(size_bytes, shape.io_buf_bytes, discard, read_only);
             dev.set_target_json(target_json);
             Ok(())
         };
@@ -201,17 +236,44 @@ impl Device {
                 }
             }
         };
-        let served = self.ctrl.run_target(tgt_init, queue_fn, on_started);
-        drop(self.ctrl);
-        if start == Start::Recover {
-            if let Ok(ctrl) = UblkCtrl::new_simple(dev_id as i32) {
-                let _ = ctrl.del_dev();
-            }
+        let served = if from_fail_io {
+            fail_io::serve_recovered(&ctrl, tgt_init, queue_fn, on_started)
+        } else {
+            ctrl.run_target(tgt_init, queue_fn, on_started)
+                .map(|_| ())
+                .map_err(|e| driver::ctrl_error(dev_id as i32, e))
+        };
+        drop(ctrl);
+        if let Err(e) = ctrl_cmd::del_dev(dev_id) {
+            // ENODEV: `casblk del` deleted it already.
+            tracing::debug!(dev = dev_id, start = ?start, "{e:#}");
         }
+        remove_json(dev_id);
         stopped();
         state::DeviceState::remove(dev_id)?;
-        served.map_err(|e| driver::ctrl_error(dev_id as i32, e))?;
-        Ok(())
+        served
+    }
+}
+
+/// libublk's JSON file of device `id`, in its run directory.
+fn json_path(id: u32) -> std::path::PathBuf {
+    Path::new(&UblkCtrl::run_dir()).join(format!("{id:04}.json"))
+}
+
+/// Removes device `id`'s JSON file once the device is gone (libublk
+/// removes it only for a device it added itself).
+pub(crate) fn remove_json(id: u32) {
+    let _ = std::fs::remove_file(json_path(id));
+}
+
+/// Replaces a JSON file left in libublk's run directory by an earlier
+/// device with the same id with an empty one, which libublk's take-over
+/// reads quietly and then fills from scratch (a stale file's target data
+/// would be kept).
+fn forget_stale_json(id: u32) {
+    let _ = std::fs::create_dir_all(UblkCtrl::run_dir());
+    if let Err(e) = std::fs::write(json_path(id), "{}") {
+        tracing::debug!(dev = id, "writing an empty device JSON: {e}");
     }
 }
 

@@ -11,6 +11,7 @@ mod backing;
 use crate::cli::AddArgs;
 use crate::device::launch::{self, Ready, DAEMON_LOG};
 use crate::device::params::SECTOR_SHIFT;
+use crate::device::policy::Policy;
 use crate::device::{driver, ring, state, Device, Setup, Shape, Start};
 use anyhow::{Context, Result};
 use backing::{Backing, ZeroMethod};
@@ -51,8 +52,12 @@ pub fn add(args: AddArgs, backing: &Path) -> Result<()> {
     let backing = Backing::open(backing)?;
     driver::require_driver()?;
     driver::require_free_id(args.id)?;
+    // A driver that cannot honour the options refuses here, before a
+    // daemon starts.
+    let policy = args.policy();
+    policy.add_flags(driver::driver_features().ok(), false)?;
     launch::launch(args.foreground, Path::new(DAEMON_LOG), move |ready| {
-        serve(args.id, shape, backing, ready, Start::Add)
+        serve(args.id, shape, backing, ready, (Start::Add, policy))
     })
 }
 
@@ -61,14 +66,15 @@ pub fn recover(state: &state::DeviceState, backing: &Path, foreground: bool) -> 
     let (id, shape) = (state.id as i32, state.shape);
     let backing = Backing::open(backing)?;
     launch::launch(foreground, Path::new(DAEMON_LOG), move |ready| {
-        serve(id, shape, backing, ready, Start::Recover)
+        serve(id, shape, backing, ready, (Start::Recover, Default::default()))
     })
 }
 
-fn serve(id: i32, shape: Shape, backing: Backing, ready: Ready, start: Start) -> Result<()> {
+fn serve(id: i32, shape: Shape, backing: Backing, ready: Ready, how: (Start, Policy)) -> Result<()> {
     let backing_path = backing.path.canonicalize().unwrap_or_else(|_| backing.path.clone());
-    let device =
-        Device::create("casblk-raw", id, shape, start, state::Target::Raw { backing: backing_path }, false)?;
+    let (start, policy) = how;
+    let target = state::Target::Raw { backing: backing_path };
+    let device = Device::create("casblk-raw", id, shape, start, target, (policy, false))?;
     crate::device::stop_on_signals(device.id())?;
 
     let inline = match backing.in_memory {

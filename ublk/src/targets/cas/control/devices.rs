@@ -14,8 +14,8 @@ use std::sync::{mpsc, Arc};
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl Daemon {
-    /// The quiesced devices of this store that have a state file: their
-    /// ids, states and images.
+    /// The devices of this store that wait for a daemon (quiesced, or
+    /// failing IO) and have a state file: their ids, states and images.
     pub(super) fn quiesced(&self) -> Vec<(u32, crate::device::state::DeviceState, String)> {
         let mut out = Vec::new();
         for id in crate::device::state::DeviceState::ids() {
@@ -24,7 +24,7 @@ impl Daemon {
             if store.canonicalize().ok().as_deref() != Some(self.store_dir.as_path()) {
                 continue;
             }
-            if !crate::device::driver::is_quiesced(id) {
+            if !crate::device::driver::awaits_daemon(id) {
                 continue;
             }
             let image = image.clone();
@@ -33,8 +33,8 @@ impl Daemon {
         out
     }
 
-    /// Serves again every quiesced device of this store that has a state
-    /// file; returns how many were recovered and how many failed.
+    /// Serves again every device of this store that waits for a daemon
+    /// and has a state file; returns how many were recovered and how many failed.
     pub(super) fn recover_quiesced(self: &Arc<Self>) -> (usize, usize) {
         let (mut recovered, mut failed) = (0, 0);
         for (id, state, image) in self.quiesced() {
@@ -48,6 +48,7 @@ impl Daemon {
                     crate::device::state::Target::Cas { limits, .. } => *limits,
                     crate::device::state::Target::Raw { .. } => sched::Limits::default(),
                 },
+                policy: Default::default(),
             };
             // attach logs the recovery, with the time it took.
             let _mark = crate::device::recovering::RecoveringMark::new(id);
@@ -195,7 +196,7 @@ impl Daemon {
             limits: args.limits,
         };
         // User copy: a write's data stays in the kernel until it executes.
-        let device = Device::create("casblk", args.id, args.shape, start, state, true)?;
+        let device = Device::create("casblk", args.id, args.shape, start, state, (args.policy, true))?;
         let dev_id = device.id();
         let setup = Setup {
             size_bytes: core.image.size_bytes(),

@@ -57,6 +57,9 @@ pub struct AddImageArgs {
     /// so a client learns when an older daemon ignored them.
     #[serde(default, skip_serializing_if = "sched::Limits::is_unlimited")]
     pub limits: sched::Limits,
+    /// A new device's options (a device taken over keeps its own).
+    #[serde(default, skip_serializing_if = "crate::device::policy::Policy::is_default")]
+    pub policy: crate::device::policy::Policy,
 }
 
 /// The control socket of the daemon serving `store_dir` (which must be
