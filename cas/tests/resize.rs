@@ -1,10 +1,12 @@
 //! Growing images (store/resize.rs): open and closed, with faults and
 //! crashes at every step of the `IMAGE` rewrite, with snapshots and
-//! clones, and what it refuses.
+//! clones, and what it refuses; shrinking detached ones, with a crash at
+//! each step, and what GC frees after.
 
 mod common;
 
 use cas::storage::{CrashMode, Fault, FaultOp, MemStorage};
+use cas::store::ShrinkStop;
 use cas::{Error, Image, Store};
 use common::*;
 use std::sync::Arc;
@@ -25,6 +27,17 @@ fn setup() -> (MemStorage, Arc<Store>, Arc<Image>) {
     store.create_image("vm", OLD_BYTES).unwrap();
     let image = store.open_image("vm").unwrap();
     (mem, store, image)
+}
+
+/// The next `op` on image vm's `IMAGE` file fails with EIO.
+fn fail_image_file(mem: &MemStorage, op: FaultOp) {
+    mem.inject(Fault {
+        op,
+        path_contains: Some("/images/vm/IMAGE".into()),
+        skip: 0,
+        errno: libc::EIO,
+        sticky: false,
+    });
 }
 
 fn listed_size(store: &Store, name: &str) -> u64 {
@@ -219,13 +232,7 @@ fn a_rollback_restores_the_snapshots_size_and_a_later_grow_reads_zeros() {
                 store
             }
             Some(op) => {
-                mem.inject(Fault {
-                    op,
-                    path_contains: Some("/images/vm/IMAGE".into()),
-                    skip: 0,
-                    errno: libc::EIO,
-                    sticky: false,
-                });
+                fail_image_file(&mem, op);
                 let r = store.rollback_image("vm", "small");
                 mem.clear_faults();
                 drop(store);
@@ -327,4 +334,157 @@ fn a_rollback_to_a_larger_snapshot_never_leaves_a_tree_past_the_size() {
             assert!(grown[8..].iter().all(|&t| t == 0), "skip {skip}: a grow shows the larger tree's blocks");
         }
     }
+}
+
+/// A store whose image `vm` (NEW_BYTES, closed) holds token 1 in its
+/// first 64 KiB, token 2 (blocks nothing else holds) from OLD_BYTES on,
+/// and token 3 in its last 64 KiB, half compacted and half only in the
+/// log; its tokens.
+fn shrinkable() -> (MemStorage, Arc<Store>, Vec<u64>) {
+    let (mem, store) = mem_store(small_opts());
+    store.create_image("vm", NEW_BYTES).unwrap();
+    let image = store.open_image("vm").unwrap();
+    write(&image, 1, 0, 128);
+    write(&image, 2, sectors(OLD_BYTES), 512);
+    image.flush().unwrap();
+    store.compact_once(&image).unwrap();
+    write(&image, 3, sectors(NEW_BYTES) - 128, 128);
+    image.flush().unwrap();
+    let tokens = read_tokens(&image).unwrap();
+    drop(image);
+    (mem, store, tokens)
+}
+
+fn fsck_clean(mem: &MemStorage, what: &str) {
+    let storage: Arc<dyn cas::storage::Storage> = Arc::new(mem.clone());
+    let r = cas::fsck::check(storage, &store_dir(), &cas::fsck::FsckOptions::default()).expect("fsck runs");
+    assert!(r.is_clean(), "{what}: {:#?}", r.problems);
+}
+
+/// A detached image shrinks: its prefix keeps its data, GC frees the
+/// chunks only the dropped bytes held (not those a snapshot shares), the
+/// log's records past the new end never replay (a crash and reopen), and
+/// a later grow reads zeros there.
+#[test]
+fn a_detached_image_shrinks_and_gc_frees_what_only_its_tail_held() {
+    let (mem, store, tokens) = shrinkable();
+    store.snapshot_image("vm", "s").unwrap();
+    let held = store.gc().unwrap();
+    assert_eq!(held.chunks_dead, 0, "nothing is garbage before the shrink");
+    let r = store.shrink_image("vm", OLD_BYTES, None).unwrap();
+    assert_eq!(r, cas::store::Shrunk { old_bytes: NEW_BYTES, new_bytes: OLD_BYTES });
+    assert_eq!(listed_size(&store, "vm"), OLD_BYTES);
+    assert_eq!(listed_size(&store, "vm@s"), NEW_BYTES, "the snapshot keeps its size");
+    assert_eq!(store.gc().unwrap().chunks_dead, 0, "the snapshot still holds every dropped chunk");
+    store.remove_image("vm@s").unwrap();
+    let freed = store.gc().unwrap();
+    assert!(
+        freed.chunks_dead > 0 && freed.bytes_reclaimed > 0,
+        "GC freed nothing after the shrink: {freed:?}"
+    );
+
+    drop(store);
+    mem.crash(CrashMode::LoseUnsynced);
+    let store = reopen(&mem, small_opts()).unwrap();
+    let image = store.open_image("vm").unwrap();
+    assert_eq!(image.size_bytes(), OLD_BYTES);
+    same_tokens(&read_tokens(&image).unwrap(), &tokens[..sectors(OLD_BYTES) as usize], "the shrunk prefix");
+    store.resize_image("vm", NEW_BYTES).unwrap();
+    assert!(
+        read_tokens(&image).unwrap()[sectors(OLD_BYTES) as usize..].iter().all(|&t| t == 0),
+        "a grow shows old data"
+    );
+    drop((image, store));
+    fsck_clean(&mem, "after the shrink and the grow");
+}
+
+#[test]
+fn a_shrink_refuses_what_it_cannot_do_and_changes_nothing() {
+    let (_mem, store, _) = shrinkable();
+    let open = store.open_image("vm").unwrap();
+    let e = store.shrink_image("vm", OLD_BYTES, None).unwrap_err();
+    assert!(matches!(e, Error::Unavailable(..)) && e.to_string().contains("detached"), "{e}");
+    drop(open);
+    store.snapshot_image("vm", "s").unwrap();
+    for (name, size, what) in [
+        ("vm", NEW_BYTES + 4096, "larger"),
+        ("vm", OLD_BYTES + 512, "not in 4 KiB"),
+        ("vm", 0, "zero"),
+        ("vm@s", OLD_BYTES, "a snapshot"),
+    ] {
+        let e = store.shrink_image(name, size, None).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{what}: {e}");
+    }
+    assert!(matches!(store.shrink_image("nope", OLD_BYTES, None).unwrap_err(), Error::NotFound(_)));
+    let Err(e) = store.resize_image("vm", OLD_BYTES) else { panic!("a grow to a smaller size succeeded") };
+    assert!(e.to_string().contains("--shrink"), "the grow's refusal names --shrink: {e}");
+    assert_eq!(listed_size(&store, "vm"), NEW_BYTES);
+    assert_eq!(store.shrink_image("vm", NEW_BYTES, None).unwrap().new_bytes, NEW_BYTES, "the same size");
+}
+
+/// A crash at each step of a shrink (after the discard, after its
+/// compaction, a fault on the `IMAGE` rewrite, and after it), in both
+/// crash modes, leaves the old size with the prefix intact and the tail
+/// either intact (nothing durable yet) or zeros, or the new size with the
+/// prefix; the shrink run again finishes, a grow then reads zeros, and
+/// fsck finds the store clean.
+#[test]
+fn a_crash_at_each_step_of_a_shrink_leaves_old_size_or_new_and_a_rerun_finishes() {
+    let mut seen = std::collections::BTreeSet::new();
+    let steps: Vec<(Option<ShrinkStop>, Option<FaultOp>)> = vec![
+        (Some(ShrinkStop::AfterDiscard), None),
+        (Some(ShrinkStop::AfterCompaction), None),
+        (None, Some(FaultOp::Write)),
+        (None, Some(FaultOp::Sync)),
+        (None, Some(FaultOp::Namespace)),
+        (None, None),
+    ];
+    for (stop, fault) in steps {
+        for torn in [false, true] {
+            let what = format!("stop {stop:?} fault {fault:?} torn {torn}");
+            let (mem, store, tokens) = shrinkable();
+            if let Some(op) = fault {
+                fail_image_file(&mem, op);
+            }
+            let r = store.shrink_image("vm", OLD_BYTES, stop);
+            mem.clear_faults();
+            assert_eq!(r.is_err(), fault.is_some(), "{what}: {r:?}");
+            drop(store);
+            mem.crash(if torn { CrashMode::Torn { seed: 7 } } else { CrashMode::LoseUnsynced });
+            let store = reopen(&mem, small_opts()).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+            let image = store.open_image("vm").unwrap_or_else(|e| panic!("{what}: open: {e}"));
+            let size = image.size_bytes();
+            seen.insert(size);
+            if stop.is_none() && fault.is_none() {
+                assert_eq!(size, OLD_BYTES, "{what}: a shrink that returned is durable");
+            }
+            let got = read_tokens(&image).unwrap();
+            let cut = sectors(OLD_BYTES) as usize;
+            same_tokens(&got[..cut], &tokens[..cut], &format!("{what}: the prefix"));
+            match size {
+                NEW_BYTES => {
+                    let tail = &got[cut..];
+                    assert!(
+                        tail == &tokens[cut..] || tail.iter().all(|&t| t == 0),
+                        "{what}: the tail at the old size is neither its data nor zeros"
+                    );
+                }
+                OLD_BYTES => assert!(stop.is_none(), "{what}: shrunk before the IMAGE rewrite"),
+                other => panic!("{what}: size {other}"),
+            }
+            drop(image);
+            let again =
+                store.shrink_image("vm", OLD_BYTES, None).unwrap_or_else(|e| panic!("{what}: rerun: {e}"));
+            assert_eq!(again.new_bytes, OLD_BYTES);
+            store.resize_image("vm", NEW_BYTES).unwrap();
+            let grown = store.open_image("vm").unwrap();
+            assert!(
+                read_tokens(&grown).unwrap()[cut..].iter().all(|&t| t == 0),
+                "{what}: a grow shows old data"
+            );
+            drop((grown, store));
+            fsck_clean(&mem, &what);
+        }
+    }
+    assert_eq!(seen.len(), 2, "crashes left only the sizes {seen:?}");
 }

@@ -5,8 +5,11 @@
 # after del and add every file reads back. Where it does not (6.12), the
 # attached grow is refused in one line naming the kernel needed and
 # changes nothing; after del the image grows and its next device has the
-# new size. Snapshots keep their size; a shrink, a snapshot, a size not in
-# 4 KiB and a missing image are refused.
+# new size. Snapshots keep their size; a shrink without --shrink, a
+# snapshot, a size not in 4 KiB and a missing image are refused. A
+# detached image shrinks with --shrink (after its ext4 shrank): its files
+# read back and GC frees what the dropped bytes held; an attached one is
+# refused.
 # e2e-7.3
 source "$(dirname "$0")/lib.sh"
 old=$((64 << 20)) new=$((160 << 20))
@@ -91,6 +94,30 @@ dev=$(add_image "$store" vm)
 mount -o ro "$dev" "$mnt"
 (cd "$mnt" && sha256sum --quiet -c <<<"$sums") || fail "files differ after del and add"
 umount "$mnt"
+
+# Shrinking: refused while attached; detached, with --shrink, after the
+# filesystem shrank, the image keeps the prefix the filesystem uses and GC
+# frees the chunks only the dropped bytes held (b's: the snapshot is older).
+small=$((48 << 20))
+refused "detached" "shrinking an attached image" vm "$small" --shrink
+mount "$dev" "$mnt"
+rm "$mnt/b"
+umount "$mnt"
+e2fsck -f -p "$dev" >/dev/null || fail "e2fsck before the shrink failed"
+resize2fs "$dev" "$((small >> 10))K" >"$SCRATCH/resize2fs.txt" 2>&1 || fail "shrinking ext4 failed: $(cat "$SCRATCH/resize2fs.txt")"
+"$CASBLK" del -n "$(dev_id "$dev")"
+wait_no_devices
+out=$("$CASBLK" --store "$store" image resize vm "$small" --shrink) || fail "the shrink of the detached image failed"
+note "$out"
+[ "$(image_size vm)" -eq "$small" ] || fail "image vm is $(image_size vm) bytes after the shrink, not $small"
+reclaimed=$("$CASBLK" --store "$store" gc --json | python3 -c "import json,sys; print(json.load(sys.stdin)['bytes_reclaimed'])")
+[ "$reclaimed" -gt 0 ] || fail "GC reclaimed $reclaimed bytes after the shrink"
+dev=$(add_image "$store" vm)
+[ "$(shows "$dev")" -eq "$small" ] || fail "the shrunk image's device shows $(shows "$dev") bytes, not $small"
+mount -o ro "$dev" "$mnt"
+(cd "$mnt" && sha256sum --quiet -c <<<"$(grep ' a$' <<<"$sums")") || fail "a differs after the shrink"
+umount "$mnt"
+note "shrunk: ext4 to 48 MiB, then the image (--shrink, detached): a reads back, GC reclaimed $reclaimed bytes"
 "$CASBLK" del -n "$(dev_id "$dev")"
 wait_no_devices
 sum=$(fsck_clean "$store") || exit 1

@@ -149,16 +149,23 @@ pub enum ImageCommand {
         #[arg(long, value_parser = parse_size)]
         size: u64,
     },
-    /// Grow an image. An attached image grows online where the driver has
-    /// UPDATE_SIZE (Linux 6.16+): its device shows the new size at once
-    /// (grow the filesystem on it then, e.g. resize2fs). Elsewhere delete
-    /// its device first. Snapshots keep their size; shrinking is refused.
+    /// Grow an image, or shrink a detached one with --shrink. An attached
+    /// image grows online where the driver has UPDATE_SIZE (Linux 6.16+):
+    /// its device shows the new size at once (grow the filesystem on it
+    /// then, e.g. resize2fs). Elsewhere delete its device first. Snapshots
+    /// keep their size.
     Resize {
         /// The image.
         name: String,
         /// The new size, in bytes or with a binary suffix: 512M, 10G, 1T.
         #[arg(value_parser = parse_size)]
         size: u64,
+        /// Shrink a detached image: the bytes past the new end are dropped
+        /// (shrink the filesystem on it first), and GC frees what only
+        /// they held. Interrupted, the image keeps its size with those
+        /// bytes read as zeros; run it again.
+        #[arg(long)]
+        shrink: bool,
     },
     /// Show or change the IO limits of an attached image's device, online:
     /// a change holds from the next request and stays with the device

@@ -307,16 +307,25 @@ pub fn image(store: &Path, cmd: ImageCommand) -> Result<()> {
             };
             crate::limits::print(&reply, json)?;
         }
-        ImageCommand::Resize { name, size } => {
+        ImageCommand::Resize { name, size, shrink } => {
             let (old, new, device) = match &daemon {
                 Some(s) => {
                     let r = control(
                         s,
-                        Command::ImageResize { name: name.clone(), size_bytes: size },
-                        QUERY_TIMEOUT,
+                        Command::ImageResize { name: name.clone(), size_bytes: size, shrink },
+                        // A shrink compacts the discard of the bytes it drops.
+                        if shrink { SNAPSHOT_TIMEOUT } else { QUERY_TIMEOUT },
                     )?;
                     let bytes = |k: &str| r[k].as_u64().ok_or_else(|| anyhow!("malformed reply: {r}"));
                     (bytes("old_bytes")?, bytes("new_bytes")?, r["device"].as_str().map(String::from))
+                }
+                None if shrink => {
+                    let store = open_store(&dir, false)?;
+                    let r = store.shrink_image(&name, size, None)?;
+                    if store.publish_stats(&name).is_some() {
+                        store.drain_to_bucket(&*store.open_image(&name)?, RESIZE_PUBLISH_TIMEOUT)?;
+                    }
+                    (r.old_bytes, r.new_bytes, None)
                 }
                 None => {
                     let store = open_store(&dir, false)?;

@@ -53,7 +53,13 @@ pub enum Command {
     ImageInfo { name: String },
     /// Grow an image; an attached one online, where the driver can.
     /// Replies `{"resized": NAME, "old_bytes", "new_bytes", "device"}`.
-    ImageResize { name: String, size_bytes: u64 },
+    ImageResize {
+        name: String,
+        size_bytes: u64,
+        /// Shrink a detached image (refused when attached).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        shrink: bool,
+    },
     /// Import a raw or qcow2 file (an absolute path the daemon reads) as a
     /// new image. Replies `{"imported": NAME, "summary": TEXT}`.
     ImageImport { name: String, path: String, size_bytes: Option<u64> },
@@ -147,8 +153,12 @@ mod tests {
                 r#"{"action":"image_rollback","args":{"image":"vm","snap":"s"},"cmd":"control","v":1}"#,
             ),
             (
-                Command::ImageResize { name: "vm".into(), size_bytes: 8192 },
+                Command::ImageResize { name: "vm".into(), size_bytes: 8192, shrink: false },
                 r#"{"action":"image_resize","args":{"name":"vm","size_bytes":8192},"cmd":"control","v":1}"#,
+            ),
+            (
+                Command::ImageResize { name: "vm".into(), size_bytes: 4096, shrink: true },
+                r#"{"action":"image_resize","args":{"name":"vm","shrink":true,"size_bytes":4096},"cmd":"control","v":1}"#,
             ),
             (
                 Command::ImageInfo { name: "vm".into() },

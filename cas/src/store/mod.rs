@@ -64,7 +64,7 @@ pub use memory::MemoryLoan;
 pub use names::{check_image_dir_name, validate_image_name, IMAGE_NAME_BYTES_MAX, IMAGE_NAME_CHARS};
 pub use options::{StoreOptions, StoreRemote, IMAGE_BYTES_MAX};
 pub use remote_images::{FetchAs, FetchReport};
-pub use resize::Resized;
+pub use resize::{Resized, ShrinkStop, Shrunk};
 pub use scrub::{
     DamagedBlock, ScrubFinding, ScrubOptions, ScrubProgress, ScrubReport, SCRUB_BLOCKS_PER_FINDING_MAX,
     SCRUB_FINDINGS_MAX,

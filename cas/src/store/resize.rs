@@ -13,9 +13,17 @@
 //! No format changes: an older casblk reads a grown `IMAGE` as it reads
 //! any. Snapshots keep their size (a snapshot of a grown image has the
 //! new one; a clone of an older snapshot may be grown on its own).
-//! Shrinking is refused: it needs the mappings past the new end dropped
-//! from the manifest first, so that a later grow cannot show them again
-//! (a rollback returns an image to its snapshot's size: store/snapshot.rs).
+//!
+//! Shrinking (`shrink_image`) is for an image nobody has open: the bytes
+//! past the new end are discarded through the image's own log (one
+//! DISCARD record), made durable and compacted, so the manifest maps
+//! nothing past the new end and GC frees what only they held; then the
+//! `IMAGE` rewrite (the commit point) sets the new size. Every log record
+//! past the new end is then covered by the manifest and never replays,
+//! and a later grow reads zeros there. A crash before the rewrite leaves
+//! the old size with the bytes past the new end read as zeros (the
+//! discard asked for); rerunning the shrink finishes it. (A rollback
+//! returns an image to its snapshot's size: store/snapshot.rs.)
 //!
 //! With a remote, the open image's lease covers the rewrite, and the
 //! publisher publishes a root with the new size even when no write
@@ -67,6 +75,73 @@ impl Store {
         Ok(Resized { old_bytes: old, new_bytes: size_bytes, image })
     }
 
+    /// Shrinks image `name` to `size_bytes`: the bytes past the new end
+    /// are discarded and compacted away, then the new size is written (see
+    /// the module doc). The image must not be open (attached); at its
+    /// present size it succeeds and changes nothing. `stop`: a test seam,
+    /// returning early after the given step.
+    pub fn shrink_image(&self, name: &str, size_bytes: u64, stop: Option<ShrinkStop>) -> Result<Shrunk> {
+        check_image_size(size_bytes)?;
+        let old = check_kind(name, &self.header(name)?)?.size_bytes;
+        if size_bytes > old {
+            return Err(Error::InvalidArgument(format!(
+                "image {name} is {old} bytes; {size_bytes} is larger: grow it without --shrink"
+            )));
+        }
+        if self.open.lock().get(name).is_some_and(|o| o.is_open()) {
+            return Err(Error::Unavailable(
+                format!("image {name}"),
+                "it is open (attached to a device?): shrink a detached image".into(),
+            ));
+        }
+        let dir = self.image_dir(name)?;
+        if size_bytes == old {
+            // A rerun: the rename of a shrink that failed at its directory
+            // sync is visible but may not be durable. Durable first.
+            self.storage.sync_dir(&dir)?;
+            return Ok(Shrunk { old_bytes: old, new_bytes: size_bytes });
+        }
+        let image = self.open_image(name)?;
+        image.discard(size_bytes, old - size_bytes)?;
+        if stop == Some(ShrinkStop::AfterDiscard) {
+            image.flush()?;
+            return Ok(Shrunk { old_bytes: old, new_bytes: old });
+        }
+        let manifest = self.compact_all(&image, "shrink")?;
+        if stop == Some(ShrinkStop::AfterCompaction) {
+            return Ok(Shrunk { old_bytes: old, new_bytes: old });
+        }
+        let _maint = lock(&self.maint);
+        let _open = self.open.lock();
+        // Nobody else may hold the image when its size drops under it: an
+        // opener that came during the discard could write past the end.
+        if Arc::strong_count(&image) > 1 {
+            return Err(Error::Unavailable(
+                format!("image {name}"),
+                "it was opened during the shrink; the bytes past the new end read as zeros now: \
+                 detach it and rerun the shrink"
+                    .into(),
+            ));
+        }
+        let header = self.header(name)?;
+        if manifest.covered() < image.durable_seq() || header.size_bytes != old {
+            return Err(Error::Unavailable(
+                format!("image {name}"),
+                "it changed during the shrink; rerun it".into(),
+            ));
+        }
+        if let Err(e) = self.install_image(&dir, ImageHeader { size_bytes, ..header }) {
+            let _ = self.storage.sync_dir(&dir);
+            return Err(e);
+        }
+        drop(_open);
+        drop(_maint);
+        drop(image);
+        // What only the dropped blocks held is garbage now.
+        self.gc.nudge();
+        Ok(Shrunk { old_bytes: old, new_bytes: size_bytes })
+    }
+
     /// Whether image `name` may grow to `size_bytes` (what `resize_image`
     /// refuses, checked without changing anything); its present size.
     pub fn check_resize(&self, name: &str, size_bytes: u64) -> Result<u64> {
@@ -75,8 +150,25 @@ impl Store {
     }
 }
 
-/// The image's present size, if `header` may grow to `size_bytes`.
-fn check_growable(name: &str, header: &ImageHeader, size_bytes: u64) -> Result<u64> {
+/// What `shrink_image` did.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Shrunk {
+    pub old_bytes: u64,
+    pub new_bytes: u64,
+}
+
+/// Where a test stops `shrink_image` (a crash follows).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShrinkStop {
+    /// The discard is durable; nothing compacted.
+    AfterDiscard,
+    /// The discard is compacted; `IMAGE` still has the old size.
+    AfterCompaction,
+}
+
+/// `header`, if its image may change size: not a snapshot or replica.
+fn check_kind<'h>(name: &str, header: &'h ImageHeader) -> Result<&'h ImageHeader> {
     match header.kind {
         ImageKind::Image => {}
         ImageKind::Snapshot => {
@@ -90,9 +182,15 @@ fn check_growable(name: &str, header: &ImageHeader, size_bytes: u64) -> Result<u
             )))
         }
     }
+    Ok(header)
+}
+
+/// The image's present size, if `header` may grow to `size_bytes`.
+fn check_growable(name: &str, header: &ImageHeader, size_bytes: u64) -> Result<u64> {
+    check_kind(name, header)?;
     if size_bytes < header.size_bytes {
         return Err(Error::InvalidArgument(format!(
-            "image {name} is {} bytes; shrinking it to {size_bytes} is not supported (only growing)",
+            "image {name} is {} bytes; shrinking it to {size_bytes} drops data: detach it and resize with --shrink",
             header.size_bytes
         )));
     }

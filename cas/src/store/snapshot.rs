@@ -21,7 +21,10 @@
 use super::files::{ImageHeader, ImageKind};
 use super::{lock, validate_image_name, OpenImage, Store, IMAGE_FILE, MANIFEST_FILE};
 use crate::error::{Error, Result};
+use crate::image::Image;
+use crate::manifest::Manifest;
 use crate::wal::Log;
+use std::sync::Arc;
 
 /// Compaction passes a snapshot may run before it gives up: each pass
 /// drains the whole durable log, so more than one is needed only while a
@@ -40,6 +43,40 @@ pub fn snapshot_name(image: &str, snap: &str) -> String {
 }
 
 impl Store {
+    /// Makes every completed write of `open` durable and compacted into
+    /// its manifest (bounded passes; memory-budget back-pressure waits),
+    /// and returns that manifest. `what` names the operation that needs it,
+    /// for the retry message.
+    pub(super) fn compact_all(&self, open: &Image, what: &str) -> Result<Arc<Manifest>> {
+        let image = open.name();
+        open.flush()?;
+        let target = open.durable_seq();
+        let manifest = self
+            .compaction(open)
+            .map(|c| c.manifest.clone())
+            .ok_or_else(|| Error::InvalidArgument(format!("image {image} is not compacted by its store")))?;
+        let mut passes = 0;
+        while manifest.covered() < target {
+            if passes == SNAPSHOT_COMPACTION_PASSES_MAX {
+                return Err(Error::Unavailable(
+                    format!("image {image}"),
+                    format!(
+                        "{passes} compaction passes left its log covered to seq {} of {target}; retry the {what}",
+                        manifest.covered()
+                    ),
+                ));
+            }
+            passes += 1;
+            match self.compact_once(open) {
+                Ok(_) => {}
+                // Back-pressure: give the budget's holders a moment.
+                Err(Error::MemoryBudget(_)) => std::thread::sleep(SNAPSHOT_BUDGET_PAUSE * passes),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(manifest)
+    }
+
     pub(crate) fn header(&self, name: &str) -> Result<ImageHeader> {
         let path = self.image_dir(name)?.join(IMAGE_FILE);
         if !self.storage.exists(&path) {
@@ -63,31 +100,7 @@ impl Store {
         }
         // Every completed write into the manifest: flushed, then compacted.
         let open = self.open_image(image)?;
-        open.flush()?;
-        let target = open.durable_seq();
-        let manifest = self
-            .compaction(&open)
-            .map(|c| c.manifest.clone())
-            .ok_or_else(|| Error::InvalidArgument(format!("image {image} is not compacted by its store")))?;
-        let mut passes = 0;
-        while manifest.covered() < target {
-            if passes == SNAPSHOT_COMPACTION_PASSES_MAX {
-                return Err(Error::Unavailable(
-                    format!("image {image}"),
-                    format!(
-                        "{passes} compaction passes left its log covered to seq {} of {target}; retry the snapshot",
-                        manifest.covered()
-                    ),
-                ));
-            }
-            passes += 1;
-            match self.compact_once(&open) {
-                Ok(_) => {}
-                // Back-pressure: give the budget's holders a moment.
-                Err(Error::MemoryBudget(_)) => std::thread::sleep(SNAPSHOT_BUDGET_PAUSE * passes),
-                Err(e) => return Err(e),
-            }
-        }
+        let manifest = self.compact_all(&open, "snapshot")?;
         let _maint = lock(&self.maint);
         let _open = self.open.lock();
         // Read again under `maint`: a grow since the check above may have

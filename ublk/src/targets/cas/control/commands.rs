@@ -74,7 +74,8 @@ impl Daemon {
                 info["device"] = json!(device);
                 Ok(info)
             }
-            Command::ImageResize { name, size_bytes } => self.resize(&name, size_bytes),
+            Command::ImageResize { name, size_bytes, shrink: false } => self.resize(&name, size_bytes),
+            Command::ImageResize { name, size_bytes, shrink: true } => self.shrink(&name, size_bytes),
             Command::ImageLimits { name, change } => self.limits(&name, change),
             Command::Gc {} => Ok(serde_json::to_value(self.store.gc()?)?),
             Command::Scrub { image, rate_bytes_per_sec } => self.scrub_start(image, rate_bytes_per_sec),

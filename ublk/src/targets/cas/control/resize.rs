@@ -70,4 +70,27 @@ impl Daemon {
             "device": device.map(|id| format!("/dev/ublkb{id}")),
         }))
     }
+
+    /// `image resize --shrink`: only a detached image (the table stays
+    /// locked, so no attach slips in); with a remote, published before
+    /// the reply.
+    pub(super) fn shrink(&self, name: &str, size_bytes: u64) -> Result<Value> {
+        let table = self.lock();
+        if let Some(a) = table.attached.get(name) {
+            match a.dev_id {
+                Some(id) => bail!(
+                    "image {name} is attached as /dev/ublkb{id}: shrink a detached image (casblk del -n {id}, \
+                     then resize --shrink)"
+                ),
+                None => bail!("image {name} is being attached: shrink a detached image"),
+            }
+        }
+        let r = self.store.shrink_image(name, size_bytes, None)?;
+        if self.store.publish_stats(name).is_some() {
+            self.store.drain_to_bucket(&*self.store.open_image(name)?, PUBLISH_TIMEOUT)?;
+        }
+        drop(table);
+        tracing::info!(image = name, old_bytes = r.old_bytes, new_bytes = r.new_bytes, "shrunk");
+        Ok(json!({ "resized": name, "old_bytes": r.old_bytes, "new_bytes": r.new_bytes, "device": null }))
+    }
 }
