@@ -322,7 +322,7 @@ fn qcow2_imports_natively_and_exports_through_qemu_img() {
 }
 
 #[test]
-fn resize_grows_a_detached_image_and_refuses_what_it_cannot_do() {
+fn resize_grows_and_shrinks_a_detached_image_and_refuses_what_it_cannot_do() {
     let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("store");
@@ -343,7 +343,9 @@ fn resize_grows_a_detached_image_and_refuses_what_it_cannot_do() {
     assert!(after[..before.len()] == before[..] && after[before.len()..].iter().all(|&b| b == 0));
     stdout(&casblk(&dir, &["image", "snapshot", "vm", "s"]));
     for (args, says) in [
-        (&["image", "resize", "vm", "1M"][..], "shrinking it to 1048576 is not supported"),
+        (&["image", "resize", "vm", "1M"][..], "resize with --shrink"),
+        (&["image", "resize", "vm", "4M", "--shrink"][..], "grow it without --shrink"),
+        (&["image", "resize", "vm@s", "1M", "--shrink"][..], "snapshots keep their size"),
         (&["image", "resize", "vm", "4097"][..], "must be a non-zero multiple of 4096"),
         (&["image", "resize", "vm@s", "8M"][..], "snapshots keep their size"),
         (&["image", "resize", "none", "8M"][..], "image none not found"),
@@ -360,6 +362,14 @@ fn resize_grows_a_detached_image_and_refuses_what_it_cannot_do() {
             "{args:?}: {err}"
         );
     }
+    // The shrink back: the first MiB as it was, the snapshot untouched.
+    assert_eq!(
+        stdout(&casblk(&dir, &["image", "resize", "vm", "1M", "--shrink"])).trim(),
+        "vm: 3145728 -> 1048576 bytes"
+    );
+    let shrunk = tmp.path().join("shrunk.raw");
+    stdout(&casblk(&dir, &["image", "export", "vm", shrunk.to_str().unwrap()]));
+    assert_eq!(std::fs::read(&shrunk).unwrap(), before, "the shrunk image is the original");
     let out = casblk(&dir, &["fsck"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
 }
