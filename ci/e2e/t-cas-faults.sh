@@ -4,7 +4,8 @@
 # stays up, the image reports why it failed, and reads never return wrong
 # data. While every read fails too, reads of compacted data fail or return
 # the right data. A store on a full filesystem (ENOSPC) fails the write
-# that does not fit. After each fault is cleared and the store reopened,
+# that does not fit; a burst of failing requests writes a bounded number of
+# log lines. After each fault is cleared and the store reopened,
 # every write flushed before it reads back, and `casblk fsck` is clean.
 source "$(dirname "$0")/lib.sh"
 modprobe -a loop dm-flakey 2>/dev/null || true
@@ -59,6 +60,19 @@ else
 fi
 tally fault_eio_writes 1
 note "EIO on every store write: write+FLUSH failed, daemon up, image says '$failure', $reads"
+
+# A guest retrying against the failed image: its failures are counted,
+# but the daemon's log gets at most one line per image per 10 s.
+mark=$(grep -c "" /run/casblk/casblk.log || true)
+t0=$SECONDS
+fio --name=failing --filename="$dev" --rw=randwrite --bs=4k --direct=1 --ioengine=psync --offset=32M --size=8M \
+    --continue_on_error=all --output-format=json --output="$SCRATCH/failing.json" >/dev/null 2>&1 || true
+failed=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['jobs'][0]['total_err'])" "$SCRATCH/failing.json") \
+    || fail "fio against the failed image left no JSON"
+lines=$(tail -n +"$((mark + 1))" /run/casblk/casblk.log | grep -cE "request failed|read failed|refused a request" || true)
+[ "$failed" -ge 1000 ] || fail "only $failed of fio's 2048 writes to the failed image failed"
+[ "$lines" -le $((2 + (SECONDS - t0) / 10)) ] || fail "$failed failed requests wrote $lines lines to the daemon's log in $((SECONDS - t0)) s"
+note "$failed failed writes to the failed image in $((SECONDS - t0)) s: $lines lines in the daemon's log"
 
 # Clear the fault, repair the filesystem, reopen the store: REOPEN_ARGS
 # go to add; sets dev.

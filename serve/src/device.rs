@@ -44,6 +44,9 @@ pub struct DeviceCore<B> {
     /// Stands in for the engine in reads served in place (see
     /// [`ReadStandIn`]); the daemon has none.
     pub read_stand_in: Option<ReadStandIn>,
+    /// Failed requests' log lines, one per window at most
+    /// (`crate::failure_log`).
+    pub failures: crate::failure_log::FailureLog,
     /// The tag buffers' bytes, lent from the store's memory budget for as
     /// long as the buffers live.
     _buffers: cas::store::MemoryLoan,
@@ -120,6 +123,7 @@ impl<B: TagBuffers> DeviceCore<B> {
             log_in_memory,
             traced: true,
             read_stand_in: None,
+            failures: Default::default(),
             _buffers: loan,
         })
     }

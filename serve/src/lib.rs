@@ -23,7 +23,8 @@
 //! - `buffers.rs`: the per-tag payload buffers a frontend provides;
 //! - `completions.rs`: results on their way back to their queue thread;
 //! - `worker.rs`: the worker pool and requests served in place;
-//! - `syncs.rs`: the sync threads that FLUSH and FUA requests run on.
+//! - `syncs.rs`: the sync threads that FLUSH and FUA requests run on;
+//! - `failure_log.rs`: the bound on log lines for failing requests.
 //!
 //! On kernels before 6.16 only a queue's own thread may commit its tags,
 //! so every result goes back to that thread through its [`Completions`].
@@ -32,6 +33,7 @@ mod buffers;
 mod capacity;
 mod completions;
 mod device;
+pub mod failure_log;
 pub mod process_memory;
 mod registry;
 mod server;

@@ -91,7 +91,9 @@ pub fn submit<B: TagBuffers>(sched: &Sched, core: &DeviceCore<B>, r: Request) ->
         Ok(()) => Submitted::Pending,
         Err(e) => {
             core.take_job(qid, tag);
-            tracing::warn!(qid, tag, image = %core.name, "scheduler refused a request: {e}");
+            if let Some(more) = core.failures.admit(trace::now_ns()) {
+                tracing::warn!(qid, tag, image = %core.name, held_back = more, "scheduler refused a request: {e}");
+            }
             Submitted::Completed(e.errno())
         }
     }

@@ -161,7 +161,9 @@ pub fn read_in_place<B: TagBuffers>(
             }
         },
         Err(e) => {
-            tracing::warn!(image = %core.name, offset = d.offset_bytes, len, "read failed: {e}");
+            if let Some(more) = core.failures.admit(trace::now_ns()) {
+                tracing::warn!(image = %core.name, offset = d.offset_bytes, len, held_back = more, "read failed: {e}");
+            }
             e.errno()
         }
     };
@@ -273,7 +275,9 @@ fn execute<B: TagBuffers>(
             Op::Flush => image.flush_in(cx).map(|()| 0),
         };
         result.unwrap_or_else(|e| {
-            tracing::warn!(image = %core.name, ?op, offset, len, "request failed: {e}");
+            if let Some(more) = core.failures.admit(trace::now_ns()) {
+                tracing::warn!(image = %core.name, ?op, offset, len, held_back = more, "request failed: {e}");
+            }
             e.errno()
         })
     })();
