@@ -12,7 +12,7 @@ import statistics
 import sys
 
 src, dst, docs = sys.argv[1], sys.argv[2], sys.argv[3]
-ARMS = ["loop", "passthrough", "rublk", "cas", "vdo", "nbd"]
+ARMS = ["loop", "passthrough", "rublk", "rublk_q2", "cas", "cas_q2", "vdo", "nbd"]
 MIB = 1 << 20
 
 
@@ -141,6 +141,8 @@ targets = [
     check("pressure.read_max_us <= 50000", p["read_max_us"], 50000.0, lambda a, b: a <= b),
     check("pressure.errors == 0", p["errors"], 0.0, lambda a, b: a == b),
     check("cas.peak_rss_mib <= 64 + 16 (chunk cache)", get("cas", "peak_rss_mib"), 80.0, lambda a, b: a <= b),
+    check("cas_q2.randread_iops >= 1.6 x cas.randread_iops (2 queues, 2 fio jobs)", get("cas_q2", "randread_iops"),
+          None if get("cas", "randread_iops") is None else 1.6 * get("cas", "randread_iops"), lambda a, b: a >= b),
 ]
 
 COLUMNS = [
