@@ -30,7 +30,7 @@ fn build() -> (MemStorage, Arc<Store>) {
 }
 
 fn scrub(store: &Store, image: Option<&str>, rate: u64) -> cas::ScrubReport {
-    let opts = ScrubOptions { image: image.map(String::from), rate_bytes_per_sec: rate };
+    let opts = ScrubOptions { image: image.map(String::from), rate_bytes_per_sec: rate, bucket: false };
     store.scrub(&opts, &ScrubProgress::default(), &AtomicBool::new(false)).expect("scrub runs")
 }
 
@@ -92,13 +92,13 @@ fn the_rate_bounds_the_pass_and_a_stop_ends_it() {
     let r = scrub(&store, None, 4 << 20);
     assert!(t.elapsed().as_millis() >= 250, "{:?} for {} chunks", t.elapsed(), r.chunks_checked);
     let stop = AtomicBool::new(true);
-    let opts = ScrubOptions { image: None, rate_bytes_per_sec: 4096 };
+    let opts = ScrubOptions { image: None, rate_bytes_per_sec: 4096, bucket: false };
     let r = store.scrub(&opts, &ScrubProgress::default(), &stop).unwrap();
     assert!(r.stopped);
     assert!(r.chunks_checked <= 1, "{r:#?}");
-    let zero = ScrubOptions { image: None, rate_bytes_per_sec: 0 };
+    let zero = ScrubOptions { image: None, rate_bytes_per_sec: 0, bucket: false };
     assert!(store.scrub(&zero, &ScrubProgress::default(), &stop).is_err());
-    let missing = ScrubOptions { image: Some("nope".into()), rate_bytes_per_sec: FAST };
+    let missing = ScrubOptions { image: Some("nope".into()), rate_bytes_per_sec: FAST, bucket: false };
     assert!(store
         .scrub(&missing, &ScrubProgress::default(), &stop)
         .unwrap_err()
@@ -208,4 +208,64 @@ fn scrubs_beside_gc_and_writes_report_no_false_damage() {
         assert_eq!(t, want, "sector {sector}");
     }
     assert!(scrub(&store, None, FAST).is_clean());
+}
+
+fn scrub_bucket(store: &Store) -> cas::ScrubReport {
+    let opts = ScrubOptions { image: None, rate_bytes_per_sec: FAST, bucket: true };
+    store.scrub(&opts, &ScrubProgress::default(), &AtomicBool::new(false)).expect("a bucket scrub runs")
+}
+
+/// `--bucket` checks the bucket's copies, not the local packs: a clean
+/// bucket scrubs clean; a byte flipped in a pack object is found and named
+/// with the image block that holds it (the local scrub sees nothing); a
+/// pack object deleted behind casblk's back is damage for each of its
+/// live slots, and a missing slot index is damaged metadata.
+#[test]
+fn a_bucket_scrub_finds_damage_in_the_buckets_copies_and_names_the_blocks() {
+    use cas::bucket::packs::{pack_key, packidx_key};
+    use cas::objects::{MemObjects, Objects};
+    let objects = MemObjects::new();
+    let (_mem, store) = mem_store(remote_opts(Some(Arc::new(objects.clone()))));
+    store.create_image("vm", 4 << 20).unwrap();
+    let image = store.open_image("vm").unwrap();
+    image.write(0, &payload(7, 0, 64 * 8), false).unwrap();
+    store.drain_to_bucket(&image, std::time::Duration::from_secs(10)).unwrap();
+    let packs: Vec<u32> = objects
+        .keys()
+        .iter()
+        .filter_map(|k| k.strip_prefix("packidx/").and_then(|id| u32::from_str_radix(id, 16).ok()))
+        .collect();
+    assert!(!packs.is_empty(), "nothing uploaded: {:?}", objects.keys());
+    let r = scrub_bucket(&store);
+    assert!(r.is_clean(), "{r:#?}");
+    assert_eq!((r.scope.as_str(), r.chunks_checked), ("bucket", 64), "{r:#?}");
+
+    // Slot 5 of the first pack in the bucket: block 5.
+    let key = pack_key(packs[0], 0);
+    let mut bytes = objects.get(&key).unwrap();
+    bytes[(cas::chunk::PACK_HEADER_BYTES + 5 * 4096 + 77) as usize] ^= 0x40;
+    objects.put(&key, &bytes).unwrap();
+    let r = scrub_bucket(&store);
+    assert_eq!(r.damaged_chunks, 1, "{r:#?}");
+    let f = &r.findings[0];
+    assert!(f.detail.contains("slot 5 in the bucket") && f.detail.contains("crc32c"), "{}", f.detail);
+    assert_eq!(f.blocks, [cas::DamagedBlock { image: "vm".into(), block: 5 }]);
+    assert!(!f.repaired);
+    assert!(scrub(&store, None, FAST).damaged_chunks == 0, "the local scrub does not read the bucket");
+
+    // Deleted behind casblk's back: the pack object, then its slot index.
+    objects.delete(&key).unwrap();
+    let r = scrub_bucket(&store);
+    assert_eq!(r.damaged_chunks, 64, "{r:#?}");
+    assert!(r.findings[0].detail.contains("deleted behind"), "{}", r.findings[0].detail);
+    objects.delete(&packidx_key(packs[0])).unwrap();
+    let r = scrub_bucket(&store);
+    assert_eq!(r.damaged_metadata.len(), 1, "{r:#?}");
+    assert!(!r.is_clean());
+
+    // A store without a remote has no bucket to scrub.
+    let (_mem, local) = mem_store(small_opts());
+    let opts = ScrubOptions { image: None, rate_bytes_per_sec: FAST, bucket: true };
+    let e = local.scrub(&opts, &ScrubProgress::default(), &AtomicBool::new(false)).unwrap_err();
+    assert!(matches!(e, cas::Error::InvalidArgument(_)) && e.to_string().contains("no bucket"), "{e}");
 }

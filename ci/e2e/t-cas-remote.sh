@@ -1,5 +1,6 @@
 # A store on a bucket (a one-node Garage inside the VM): a device's writes
-# reach the bucket when it is deleted; another store fetches the image and
+# reach the bucket when it is deleted, and a scrub of the bucket's copies
+# finds them whole; another store fetches the image and
 # serves it as a device with the same bytes; the first store is then
 # refused the image while the second holds its lease; bad settings are one
 # line.
@@ -20,6 +21,16 @@ dd if="$SCRATCH/data" of="$dev" bs=1M oflag=direct conv=fsync status=none
 "$CASBLK" del -n "$(dev_id "$dev")"
 wait_no_devices
 note "store A wrote 8 MiB and detached"
+# del returns once the device is gone; the daemon then drains the image
+# to the bucket as it detaches it.
+for _ in $(seq 600); do
+    "$CASBLK" --store "$a" image list --json | python3 -c "import json,sys; sys.exit(any(i['device'] for i in json.load(sys.stdin)))" && break
+    sleep 0.1
+done
+out=$("$CASBLK" --store "$a" scrub --bucket) || fail "scrub --bucket of store A failed: $out"
+grep -qE "scrub of the bucket: [1-9][0-9]* chunks" <<<"$out" || fail "scrub --bucket checked nothing: $out"
+note "$out"
+expect_error "scrub --bucket of a store with no remote" "$CASBLK" --store "$(new_store lonely 1M)" scrub --bucket
 
 # Store B takes the image over and serves the same bytes.
 b=$(new_store scratch 1M)

@@ -112,6 +112,12 @@ pub struct ScrubArgs {
     /// Start the pass in the daemon and return at once.
     #[arg(long)]
     pub no_wait: bool,
+    /// Check the bucket's copies of the store's packs (a store with a
+    /// remote) instead of the local ones: each pack read in ranges of at
+    /// most 1 MiB, at --rate, every live slot checked against its slot
+    /// index; damage names the image blocks it affects.
+    #[arg(long, conflicts_with = "image")]
+    pub bucket: bool,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,

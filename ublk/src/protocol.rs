@@ -75,7 +75,13 @@ pub enum Command {
     },
     /// Starts a scrub pass in the background (one at a time). Replies
     /// `{"started": SCOPE, "passes": N}` (passes finished before it).
-    Scrub { image: Option<String>, rate_bytes_per_sec: u64 },
+    Scrub {
+        image: Option<String>,
+        rate_bytes_per_sec: u64,
+        /// The bucket's copies instead of the local packs.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        bucket: bool,
+    },
     /// Replies `{"running": SCOPE|null, "progress": {...}, "last": REPORT|null}`.
     ScrubStatus {},
     /// Replies the GC report.

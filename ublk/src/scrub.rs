@@ -1,4 +1,5 @@
-//! `casblk scrub`: one scrub pass over a store (or one image's chunks).
+//! `casblk scrub`: one scrub pass over a store (or one image's chunks, or
+//! the bucket's copies of its packs with `--bucket`).
 //! With a daemon serving the store the pass runs in the daemon, in the
 //! background, and this command follows it until it ends (`--no-wait`
 //! returns at once; `--status` shows it); without one it runs here. Exit 0
@@ -24,7 +25,8 @@ pub fn run(store: &Path, args: &ScrubArgs) -> Result<()> {
         if args.status || args.no_wait {
             bail!("no daemon serves store {}: --status and --no-wait need one", dir.display());
         }
-        let opts = cas::ScrubOptions { image: args.image.clone(), rate_bytes_per_sec: rate };
+        let opts =
+            cas::ScrubOptions { image: args.image.clone(), rate_bytes_per_sec: rate, bucket: args.bucket };
         let report =
             open_store(&dir, false)?.scrub(&opts, &cas::ScrubProgress::default(), &AtomicBool::new(false))?;
         return finish(&report, args.json);
@@ -36,7 +38,7 @@ pub fn run(store: &Path, args: &ScrubArgs) -> Result<()> {
     }
     let started = control(
         &socket,
-        Command::Scrub { image: args.image.clone(), rate_bytes_per_sec: rate },
+        Command::Scrub { image: args.image.clone(), rate_bytes_per_sec: rate, bucket: args.bucket },
         QUERY_TIMEOUT,
     )?;
     let passes_before = started["passes"].as_u64().unwrap_or(0);

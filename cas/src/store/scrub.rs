@@ -15,8 +15,14 @@
 //!
 //! `--image NAME` scrubs only what that image holds: its manifest walked,
 //! each chunk it references checked where the ref (or the index) puts it.
+//!
+//! `--bucket` checks the bucket's copies instead: each pack the bucket
+//! holds for the store, slot by slot against its slot index, read in
+//! ranges (bucket::packs::scrub); a pack or slot index missing from the
+//! bucket is damage too. The manifest walk names the blocks as above.
 
 use super::Store;
+use crate::bucket::packs::scrub::PackCheck;
 use crate::chunk::scrub::{Checked, Expected};
 use crate::chunk::{ChunkLoc, CHUNK_BYTES};
 use crate::error::Result;
@@ -39,6 +45,11 @@ pub struct ScrubOptions {
     pub image: Option<String>,
     /// Chunk bytes read a second, at most.
     pub rate_bytes_per_sec: u64,
+    /// Check the bucket's copies instead of the local packs: every pack
+    /// the bucket holds for this store, from its own objects
+    /// (bucket::packs::scrub); damage is named with the image blocks that
+    /// hold it, and never repaired.
+    pub bucket: bool,
 }
 
 /// One image block that holds a damaged chunk.
@@ -208,6 +219,18 @@ impl Store {
             ));
         }
         let begun = Instant::now();
+        if opts.bucket && opts.image.is_some() {
+            return Err(crate::Error::InvalidArgument(
+                "a bucket scrub covers the whole store, not one image".into(),
+            ));
+        }
+        let tier = match (opts.bucket, self.tier()) {
+            (false, _) => None,
+            (true, Some(tier)) => Some(tier.clone()),
+            (true, None) => {
+                return Err(crate::Error::InvalidArgument("this store has no bucket (no remote tier)".into()))
+            }
+        };
         let images: Vec<String> = match &opts.image {
             Some(name) => {
                 self.manifest(name)?; // a missing image says so before anything runs
@@ -215,10 +238,12 @@ impl Store {
             }
             None => self.list_images()?.into_iter().map(|i| i.name).collect(),
         };
-        let mut report = ScrubReport {
-            scope: opts.image.as_ref().map_or_else(|| "store".to_string(), |n| format!("image {n}")),
-            ..ScrubReport::default()
+        let scope = match (&opts.image, opts.bucket) {
+            (_, true) => "bucket".to_string(),
+            (Some(n), false) => format!("image {n}"),
+            (None, false) => "store".to_string(),
         };
+        let mut report = ScrubReport { scope, ..ScrubReport::default() };
         let mut pacer = Pacer { start: begun, rate_bytes_per_sec: opts.rate_bytes_per_sec, bytes: 0, stop };
         let mut damage = Damage::default();
         let mut buf = vec![0u8; CHUNK_BYTES];
@@ -253,7 +278,35 @@ impl Store {
                 }
                 true
             };
-        if opts.image.is_none() {
+        if let Some(tier) = &tier {
+            'packs: for id in tier.bucket_pack_ids() {
+                let mut spend = |bytes: u64| {
+                    progress.bytes_checked.fetch_add(bytes, Ordering::Relaxed);
+                    pacer.spend(bytes)
+                };
+                match tier.scrub_pack(id, &mut spend) {
+                    PackCheck::NoIndex(why) => {
+                        tracing::error!(pack = id, "bucket scrub: {why}");
+                        report.damaged_metadata.push(format!("pack {id:#010x} in the bucket: {why}"));
+                    }
+                    PackCheck::Checked { slots, bytes, damaged, stopped } => {
+                        report.chunks_checked += slots;
+                        report.bytes_checked += bytes;
+                        progress.chunks_checked.fetch_add(slots, Ordering::Relaxed);
+                        for d in damaged {
+                            tracing::error!(detail = %d.detail, "bucket scrub: a damaged chunk");
+                            let at = ChunkLoc { pack: id, slot: d.slot, crc: d.crc };
+                            if damage.add(&mut report, d.hash.tag(), at, d.detail, false) {
+                                progress.damaged_chunks.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        if stopped {
+                            break 'packs;
+                        }
+                    }
+                }
+            }
+        } else if opts.image.is_none() {
             let mut damaged_runs = Vec::new();
             chunks.scrub_entries(
                 &mut |hash, at| {

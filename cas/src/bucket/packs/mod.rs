@@ -52,6 +52,7 @@ pub mod host_slot;
 mod pack_file;
 pub mod packidx;
 mod room;
+pub mod scrub;
 mod upload;
 mod uploader;
 

@@ -78,7 +78,9 @@ impl Daemon {
             Command::ImageResize { name, size_bytes, shrink: true } => self.shrink(&name, size_bytes),
             Command::ImageLimits { name, change } => self.limits(&name, change),
             Command::Gc {} => Ok(serde_json::to_value(self.store.gc()?)?),
-            Command::Scrub { image, rate_bytes_per_sec } => self.scrub_start(image, rate_bytes_per_sec),
+            Command::Scrub { image, rate_bytes_per_sec, bucket } => {
+                self.scrub_start(cas::ScrubOptions { image, rate_bytes_per_sec, bucket })
+            }
             Command::ScrubStatus {} => Ok(self.scrub_status()),
             Command::Handoff {} => self.handoff(),
         }

@@ -47,18 +47,21 @@ impl ScrubState {
 
 impl Daemon {
     /// Starts a pass; refused while one runs.
-    pub(super) fn scrub_start(
-        self: &Arc<Self>,
-        image: Option<String>,
-        rate_bytes_per_sec: u64,
-    ) -> Result<Value> {
-        if rate_bytes_per_sec == 0 {
+    pub(super) fn scrub_start(self: &Arc<Self>, opts: cas::ScrubOptions) -> Result<Value> {
+        if opts.rate_bytes_per_sec == 0 {
             bail!("a scrub rate must be at least 1 byte a second");
         }
-        if let Some(name) = &image {
+        if let Some(name) = &opts.image {
             self.store.image_info(name)?;
         }
-        let scope = image.as_ref().map_or_else(|| "store".to_string(), |n| format!("image {n}"));
+        if opts.bucket && self.store.tier().is_none() {
+            bail!("store {} has no bucket (no remote tier) to scrub", self.store_dir.display());
+        }
+        let scope = match (&opts.image, opts.bucket) {
+            (_, true) => "bucket".to_string(),
+            (Some(n), false) => format!("image {n}"),
+            (None, false) => "store".to_string(),
+        };
         // Read before the pass can end: a follower waits for one more.
         let passes = {
             let mut running = self.scrub.running.lock().unwrap_or_else(|e| e.into_inner());
@@ -72,7 +75,7 @@ impl Daemon {
             self.scrub.progress.passes.load(Ordering::Relaxed)
         };
         let daemon = self.clone();
-        let opts = cas::ScrubOptions { image, rate_bytes_per_sec };
+        let rate_bytes_per_sec = opts.rate_bytes_per_sec;
         let spawned =
             std::thread::Builder::new().name("casblk-scrub".into()).spawn(move || daemon.scrub_pass(&opts));
         if let Err(e) = spawned {
@@ -147,7 +150,12 @@ impl Daemon {
                 }
                 std::thread::sleep(Duration::from_secs(1));
             }
-            if let Err(e) = daemon.scrub_start(None, DEFAULT_RATE_BYTES_PER_SEC) {
+            let opts = cas::ScrubOptions {
+                image: None,
+                rate_bytes_per_sec: DEFAULT_RATE_BYTES_PER_SEC,
+                bucket: false,
+            };
+            if let Err(e) = daemon.scrub_start(opts) {
                 tracing::info!("periodic scrub skipped: {e:#}");
             }
         })?;
