@@ -69,8 +69,11 @@ mod tests {
                 .collect();
             handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
         });
-        assert_eq!(lines.iter().filter(|l| l.is_some()).count(), 1);
+        let logged: Vec<u64> = lines.iter().flatten().copied().collect();
+        assert_eq!(logged.len(), 1, "{logged:?}");
+        // Failures counted between the winner's claim and its swap go to
+        // its line; the rest to the next.
         let later = log.admit(now + FAILURE_LOG_WINDOW.as_nanos() as u64).unwrap();
-        assert_eq!(later, 999, "every failure is counted once");
+        assert_eq!(logged[0] + later, 999, "every failure is counted once");
     }
 }

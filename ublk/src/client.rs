@@ -197,6 +197,16 @@ fn attach_via(socket: &Path, req: &AddImageArgs) -> Result<()> {
     let device =
         reply.get("device").and_then(Value::as_str).ok_or_else(|| anyhow!("malformed reply: {reply}"))?;
     println!("{device}");
+    let id = device.strip_prefix("/dev/ublkb").and_then(|n| n.parse::<u32>().ok());
+    if let (Some(id), false, false) = (id, req.recover, req.policy.is_default()) {
+        let flags = crate::device::driver::open_device(id)?.dev_info().flags;
+        if !req.policy.applied(crate::device::driver::driver_features().ok(), flags) {
+            bail!(
+                "{device} was added, but the store daemon is an older casblk that ignored --on-daemon-loss and \
+                 --partitions: casblk upgrade it, then del and add the device again"
+            );
+        }
+    }
     if !req.limits.is_unlimited() && reply.get("limits").is_none() {
         bail!(
             "{device} was added, but the store daemon is an older casblk that ignored its IO limits: \

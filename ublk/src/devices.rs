@@ -139,7 +139,9 @@ fn delete(id: u32, force: bool) -> Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
     crate::device::recovering::forget(id);
-    crate::device::remove_json(id);
+    // The JSON of a daemon that is gone (killed, or it never removed it);
+    // a live daemon removes its own.
+    crate::device::remove_json_if(id, |pid| !process_exists(pid));
     crate::device::state::DeviceState::remove(id)
 }
 

@@ -228,6 +228,13 @@ impl Image {
         self.size_bytes.fetch_max(size_bytes, std::sync::atomic::Ordering::AcqRel);
     }
 
+    /// Lowers the size to the one a shrink just made durable, so a later
+    /// opener that gets this image (still held by a background task) sees
+    /// it; only with no writer (store/resize.rs).
+    pub(crate) fn shrink_to(&self, size_bytes: u64) {
+        self.size_bytes.fetch_min(size_bytes, std::sync::atomic::Ordering::AcqRel);
+    }
+
     /// What replaying the log found when this image was opened.
     pub fn recovery(&self) -> &RecoveryReport {
         &self.recovery

@@ -112,17 +112,27 @@ impl Store {
             return Ok(Shrunk { old_bytes: old, new_bytes: old });
         }
         let _maint = lock(&self.maint);
-        let _open = self.open.lock();
         // Nobody else may hold the image when its size drops under it: an
         // opener that came during the discard could write past the end.
-        if Arc::strong_count(&image) > 1 {
-            return Err(Error::Unavailable(
-                format!("image {name}"),
-                "it was opened during the shrink; the bytes past the new end read as zeros now: \
-                 detach it and rerun the shrink"
-                    .into(),
-            ));
-        }
+        // Background tasks (compactor, publisher, leases) hold it for
+        // moments: they get a short while to let go.
+        let deadline = std::time::Instant::now() + SHRINK_HOLDERS_WAIT;
+        let _open = loop {
+            let open = self.open.lock();
+            if Arc::strong_count(&image) == 1 {
+                break open;
+            }
+            drop(open);
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Unavailable(
+                    format!("image {name}"),
+                    "it was opened during the shrink; the bytes past the new end read as zeros now: \
+                     detach it and rerun the shrink"
+                        .into(),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
         let header = self.header(name)?;
         if manifest.covered() < image.durable_seq() || header.size_bytes != old {
             return Err(Error::Unavailable(
@@ -134,9 +144,12 @@ impl Store {
             let _ = self.storage.sync_dir(&dir);
             return Err(e);
         }
+        // Under the open lock: an opener after it gets the new size, even
+        // from a background task's hold on this image.
+        image.shrink_to(size_bytes);
+        drop(image);
         drop(_open);
         drop(_maint);
-        drop(image);
         // What only the dropped blocks held is garbage now.
         self.gc.nudge();
         Ok(Shrunk { old_bytes: old, new_bytes: size_bytes })
@@ -149,6 +162,10 @@ impl Store {
         check_growable(name, &self.header(name)?, size_bytes)
     }
 }
+
+/// How long a shrink waits for background tasks to let go of the image
+/// before it rewrites the size.
+const SHRINK_HOLDERS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What `shrink_image` did.
 #[derive(Debug, PartialEq, Eq)]

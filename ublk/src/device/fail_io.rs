@@ -21,7 +21,13 @@ use std::sync::{mpsc, Arc};
 
 /// Serves `ctrl`'s device, taken over from FAIL_IO, until it is stopped:
 /// as `UblkCtrl::run_target` does for a quiesced one.
-pub(super) fn serve_recovered<T, Q, W>(ctrl: &UblkCtrl, tgt_init: T, queue_fn: Q, on_started: W) -> Result<()>
+pub(super) fn serve_recovered<T, Q, W>(
+    ctrl: &UblkCtrl,
+    json: std::path::PathBuf,
+    tgt_init: T,
+    queue_fn: Q,
+    on_started: W,
+) -> Result<()>
 where
     T: FnOnce(&mut UblkDev) -> Result<(), libublk::UblkError>,
     Q: FnOnce(u16, &UblkDev) + Send + Sync + Clone + 'static,
@@ -52,11 +58,14 @@ where
     }
     drop(tx);
     let started = (|| -> Result<()> {
+        let mut tids = Vec::with_capacity(usize::from(queues));
         for _ in 0..queues {
             let (qid, tid) = rx.recv().context("a queue thread ended before it started")?;
             ctrl.set_thread_affinity(qid, tid);
             ctrl.configure_queue(&dev, qid, tid).map_err(|e| anyhow!("configuring queue {qid}: {e}"))?;
+            tids.push((qid, tid));
         }
+        refresh_json(&json, &tids);
         dev.wait_for_buffer_registration(usize::from(queues))
             .map_err(|e| anyhow!("the queues' buffers of ublk device {id}: {e}"))?;
         ctrl_cmd::end_user_recovery(id, std::process::id() as i32)
@@ -69,6 +78,23 @@ where
     join(threads);
     let _ = ctrl.stop_dev();
     Ok(())
+}
+
+/// Points libublk's JSON file of the device (the dead daemon's, which
+/// libublk's own recovery would rewrite) at this daemon: its pid and the
+/// queues' thread ids. Best effort: `list` reads only its target data.
+fn refresh_json(path: &std::path::Path, tids: &[(u16, i32)]) {
+    let Ok(text) = std::fs::read_to_string(path) else { return };
+    let Ok(mut json) = serde_json::from_str::<serde_json::Value>(&text) else { return };
+    json["dev_info"]["ublksrv_pid"] = std::process::id().into();
+    for &(qid, tid) in tids {
+        if let Some(q) = json["queues"].get_mut(qid.to_string()) {
+            q["tid"] = tid.into();
+        }
+    }
+    if let Err(e) = std::fs::write(path, json.to_string()) {
+        tracing::debug!(path = %path.display(), "refreshing the device JSON: {e}");
+    }
 }
 
 /// Stops the device, so queue threads waiting in FETCH end, and joins them.

@@ -126,7 +126,7 @@ impl Drop for Added {
         if let Err(e) = ctrl_cmd::del_dev(self.0) {
             tracing::warn!(dev = self.0, "deleting the device that was never served: {e:#}");
         }
-        remove_json(self.0);
+        remove_own_json(self.0);
         let _ = state::DeviceState::remove(self.0);
     }
 }
@@ -237,7 +237,7 @@ impl Device {
             }
         };
         let served = if from_fail_io {
-            fail_io::serve_recovered(&ctrl, tgt_init, queue_fn, on_started)
+            fail_io::serve_recovered(&ctrl, json_path(dev_id), tgt_init, queue_fn, on_started)
         } else {
             ctrl.run_target(tgt_init, queue_fn, on_started)
                 .map(|_| ())
@@ -248,7 +248,7 @@ impl Device {
             // ENODEV: `casblk del` deleted it already.
             tracing::debug!(dev = dev_id, start = ?start, "{e:#}");
         }
-        remove_json(dev_id);
+        remove_own_json(dev_id);
         stopped();
         state::DeviceState::remove(dev_id)?;
         served
@@ -260,10 +260,27 @@ fn json_path(id: u32) -> std::path::PathBuf {
     Path::new(&UblkCtrl::run_dir()).join(format!("{id:04}.json"))
 }
 
+/// The daemon pid device `id`'s JSON file records (libublk writes the
+/// device's info into it), if it can be read.
+fn json_pid(id: u32) -> Option<i32> {
+    let text = std::fs::read_to_string(json_path(id)).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    json["dev_info"]["ublksrv_pid"].as_i64().and_then(|p| i32::try_from(p).ok())
+}
+
 /// Removes device `id`'s JSON file once the device is gone (libublk
-/// removes it only for a device it added itself).
-pub(crate) fn remove_json(id: u32) {
-    let _ = std::fs::remove_file(json_path(id));
+/// removes it only for a device it added itself), if `owned(pid)` says
+/// the daemon it names is one whose file this caller may remove: the id
+/// may already be a new device's, whose file must stay.
+pub(crate) fn remove_json_if(id: u32, owned: impl Fn(i32) -> bool) {
+    if json_pid(id).is_some_and(owned) {
+        let _ = std::fs::remove_file(json_path(id));
+    }
+}
+
+/// Removes this daemon's JSON file of device `id`.
+fn remove_own_json(id: u32) {
+    remove_json_if(id, |pid| pid == std::process::id() as i32);
 }
 
 /// Replaces a JSON file left in libublk's run directory by an earlier

@@ -87,6 +87,16 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// Whether a device with driver flags `flags`, added on a driver
+    /// offering `features`, has what this policy asks for (a store daemon
+    /// from before the policy existed ignores it).
+    pub fn applied(&self, features: Option<u64>, flags: u64) -> bool {
+        let mask = FAIL_IO | NO_PART_SCAN;
+        self.add_flags(features, false).is_ok_and(|want| want & mask == flags & mask)
+    }
+}
+
 /// Whether a device with driver flags `flags` fails IO while no daemon
 /// serves it (added with `--on-daemon-loss fail`).
 pub fn fails_io_without_daemon(flags: u64) -> bool {
@@ -116,6 +126,8 @@ mod tests {
         assert!(fails_io_without_daemon(flags));
         let e = p.add_flags(Some(ALL_612), false).unwrap_err().to_string();
         assert!(e.contains("6.13") && !e.contains('\n'), "{e}");
+        assert!(p.applied(Some(ALL_73), RECOVERY | FAIL_IO | USER_COPY));
+        assert!(!p.applied(Some(ALL_73), RECOVERY | REISSUE | NO_PART_SCAN), "an older daemon's device");
     }
 
     #[test]
