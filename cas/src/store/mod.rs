@@ -51,6 +51,7 @@ mod options;
 mod remote_images;
 mod resize;
 mod scrub;
+mod shutdown;
 mod snapshot;
 mod space;
 mod stats;
@@ -106,7 +107,7 @@ pub struct ImageInfo {
 /// An open store. See the module docs.
 pub struct Store {
     /// Dropped first: stops the compactor thread before anything else goes.
-    service: Option<Service>,
+    service: Mutex<Option<Service>>,
     /// With a remote: publishes open images' manifests (stopped on drop).
     publisher: Option<remote_images::PublisherThread>,
     storage: Arc<dyn Storage>,
@@ -269,7 +270,7 @@ impl Store {
                 handle
             });
             Store {
-                service,
+                service: Mutex::new(service),
                 publisher,
                 storage,
                 dir: dir.to_path_buf(),
@@ -464,7 +465,7 @@ impl Store {
             }
         }
         let compaction = Arc::new(ImageCompaction::new(manifest, image.start_cursor()));
-        if let Some(service) = &self.service {
+        if let Some(service) = &*lock(&self.service) {
             let threshold = u128::from(self.opts.log_quota_bytes)
                 * u128::from(self.opts.compaction_trigger_percent)
                 / 100;

@@ -114,6 +114,9 @@ struct Daemon {
     scrub: scrub::ScrubState,
 }
 
+/// How long a daemon's exit waits for the compaction pass under way.
+const COMPACTION_STOP_WAIT: Duration = Duration::from_secs(10);
+
 /// Exit status of a service daemon after a handoff (EX_TEMPFAIL): a
 /// failure to the service manager, which then restarts it.
 const HANDOFF_EXIT_SERVICE: i32 = 75;
@@ -256,6 +259,13 @@ pub fn serve_store(store_dir: PathBuf, what: Serve, ready: Ready) -> Result<()> 
     drop(space_watch);
     daemon.scrub_stop();
     path.shutdown();
+    // A compaction pass cut short by the exit leaves its manifest.new
+    // (harmless: the next open deletes it; fsck reports it meanwhile).
+    if !daemon.store.stop_compaction(COMPACTION_STOP_WAIT) {
+        tracing::warn!(
+            "the compaction pass under way did not end within {COMPACTION_STOP_WAIT:?}; exiting under it"
+        );
+    }
     // The process exits without dropping the store (threads hold it):
     // chunks that a compaction stopped by the last `del` placed are
     // synced, or the pack they went to would be left with no index entry
