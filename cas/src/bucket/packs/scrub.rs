@@ -10,9 +10,9 @@
 
 use super::upload::{pack_key, PART_BYTES};
 use super::PackTier;
+use crate::chunk::check::{check_bytes, Mismatch};
 use crate::chunk::pack::slot_offset;
 use crate::chunk::CHUNK_BYTES;
-use crate::format;
 use crate::objects::ObjectErrorKind;
 use crate::units::ChunkHash;
 
@@ -92,16 +92,15 @@ impl PackTier {
                     Err(e) => Some(format!("reading it from the bucket failed: {e}")),
                     Ok(data) => {
                         let at = (slot_offset(slot) - start) as usize;
-                        match data.get(at..at + CHUNK_BYTES) {
+                        match data.get(at..at + CHUNK_BYTES).map(|b| check_bytes(b, &hash, crc, true)) {
                             None => Some(format!("the object {} is cut short", pack_key(id, part))),
-                            Some(b) if format::crc32c(b) != crc => Some(format!(
-                                "crc32c {:#010x}, its slot index says {crc:#010x}",
-                                format::crc32c(b)
-                            )),
-                            Some(b) if ChunkHash::of(b) != hash => {
+                            Some(Err(Mismatch::Crc(actual))) => {
+                                Some(format!("crc32c {actual:#010x}, its slot index says {crc:#010x}"))
+                            }
+                            Some(Err(Mismatch::Content)) => {
                                 Some("the crc32c matches but the blake3 name does not".into())
                             }
-                            Some(_) => None,
+                            Some(Ok(())) => None,
                         }
                     }
                 };
