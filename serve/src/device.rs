@@ -44,6 +44,9 @@ pub struct DeviceCore<B> {
     /// Stands in for the engine in reads served in place (see
     /// [`ReadStandIn`]); the daemon has none.
     pub read_stand_in: Option<ReadStandIn>,
+    /// Stands in for the engine in every data request and FLUSH (see
+    /// [`FileStandIn`](crate::FileStandIn)); the daemon has none.
+    pub file_stand_in: Option<crate::FileStandIn>,
     /// Failed requests' log lines, one per window at most
     /// (`crate::failure_log`).
     pub failures: crate::failure_log::FailureLog,
@@ -123,6 +126,7 @@ impl<B: TagBuffers> DeviceCore<B> {
             log_in_memory,
             traced: true,
             read_stand_in: None,
+            file_stand_in: None,
             failures: Default::default(),
             _buffers: loan,
         })

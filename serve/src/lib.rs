@@ -24,7 +24,9 @@
 //! - `completions.rs`: results on their way back to their queue thread;
 //! - `worker.rs`: the worker pool and requests served in place;
 //! - `syncs.rs`: the sync threads that FLUSH and FUA requests run on;
-//! - `failure_log.rs`: the bound on log lines for failing requests.
+//! - `failure_log.rs`: the bound on log lines for failing requests;
+//! - `file_stand_in.rs`: a plain file in the engine's place, for a
+//!   benchmark's baseline.
 //!
 //! On kernels before 6.16 only a queue's own thread may commit its tags,
 //! so every result goes back to that thread through its [`Completions`].
@@ -34,6 +36,7 @@ mod capacity;
 mod completions;
 mod device;
 pub mod failure_log;
+mod file_stand_in;
 pub mod process_memory;
 mod registry;
 mod server;
@@ -45,6 +48,7 @@ pub use buffers::{HeapBuffers, TagBuffers};
 pub use capacity::EngineCapacity;
 pub use completions::{Completions, Done};
 pub use device::{request_id, split_request, tag_buffer_bytes, DeviceCore, Job, QueueShared, ReadStandIn};
+pub use file_stand_in::FileStandIn;
 pub use registry::Registry;
 pub use server::Server;
 pub use submit::{finish, submit, Request, Submitted, WRITE_IN_PLACE_MAX_BYTES};

@@ -132,9 +132,10 @@ pub fn read_in_place<B: TagBuffers>(
     // SAFETY: the queue thread alone serves (qid, tag) here; on a hand-off
     // below it stops using the buffer before the worker can get the read.
     let buf = unsafe { core.queues[usize::from(qid)].bufs.request_bytes(tag, len) };
-    let mut read_nowait = |cx: IoCx<'_>| match &core.read_stand_in {
-        Some(stand_in) => stand_in(d.offset_bytes, buf),
-        None => core.image.read_nowait_in(cx, d.offset_bytes, buf),
+    let mut read_nowait = |cx: IoCx<'_>| match (&core.read_stand_in, &core.file_stand_in) {
+        (Some(stand_in), _) => stand_in(d.offset_bytes, buf),
+        (None, Some(file)) => file.read_nowait(d.offset_bytes, buf),
+        (None, None) => core.image.read_nowait_in(cx, d.offset_bytes, buf),
     };
     let (read, io) = if core.traced {
         cas::io::timed(read_nowait)
@@ -233,6 +234,9 @@ fn execute<B: TagBuffers>(
     let bufs = &core.queues[usize::from(qid)].bufs;
     // A closure, so that a failed hand-over returns from it alone.
     let result = (move || {
+        if let Some(file) = &core.file_stand_in {
+            return stand_in_execute(core, file, qid, tag, op, offset, len, fua);
+        }
         let image = &core.image;
         let reserved = || reservation.expect("write-kind requests are dispatched with a log reservation");
         let result = match op {
@@ -287,6 +291,55 @@ fn execute<B: TagBuffers>(
         unsafe { bufs.finished(tag, len as usize) };
     }
     result
+}
+
+/// [`execute`] with `file` in the engine's place: the same buffer hand-over
+/// and error report, one `pread`/`pwrite`/`fdatasync` as the work. The log
+/// reservation of a write goes back unused as it drops.
+#[allow(clippy::too_many_arguments)]
+fn stand_in_execute<B: TagBuffers>(
+    core: &DeviceCore<B>,
+    file: &crate::FileStandIn,
+    qid: u16,
+    tag: u16,
+    op: Op,
+    offset: u64,
+    len: u64,
+    fua: bool,
+) -> i32 {
+    let bufs = &core.queues[usize::from(qid)].bufs;
+    let n = len as usize;
+    let result = match op {
+        Op::Read => {
+            // SAFETY: as in `execute`: this thread alone serves (qid, tag).
+            let buf = unsafe { bufs.request_bytes(tag, n) };
+            match file.read(offset, buf) {
+                // SAFETY: as above.
+                Ok(()) => match unsafe { bufs.store_read(tag, n) } {
+                    Ok(()) => Ok(len as i32),
+                    Err(e) => return handing_failed(core, "read", offset, n, e),
+                },
+                Err(e) => Err(e),
+            }
+        }
+        Op::Write => {
+            // SAFETY: as above.
+            if let Err(e) = unsafe { bufs.load_write(tag, n) } {
+                return handing_failed(core, "write", offset, n, e);
+            }
+            // SAFETY: as above.
+            let buf = unsafe { bufs.request_bytes(tag, n) };
+            file.write(offset, buf, fua).map(|()| len as i32)
+        }
+        Op::Flush => file.flush().map(|()| 0),
+        Op::WriteZeroes | Op::Discard => return -libc::EOPNOTSUPP,
+    };
+    result.unwrap_or_else(|e| {
+        if let Some(more) = core.failures.admit(trace::now_ns()) {
+            tracing::warn!(image = %core.name, ?op, offset, len, held_back = more, "request failed: {e}");
+        }
+        e.errno()
+    })
 }
 
 /// The result of a request whose data could not pass between the kernel
