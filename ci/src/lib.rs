@@ -99,6 +99,11 @@ impl XorShift {
 /// `key_of(i, blocks)`; even blocks are all distinct, each odd block
 /// repeats a scattered even one, so exactly half the blocks are unique.
 pub mod counting_storage;
+pub mod engine;
+// Hands tag buffers to the request path as a frontend does (`unsafe` by
+// `serve::TagBuffers`' contract).
+#[allow(unsafe_code)]
+pub mod frontend;
 
 pub mod compaction_data {
     /// Fills `out` (4 KiB) with the content named `key`.

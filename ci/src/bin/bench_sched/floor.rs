@@ -16,8 +16,11 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use cas::Image;
+use casblk_ci::frontend::{block_pattern, Stream};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use sched::Op;
+use serve::{DeviceCore, HeapBuffers};
 
 /// Engine reads timed for the calibration.
 const CALIBRATION_READS: u64 = 200_000;
@@ -31,6 +34,21 @@ pub fn spin(rounds: u64) {
         x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i);
     }
     black_box(x);
+}
+
+/// Sets up a read stream's device to [`spin`] `rounds` in place of each
+/// engine read in place (and to answer with the seeded pattern, so reads
+/// still verify); other streams' devices are left as they are.
+pub fn spin_reads(rounds: u64) -> impl Fn(&Stream, &mut DeviceCore<HeapBuffers>) {
+    move |s, core| {
+        if s.op == Op::Read {
+            core.read_stand_in = Some(Box::new(move |offset, buf| {
+                spin(rounds);
+                buf[..8].copy_from_slice(&block_pattern(offset));
+                Ok(true)
+            }));
+        }
+    }
 }
 
 /// How long an engine read takes here, and the spin that takes as long.

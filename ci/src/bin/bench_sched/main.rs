@@ -49,17 +49,15 @@
 //! 0.9 x write-only; zero errors; trace overhead <= 3% (median of at least
 //! 5 pairs).
 
-mod engine;
 mod floor;
-mod load;
 mod overhead;
 mod report;
 
 use std::time::Instant;
 
 use cas::{BackgroundCpu, StoreOptions};
-use engine::{Engine, EngineDelta};
-use load::{block_pattern, run_arm, ArmResult, Stream, Tracing};
+use casblk_ci::engine::{Engine, EngineDelta};
+use casblk_ci::frontend::{block_pattern, run_arm, ArmResult, Configure, Pattern, Stream, Tracing};
 use report::{describe, errors, read_figures, write_mib_s};
 use sched::{Config, ImageId, Op};
 use serde_json::{json, Value};
@@ -80,16 +78,18 @@ const READS: Stream = Stream {
     op: Op::Read,
     block_bytes: 4096,
     queue_depth: 8,
+    queues: 1,
     span_bytes: A_BYTES,
-    spin_rounds: 0,
+    pattern: Pattern::Random,
 };
 const WRITES: Stream = Stream {
     image: IMAGE_B,
     op: Op::Write,
     block_bytes: MIB,
     queue_depth: 32,
+    queues: 1,
     span_bytes: B_BYTES,
-    spin_rounds: 0,
+    pattern: Pattern::Random,
 };
 
 fn env_f64(name: &str, default: f64) -> f64 {
@@ -129,9 +129,20 @@ fn fresh_engine(setup: &Setup, arm: &str) -> Engine {
 
 /// One arm, with what the engine did during it, described.
 fn arm(engine: &Engine, setup: &Setup, name: &str, streams: &[Stream]) -> ArmResult {
+    arm_with(engine, setup, name, streams, &|_, _| {})
+}
+
+/// [`arm`] with each device set up by `configure` before it is attached.
+fn arm_with(
+    engine: &Engine,
+    setup: &Setup,
+    name: &str,
+    streams: &[Stream],
+    configure: Configure<'_>,
+) -> ArmResult {
     let before = engine.mark();
     let cpu = process_cpu_secs();
-    let result = run_arm(engine, setup.config.clone(), WORKERS, streams, setup.secs, Tracing::On);
+    let result = run_arm(engine, setup.config.clone(), WORKERS, streams, setup.secs, Tracing::On, configure);
     let cpu = process_cpu_secs() - cpu;
     let delta: EngineDelta = before.delta(&engine.mark());
     describe(name, &result, &delta, cpu);
@@ -153,11 +164,11 @@ fn floor_arms(setup: &Setup) -> Floor {
         "floor: an engine read in place takes {:.0} ns here; the floor arms spin {} rounds instead",
         cal.read_ns, cal.spin_rounds
     );
-    let reads = Stream { spin_rounds: cal.spin_rounds, ..READS };
-    let read_only = arm(&engine, setup, "floor_read_only", &[reads]);
+    let spinning = floor::spin_reads(cal.spin_rounds);
+    let read_only = arm_with(&engine, setup, "floor_read_only", &[READS], &spinning);
     drop(engine);
     let engine = fresh_engine(setup, "floor_mixed");
-    let mixed = arm(&engine, setup, "floor_mixed", &[reads, WRITES]);
+    let mixed = arm_with(&engine, setup, "floor_mixed", &[READS, WRITES], &spinning);
     Floor { cal, read_only, mixed }
 }
 

@@ -28,8 +28,8 @@
 
 use sched::{Config, Op};
 
-use crate::engine::Engine;
-use crate::load::{run_arm, Stream, Tracing};
+use casblk_ci::engine::Engine;
+use casblk_ci::frontend::{run_arm, Stream, Tracing};
 
 pub struct Overhead {
     /// The median of `pair_pct`: the reported figure.
@@ -68,7 +68,7 @@ pub fn measure(
         let order = if pair % 2 == 0 { [Tracing::On, Tracing::Off] } else { [Tracing::Off, Tracing::On] };
         let mut rate = [0.0f64; 2]; // [on, off]
         for tracing in order {
-            let arm = run_arm(engine, config.clone(), workers, &[reads], segment_secs, tracing);
+            let arm = run_arm(engine, config.clone(), workers, &[reads], segment_secs, tracing, &|_, _| {});
             let r = arm.stream(Op::Read);
             assert_eq!(r.errors, 0, "the overhead arm's reads failed");
             let side = if tracing == Tracing::On { &mut on } else { &mut off };

@@ -5,8 +5,8 @@
 
 use serde_json::{json, Value};
 
-use crate::engine::EngineDelta;
-use crate::load::ArmResult;
+use casblk_ci::engine::EngineDelta;
+use casblk_ci::frontend::ArmResult;
 use sched::Op;
 
 const MIB: u64 = 1 << 20;

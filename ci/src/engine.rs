@@ -1,4 +1,4 @@
-//! The engine the benchmark drives: a real `cas::Store` on `FsStorage` in a
+//! The engine `ci/bench sched` and `ci/bench path` drive: a real `cas::Store` on `FsStorage` in a
 //! scratch directory under `target/bench`, with background compaction on.
 //! The request path (`serve`) attaches its images as the daemon does.
 //!
@@ -16,9 +16,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::Scratch;
 use cas::image::Image;
 use cas::{ImageStats, Store, StoreOptions};
-use casblk_ci::Scratch;
 use sched::ImageId;
 
 const MIB: u64 = 1 << 20;
@@ -52,6 +52,10 @@ impl Engine {
 
     pub fn image(&self, id: ImageId) -> &Arc<Image> {
         &self.images[&id]
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
     }
 
     /// Lends `bytes` of the store's memory budget for a device's tag

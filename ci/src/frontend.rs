@@ -1,7 +1,8 @@
-//! The in-process load generator: a fake frontend on the daemon's own
-//! request path (the `serve` crate: scheduler, workers, sync threads, reads
-//! in place), as the ublk queue threads drive it, without ublk. One "queue
-//! thread" per stream (one image, one queue) keeps `queue_depth` requests
+//! The in-process load generator of `ci/bench sched` and `ci/bench path`: a
+//! fake frontend on the daemon's own request path (the `serve` crate:
+//! scheduler, workers, sync threads, reads in place), as the ublk queue
+//! threads drive it, without ublk. One "queue thread" per queue of a
+//! stream (one image, `queues` queues) keeps `queue_depth` requests
 //! outstanding (closed loop, like fio at a fixed iodepth): it stamps a
 //! write's payload into its tag's buffer, calls `serve::submit`, and waits
 //! on the queue's completions (an eventfd, polled) for the rest, ending
@@ -32,6 +33,10 @@ use serve::{DeviceCore, HeapBuffers, Request, Server, Submitted, TagBuffers};
 
 use crate::engine::Engine;
 
+/// What a stream's device gets before it is attached (a stand-in for the
+/// engine, tracing off, ...); `|_, _| {}` for the daemon's own set-up.
+pub type Configure<'a> = &'a dyn Fn(&Stream, &mut DeviceCore<HeapBuffers>);
+
 /// How long the end of an arm waits for outstanding requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -49,13 +54,22 @@ pub struct Stream {
     pub image: ImageId,
     pub op: Op,
     pub block_bytes: u64,
+    /// Requests each queue thread keeps outstanding.
     pub queue_depth: usize,
-    /// Offsets are random multiples of `block_bytes` below this.
+    /// Queues of the device, each with its own thread.
+    pub queues: u16,
+    /// Offsets are multiples of `block_bytes` below this.
     pub span_bytes: u64,
-    /// Reads only: 0 reads from the engine; otherwise a read in place is
-    /// this many rounds of register arithmetic instead (floor.rs): the
-    /// same request path, no memory traffic, no system calls.
-    pub spin_rounds: u64,
+    pub pattern: Pattern,
+}
+
+/// Where a stream's offsets go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// Uniformly random over the span.
+    Random,
+    /// Each queue walks its own equal part of the span in order, wrapping.
+    Sequential,
 }
 
 /// What one stream measured.
@@ -81,6 +95,57 @@ pub struct ArmResult {
     /// CPU time the request path's threads (queue threads and workers)
     /// spent running, in ns; engine threads (compaction) not included.
     pub request_path_cpu_ns: u64,
+}
+
+/// Offsets of one queue thread's requests.
+struct Offsets {
+    pattern: Pattern,
+    block_bytes: u64,
+    /// The part of the span this queue walks (sequential) or the span.
+    start_bytes: u64,
+    part_blocks: u64,
+    next_block: u64,
+    rng: StdRng,
+}
+
+impl Offsets {
+    fn new(s: &Stream, qid: u16, seed: u64) -> Offsets {
+        let blocks = s.span_bytes / s.block_bytes;
+        let (start_block, part_blocks) = match s.pattern {
+            Pattern::Random => (0, blocks),
+            Pattern::Sequential => {
+                let part = blocks / u64::from(s.queues);
+                (u64::from(qid) * part, part)
+            }
+        };
+        assert!(
+            part_blocks > 0,
+            "a span of {} bytes for {} queues of {} byte blocks",
+            s.span_bytes,
+            s.queues,
+            s.block_bytes
+        );
+        Offsets {
+            pattern: s.pattern,
+            block_bytes: s.block_bytes,
+            start_bytes: start_block * s.block_bytes,
+            part_blocks,
+            next_block: 0,
+            rng: StdRng::seed_from_u64(0x5c4ed ^ seed),
+        }
+    }
+
+    fn next(&mut self) -> u64 {
+        let block = match self.pattern {
+            Pattern::Random => self.rng.gen_range(0..self.part_blocks),
+            Pattern::Sequential => {
+                let b = self.next_block;
+                self.next_block = (b + 1) % self.part_blocks;
+                b
+            }
+        };
+        self.start_bytes + block * self.block_bytes
+    }
 }
 
 impl ArmResult {
@@ -109,7 +174,7 @@ fn stamp(buf: &mut [u8], stream: u64, generation: u64) {
 /// Threads serving FLUSH and FUA (the daemon's count; this load sends none).
 const SYNC_THREADS: usize = 4;
 
-/// What one queue thread measured.
+/// What one queue thread measured (or a stream's threads, summed).
 struct QueueResult {
     latency_ns: Histogram<u64>,
     requests: u64,
@@ -118,8 +183,29 @@ struct QueueResult {
     cpu_ns: u64,
 }
 
+impl QueueResult {
+    fn new() -> QueueResult {
+        QueueResult {
+            latency_ns: latency_histogram(),
+            requests: 0,
+            errors: 0,
+            admission_wait_ns: latency_histogram(),
+            cpu_ns: 0,
+        }
+    }
+
+    fn add(&mut self, other: QueueResult) {
+        self.latency_ns.add(&other.latency_ns).expect("histograms of one shape");
+        self.admission_wait_ns.add(&other.admission_wait_ns).expect("histograms of one shape");
+        self.requests += other.requests;
+        self.errors += other.errors;
+        self.cpu_ns += other.cpu_ns;
+    }
+}
+
 /// Runs `streams` together for `secs` on `engine` with `workers` workers
-/// on a fresh request path (`serve::Server`) with a scheduler of `config`.
+/// on a fresh request path (`serve::Server`) with a scheduler of `config`;
+/// each stream's device is set up by `configure` before it is attached.
 pub fn run_arm(
     engine: &Engine,
     config: Config,
@@ -127,6 +213,7 @@ pub fn run_arm(
     streams: &[Stream],
     secs: f64,
     tracing: Tracing,
+    configure: Configure<'_>,
 ) -> ArmResult {
     let server =
         Server::<HeapBuffers>::start(config, workers, SYNC_THREADS).expect("benchmark config is valid");
@@ -135,21 +222,15 @@ pub fn run_arm(
         .map(|s| {
             let depth = u16::try_from(s.queue_depth).expect("a queue depth fits u16");
             let buf_bytes = u32::try_from(s.block_bytes).expect("a block fits u32");
-            let loan = engine.lend(serve::tag_buffer_bytes(1, depth, buf_bytes));
-            let bufs = vec![HeapBuffers::new(s.queue_depth, s.block_bytes as usize)];
+            let loan = engine.lend(serve::tag_buffer_bytes(s.queues, depth, buf_bytes));
+            let bufs =
+                (0..s.queues).map(|_| HeapBuffers::new(s.queue_depth, s.block_bytes as usize)).collect();
             let image = engine.image(s.image).clone();
             let name = format!("image-{}", s.image);
             let mut core = DeviceCore::new(s.image, &name, image, false, bufs, depth, buf_bytes, loan)
                 .expect("an eventfd for the queue");
             core.traced = tracing == Tracing::On;
-            if s.spin_rounds > 0 {
-                let rounds = s.spin_rounds;
-                core.read_stand_in = Some(Box::new(move |offset, buf| {
-                    crate::floor::spin(rounds);
-                    buf[..8].copy_from_slice(&block_pattern(offset));
-                    Ok(true)
-                }));
-            }
+            configure(s, &mut core);
             let core = Arc::new(core);
             server.attach(core.clone()).expect("one stream per image");
             core
@@ -158,25 +239,31 @@ pub fn run_arm(
 
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(secs);
-    let queues: Vec<_> = streams
+    // One thread per (stream, queue); `n` numbers them across the arm.
+    let threads: Vec<(usize, thread::JoinHandle<QueueResult>)> = streams
         .iter()
         .zip(&cores)
         .enumerate()
-        .map(|(n, (s, core))| {
+        .flat_map(|(i, (s, core))| (0..s.queues).map(move |qid| (i, s, core, qid)))
+        .enumerate()
+        .map(|(n, (i, s, core, qid))| {
             let (sched, core, s) = (server.sched.clone(), core.clone(), *s);
-            thread::Builder::new()
+            let handle = thread::Builder::new()
                 .name(format!("bench-queue-{n}"))
                 .spawn(move || {
                     let cpu = thread_cpu_ns();
-                    let mut result = queue_thread(&sched, &core, s, deadline, n as u64);
+                    let mut result = queue_thread(&sched, &core, s, qid, deadline, n as u64);
                     result.cpu_ns = thread_cpu_ns() - cpu;
                     result
                 })
-                .expect("spawn a queue thread")
+                .expect("spawn a queue thread");
+            (i, handle)
         })
         .collect();
-    let results: Vec<QueueResult> =
-        queues.into_iter().map(|q| q.join().expect("queue thread panicked")).collect();
+    let mut results: Vec<QueueResult> = streams.iter().map(|_| QueueResult::new()).collect();
+    for (i, handle) in threads {
+        results[i].add(handle.join().expect("queue thread panicked"));
+    }
     let serve_cpu_ns = serve_threads_cpu_ns();
     let sched = streams
         .iter()
@@ -229,24 +316,19 @@ fn serve_threads_cpu_ns() -> u64 {
         .sum()
 }
 
-/// Keeps `queue_depth` requests of stream `s` outstanding on `core` until
-/// `deadline`; counts what completed within the window.
+/// Keeps `queue_depth` requests of stream `s` outstanding on queue `qid`
+/// of `core` until `deadline`; counts what completed within the window.
 fn queue_thread(
     sched: &serve::Sched,
     core: &DeviceCore<HeapBuffers>,
     s: Stream,
+    qid: u16,
     deadline: Instant,
     seed: u64,
 ) -> QueueResult {
-    let mut rng = StdRng::seed_from_u64(0x5c4ed ^ seed);
-    let mut r = QueueResult {
-        latency_ns: latency_histogram(),
-        requests: 0,
-        errors: 0,
-        admission_wait_ns: latency_histogram(),
-        cpu_ns: 0,
-    };
-    let queue = &core.queues[0];
+    let mut offsets_of = Offsets::new(&s, qid, seed);
+    let mut r = QueueResult::new();
+    let queue = &core.queues[usize::from(qid)];
     let mut submitted_at = vec![Instant::now(); s.queue_depth];
     let mut offsets = vec![0u64; s.queue_depth];
     let mut generation = 0u64;
@@ -258,7 +340,7 @@ fn queue_thread(
     type Ready = Vec<(u16, i32, Option<u64>)>;
     let mut submit = |tag: u16, ready: &mut Ready, offsets: &mut [u64], submitted_at: &mut [Instant]| {
         generation += 1;
-        let offset = rng.gen_range(0..s.span_bytes / s.block_bytes) * s.block_bytes;
+        let offset = offsets_of.next();
         offsets[usize::from(tag)] = offset;
         if s.op == Op::Write {
             // SAFETY: the tag is free: nothing else serves it until submit.
@@ -267,7 +349,7 @@ fn queue_thread(
         submitted_at[usize::from(tag)] = Instant::now();
         let seen_ns = if core.traced { trace::now_ns() } else { 0 };
         let request = Request {
-            qid: 0,
+            qid,
             tag,
             op: s.op,
             offset_bytes: offset,
