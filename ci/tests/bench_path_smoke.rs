@@ -28,7 +28,11 @@ fn the_path_benchmark_writes_its_contract() {
     let keys = |v: &serde_json::Value| -> BTreeSet<String> {
         v.as_object().expect("an object").keys().cloned().collect()
     };
-    assert_eq!(keys(&v), ["cas", "fio_file", "ratios", "raw"].map(String::from).into(), "{text}");
+    assert_eq!(
+        keys(&v),
+        ["cas", "fio_file", "ratio_pairs", "ratios", "raw"].map(String::from).into(),
+        "{text}"
+    );
     let jobs = keys(&v["cas"]);
     assert_eq!(jobs.len(), 10, "{text}");
     for job in ["randread_4k_qd8_t1", "randwrite_4k_qd1_t2", "seqwrite_1m_qd8_t2"] {
@@ -49,6 +53,11 @@ fn the_path_benchmark_writes_its_contract() {
     for ratio in ["randread_cpu_cas_over_raw", "randwrite_cpu_cas_over_raw"] {
         let x = v["ratios"][ratio].as_f64().unwrap_or(f64::NAN);
         assert!(x.is_finite() && x > 0.0, "{ratio}: {x}");
+        assert_eq!(
+            v["ratio_pairs"][ratio].as_array().map(Vec::len),
+            Some(1),
+            "{ratio}: one pair in smoke mode"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -21,18 +21,24 @@
 //! `target/bench/path.json`:
 //! `{"fio_file"|"raw"|"cas": {JOB: {"iops", "p50_us", "p99_us",
 //! "cpu_us_per_op"}}, "ratios": {"randread_cpu_cas_over_raw",
-//! "randwrite_cpu_cas_over_raw"}}`, the ratios of `randread_4k_qd8_t1` and
-//! `randwrite_4k_qd8_t1`. Targets (issue 50): read <= 1.5, write <= 2.5;
-//! a miss exits 1 after the JSON is written.
+//! "randwrite_cpu_cas_over_raw"}, "ratio_pairs": {RATIO: [..]}}`. The two
+//! ratios are of `randread_4k_qd8_t1` and `randwrite_4k_qd8_t1`, each the
+//! median of `PATH_BENCH_PAIRS` (7) alternated pairs of
+//! `PATH_BENCH_PAIR_SECS` (1) segments (pairs.rs), whose ratios
+//! `ratio_pairs` lists; the tables' single runs are printed beside them.
+//! Targets (issue 50): read <= 1.5, write <= 2.5; a miss exits 1 after
+//! the JSON is written.
 //!
 //! Env: `PATH_BENCH_SECS` (5) per job, `PATH_BENCH_MIB` (256) per image;
-//! `PATH_BENCH_SMOKE=1` (8 MiB images, 0.2 s jobs, fio by size, no target
-//! exit: what the test runs); `PATH_BENCH_ONLY=ARM/JOB` runs one job of
-//! `raw` or `cas` for a profiler and writes no JSON.
+//! `PATH_BENCH_SMOKE=1` (8 MiB images, 0.2 s jobs, one pair, fio by size,
+//! no target exit: what the test runs); `PATH_BENCH_ONLY=ARM/JOB` runs one
+//! job of `raw` or `cas` for a profiler, or `pairs/JOB` its pairs alone,
+//! and writes no JSON.
 
 mod arms;
 mod fio;
 mod jobs;
+mod pairs;
 
 use std::collections::BTreeMap;
 
@@ -81,16 +87,18 @@ fn fail(msg: &str) -> ! {
     std::process::exit(2)
 }
 
-fn engine_arm(kind: Kind, span_bytes: u64, secs: f64) -> Arm {
+/// The arm, kept for the pairs, and its table.
+fn engine_arm(kind: Kind, span_bytes: u64, secs: f64) -> (EngineArm, Arm) {
     let arm = EngineArm::new(kind, span_bytes);
-    jobs::all()
+    let table = jobs::all()
         .iter()
         .map(|job| {
             let f = arm.run(job, secs);
             println!("  {kind:?} {}: {:.0} IOPS, {:.1} CPU us/op", job.name(), f.iops, f.cpu_us_per_op);
             (job.name(), f)
         })
-        .collect()
+        .collect();
+    (arm, table)
 }
 
 fn fio_arm(span_bytes: u64, secs: f64, smoke: bool) -> Arm {
@@ -110,13 +118,21 @@ fn main() {
     if let Ok(only) = std::env::var("PATH_BENCH_ONLY") {
         let (arm, job) =
             only.split_once('/').unwrap_or_else(|| fail(&format!("PATH_BENCH_ONLY={only}: not ARM/JOB")));
+        let Some(job) = jobs::all().into_iter().find(|j| j.name() == job) else {
+            fail(&format!("PATH_BENCH_ONLY={only}: no job {job}"))
+        };
         let kind = match arm {
             "raw" => Kind::Raw,
             "cas" => Kind::Cas,
-            _ => fail(&format!("PATH_BENCH_ONLY={only}: the arm is raw or cas")),
-        };
-        let Some(job) = jobs::all().into_iter().find(|j| j.name() == job) else {
-            fail(&format!("PATH_BENCH_ONLY={only}: no job {job}"))
+            "pairs" => {
+                let (raw, cas) =
+                    (EngineArm::new(Kind::Raw, span_bytes), EngineArm::new(Kind::Cas, span_bytes));
+                let pairs = env_f64("PATH_BENCH_PAIRS", 7.0) as usize;
+                let p = pairs::cpu_ratio(&raw, &cas, &job, pairs, env_f64("PATH_BENCH_PAIR_SECS", 1.0));
+                println!("{only}: cas/raw CPU per op, median {:.3} of {:.3?}", p.median, p.ratios);
+                return;
+            }
+            _ => fail(&format!("PATH_BENCH_ONLY={only}: the arm is raw, cas or pairs")),
         };
         let f = EngineArm::new(kind, span_bytes).run(&job, secs);
         println!("{only}: {f:?} (no JSON written: PATH_BENCH_ONLY runs one job)");
@@ -128,8 +144,8 @@ fn main() {
         casblk_ci::filesystem_of(&casblk_ci::results_dir())
     );
     let fio_file = fio_arm(span_bytes, secs, smoke);
-    let raw = engine_arm(Kind::Raw, span_bytes, secs);
-    let cas = engine_arm(Kind::Cas, span_bytes, secs);
+    let (raw_arm, raw) = engine_arm(Kind::Raw, span_bytes, secs);
+    let (cas_arm, cas) = engine_arm(Kind::Cas, span_bytes, secs);
 
     println!(
         "{:<22} {:>10} {:>10} {:>10} | {:>8} {:>8} {:>8} | {:>7} {:>7} {:>7} | cas/raw cpu",
@@ -161,8 +177,24 @@ fn main() {
             c.cpu_us_per_op / r.cpu_us_per_op
         );
     }
-    let ratio = |job: &str| cas[job].cpu_us_per_op / raw[job].cpu_us_per_op;
-    let (read, write) = (ratio(jobs::RANDREAD), ratio(jobs::RANDWRITE));
+    let (pairs, pair_secs) = if smoke {
+        (1, secs)
+    } else {
+        (env_f64("PATH_BENCH_PAIRS", 7.0) as usize, env_f64("PATH_BENCH_PAIR_SECS", 1.0))
+    };
+    let paired = |name: &str| {
+        let job = jobs::all().into_iter().find(|j| j.name() == name).expect("a target job is in the table");
+        let p = pairs::cpu_ratio(&raw_arm, &cas_arm, &job, pairs, pair_secs);
+        let list: Vec<String> = p.ratios.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "{name}: cas/raw CPU per op in {pairs} pairs of {pair_secs} s: median {:.2} [{}]",
+            p.median,
+            list.join(" ")
+        );
+        p
+    };
+    let (read_pairs, write_pairs) = (paired(jobs::RANDREAD), paired(jobs::RANDWRITE));
+    let (read, write) = (read_pairs.median, write_pairs.median);
     let arm_json = |arm: &Arm| -> Value { arm.iter().map(|(k, f)| (k.clone(), f.json())).collect() };
     let r2 = |x: f64| (x * 100.0).round() / 100.0;
     let value = json!({
@@ -170,6 +202,10 @@ fn main() {
         "raw": arm_json(&raw),
         "cas": arm_json(&cas),
         "ratios": {"randread_cpu_cas_over_raw": r2(read), "randwrite_cpu_cas_over_raw": r2(write)},
+        "ratio_pairs": {
+            "randread_cpu_cas_over_raw": read_pairs.ratios.iter().map(|&x| r2(x)).collect::<Vec<_>>(),
+            "randwrite_cpu_cas_over_raw": write_pairs.ratios.iter().map(|&x| r2(x)).collect::<Vec<_>>(),
+        },
     });
     let path = casblk_ci::write_results("path", &value);
     println!("wrote {}", path.display());
