@@ -58,7 +58,11 @@ impl ChunkStore {
         let located = direct.map(|d| (d, false)).or_else(|| Some((self.forwarded(r.at?)?, true)));
         let result = match located {
             Some(((at, file), forwarded)) => {
-                self.reads_forwarded.fetch_add(u64::from(forwarded), Ordering::Relaxed);
+                if forwarded {
+                    // Only then: an add of 0 would still be a locked
+                    // instruction on every read.
+                    self.reads_forwarded.fetch_add(1, Ordering::Relaxed);
+                }
                 match self.read_slot(&file, at, out, cx.wait) {
                     // A read that must not wait gives up here: the index
                     // would only lead to the same pack.

@@ -174,15 +174,18 @@ impl Image {
         r: ChunkRef,
         out: &mut [u8],
     ) -> Result<Found> {
-        let (mut view, mut r) = (view.clone(), r);
+        // The caller's view until a chunk is missing, then the newest (a
+        // clone only then: this is every read's path).
+        let mut newer: Option<Arc<dyn ManifestView>> = None;
+        let mut r = r;
         // Set once the newest view still maps the block to the missing
         // chunk: a chunk swept and inserted again (content-addressed, so a
         // block can go C1 -> C2 -> C1) is read once more, then it is damage.
         let mut still_mapped = false;
         for _ in 0..REMAPPED_READ_TRIES {
-            match view.read_chunk(&r, out, cx) {
+            match newer.as_ref().unwrap_or(view).read_chunk(&r, out, cx) {
                 Err(Error::NotFound(what)) => {
-                    view = read_lock(&self.manifest).clone();
+                    let view = newer.insert(read_lock(&self.manifest).clone());
                     match cx.io(IoSource::Manifest, || view.lookup(block, cx.wait))? {
                         Some(now) if now.tag == r.tag && still_mapped => return Err(Error::NotFound(what)),
                         Some(now) if now.tag == r.tag => (r, still_mapped) = (now, true),

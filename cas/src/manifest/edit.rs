@@ -294,7 +294,7 @@ impl<'m> ManifestEdit<'m> {
         for (page_no, p) in keep {
             m.opts.page_cache.insert(file_id, page_no, p);
         }
-        m.install(Snapshot { file: Some(file), file_id, root, shared: false });
+        m.install(Snapshot::new(Some(file), file_id, root, false));
         Ok(stats)
     }
 }

@@ -76,7 +76,7 @@ use crate::storage::{OpenMode, Storage, StorageFile};
 use page::Expect;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// Bytes of one block, the unit a manifest maps.
 pub use crate::units::BLOCK_BYTES;
@@ -129,9 +129,18 @@ pub(crate) struct Snapshot {
     /// The file is a frozen base (base.rs), shared with other images:
     /// never written; the first commit rewrites the tree into an own file.
     pub shared: bool,
+    /// The root page, kept once a read loaded it: every lookup starts
+    /// there, and the page cache's lock and hash cost more than the rest
+    /// of a compacted read's walk (one page per image beyond the cache's
+    /// budget, while this snapshot is current).
+    root_page: OnceLock<Arc<Page>>,
 }
 
 impl Snapshot {
+    pub fn new(file: Option<Arc<dyn StorageFile>>, file_id: u64, root: RootRecord, shared: bool) -> Snapshot {
+        Snapshot { file, file_id, root, shared, root_page: OnceLock::new() }
+    }
+
     /// Reads and checks the page `ptr` names (no cache), waiting for the
     /// device as `wait` allows.
     pub fn read_page(&self, ptr: ChildRef, level: u8, first_block: u64, wait: Wait) -> Result<Page> {
@@ -202,20 +211,15 @@ impl Manifest {
             // A rollback or an unsharing rewrite that stopped after its
             // switch; removed only once the own file proved readable.
             base::remove_leftovers(storage.as_ref(), path, None)?;
-            Snapshot { file: Some(file), file_id: opts.page_cache.new_file_id(), root, shared: false }
+            Snapshot::new(Some(file), opts.page_cache.new_file_id(), root, false)
         } else if let Some(b) = base::read(storage.as_ref(), path)? {
             base::remove_leftovers(storage.as_ref(), path, Some(&b.link))?;
             let file = storage.open(&b.link, OpenMode::Existing)?;
             check_len(file.as_ref(), &b.root, &b.link)?;
-            Snapshot { file: Some(file), file_id: opts.page_cache.new_file_id(), root: b.root, shared: true }
+            Snapshot::new(Some(file), opts.page_cache.new_file_id(), b.root, true)
         } else {
             base::remove_leftovers(storage.as_ref(), path, None)?;
-            Snapshot {
-                file: None,
-                file_id: opts.page_cache.new_file_id(),
-                root: RootRecord::empty(),
-                shared: false,
-            }
+            Snapshot::new(None, opts.page_cache.new_file_id(), RootRecord::empty(), false)
         };
         let m = Manifest {
             storage,
@@ -272,19 +276,29 @@ impl Manifest {
         if root.height == 0 || u128::from(block) >= page::span_blocks(root.height - 1) {
             return Ok(None);
         }
-        let (mut ptr, mut level, mut first) = (root.root, root.height - 1, 0u64);
+        let (mut level, mut first) = (root.height - 1, 0u64);
+        let root_page = match snap.root_page.get() {
+            Some(p) => p,
+            None => {
+                let p = self.load(snap, root.root, level, first, wait)?;
+                snap.root_page.get_or_init(|| p)
+            }
+        };
+        // The page below, once the walk leaves the root.
+        let mut below: Arc<Page>;
+        let mut p = root_page;
         loop {
-            let p = self.load(snap, ptr, level, first, wait)?;
-            let Body::Interior(node) = &p.body else { return Ok(Some(p)) };
+            let Body::Interior(node) = &p.body else { return Ok(Some(p.clone())) };
             let span = page::span_blocks(level - 1) as u64;
             let i = ((block - first) / span) as usize;
             let child = node.children[i];
             if child.is_none() {
                 return Ok(None);
             }
-            ptr = child;
             level -= 1;
             first += i as u64 * span;
+            below = self.load(snap, child, level, first, wait)?;
+            p = &below;
         }
     }
 

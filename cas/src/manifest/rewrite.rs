@@ -105,7 +105,7 @@ impl Manifest {
             pages_written: sink.pages,
             syncs,
         };
-        self.install(Snapshot { file: Some(new_file), file_id: self.new_file_id(), root, shared: false });
+        self.install(Snapshot::new(Some(new_file), self.new_file_id(), root, false));
         if snap.shared {
             // The own file wins from its rename on; the base entries are
             // leftovers an open would also remove.
