@@ -52,7 +52,7 @@ lines += ["", "Targets (issue 50), cas over raw CPU per op, median of the pairs:
 for key, limit in TARGETS.items():
     v = r["ratios"][key]
     pairs = " ".join(f"{x:.2f}" for x in r.get("ratio_pairs", {}).get(key, []))
-    lines.append(f"- `{key}` {v:.2f} <= {limit}: {'met' if v <= limit else 'MISSED'} (pairs: {pairs})")
+    lines.append(f"- `{key}` {v:.3f} <= {limit}: {'met' if v <= limit else 'MISSED'} (pairs: {pairs})")
 os.makedirs(docs, exist_ok=True)
 with open(os.path.join(docs, "path.md"), "w") as fh:
     fh.write("\n".join(lines) + "\n")

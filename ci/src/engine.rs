@@ -1,15 +1,15 @@
-//! The engine `ci/bench sched` and `ci/bench path` drive: a real `cas::Store` on `FsStorage` in a
-//! scratch directory under `target/bench`, with background compaction on.
-//! The request path (`serve`) attaches its images as the daemon does.
+//! The engine `ci/bench sched` and `ci/bench path` drive: a real
+//! `cas::Store` on `FsStorage` in a scratch directory under `target/bench`
+//! (removed when the `Engine` drops), with background compaction on and
+//! images as the caller names them. The request path (`serve`) attaches
+//! them as the daemon does. `seed` fills an image and `settle` waits until
+//! compaction has moved its log into chunks, so reads then go overlay
+//! (empty) -> manifest -> chunk cache or pack file; `mark`/`delta` tell
+//! what the engine did in between.
 //!
 //! ```text
-//!  target/bench/scratch-sched-ARM-PID/   (one per arm, removed after it)
-//!    image "a": A_BYTES, seeded with its block pattern, flushed and
-//!               compacted before any arm: reads go overlay (empty) ->
-//!               manifest -> chunk cache or pack file
-//!    image "b": B_BYTES, the writers' image
-//!  both logs: LOG_QUOTA_BYTES, small enough that QD32 x 1 MiB fills it,
-//!  so B's writes wait for compaction to reclaim (capacity_released wakes)
+//!  target/bench/scratch-NAME-PID/store   one store per Engine
+//!    images: (id, name, bytes) as created; each with its own log
 //! ```
 
 use std::collections::HashMap;

@@ -9,7 +9,7 @@
 //! each with `serve::finish` and checking a read's data.
 //!
 //! ```text
-//!  queue thread (per stream)                 serve (the daemon's code)
+//!  queue thread (per queue of a stream)      serve (the daemon's code)
 //!  stamp payload in the tag buffer
 //!  serve::submit(request) --------------->  in place (reads in memory) -> Completed(result)
 //!                                           or the scheduler -> workers -> Done on the eventfd
@@ -154,22 +154,29 @@ impl ArmResult {
     }
 }
 
-/// The pattern the first 8 bytes of image A's block at `offset` hold.
+/// The pattern the first 8 bytes of a seeded image's block at `offset`
+/// hold (its block number), which reads check.
 pub fn block_pattern(offset_bytes: u64) -> [u8; 8] {
     (offset_bytes / 4096).to_le_bytes()
 }
 
 /// Makes every 4 KiB block of a write payload distinct from every other
-/// block written in the run, image A's included (like guest data, unlike a
-/// constant fill that would deduplicate into one chunk and leave compaction
-/// nothing to store). Bit 63 of the second word tells it from A's pattern,
-/// whose second word is 0.
-fn stamp(buf: &mut [u8], stream: u64, generation: u64) {
+/// block written by this process, seeded images included (like guest data,
+/// unlike a constant fill that would deduplicate into one chunk and leave
+/// compaction nothing to store): the first word names the queue thread and
+/// the request, the second the run (`RUNS`: a store kept across runs must
+/// not see one run's blocks again in the next) and the block. Bit 63 of the
+/// second word tells it from a seeded pattern, whose second word is 0 or
+/// random.
+fn stamp(buf: &mut [u8], stream: u64, generation: u64, run: u64) {
     for (i, block) in buf.chunks_mut(4096).enumerate() {
         block[..8].copy_from_slice(&(stream << 56 | generation).to_le_bytes());
-        block[8..16].copy_from_slice(&(1 << 63 | i as u64).to_le_bytes());
+        block[8..16].copy_from_slice(&(1 << 63 | (run & 0x7fff_ffff) << 32 | i as u64).to_le_bytes());
     }
 }
+
+/// Runs of `run_arm` in this process, numbering their payloads (`stamp`).
+static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Threads serving FLUSH and FUA (the daemon's count; this load sends none).
 const SYNC_THREADS: usize = 4;
@@ -215,6 +222,7 @@ pub fn run_arm(
     tracing: Tracing,
     configure: Configure<'_>,
 ) -> ArmResult {
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let server =
         Server::<HeapBuffers>::start(config, workers, SYNC_THREADS).expect("benchmark config is valid");
     let cores: Vec<Arc<DeviceCore<HeapBuffers>>> = streams
@@ -252,7 +260,7 @@ pub fn run_arm(
                 .name(format!("bench-queue-{n}"))
                 .spawn(move || {
                     let cpu = thread_cpu_ns();
-                    let mut result = queue_thread(&sched, &core, s, qid, deadline, n as u64);
+                    let mut result = queue_thread(&sched, &core, s, qid, deadline, n as u64, run);
                     result.cpu_ns = thread_cpu_ns() - cpu;
                     result
                 })
@@ -277,7 +285,7 @@ pub fn run_arm(
         // Refused only with requests still in flight, which the queue
         // thread already counted as errors.
         if let Err(e) = server.detach(core) {
-            eprintln!("bench_sched: detaching image {}: {e}", core.sched_id);
+            eprintln!("frontend: detaching image {}: {e}", core.sched_id);
         }
     }
     server.shutdown();
@@ -325,6 +333,7 @@ fn queue_thread(
     qid: u16,
     deadline: Instant,
     seed: u64,
+    run: u64,
 ) -> QueueResult {
     let mut offsets_of = Offsets::new(&s, qid, seed);
     let mut r = QueueResult::new();
@@ -344,7 +353,7 @@ fn queue_thread(
         offsets[usize::from(tag)] = offset;
         if s.op == Op::Write {
             // SAFETY: the tag is free: nothing else serves it until submit.
-            stamp(unsafe { queue.bufs.request_bytes(tag, s.block_bytes as usize) }, seed, generation);
+            stamp(unsafe { queue.bufs.request_bytes(tag, s.block_bytes as usize) }, seed, generation, run);
         }
         submitted_at[usize::from(tag)] = Instant::now();
         let seen_ns = if core.traced { trace::now_ns() } else { 0 };
@@ -393,10 +402,10 @@ fn queue_thread(
                 && (s.op != Op::Read
                     // SAFETY: completed: the queue thread serves the tag again.
                     || verify(unsafe { queue.bufs.request_bytes(tag, s.block_bytes as usize) }, offsets[t])
-                        .map_err(|e| eprintln!("bench_sched: read on image {} failed: {e}", s.image))
+                        .map_err(|e| eprintln!("frontend: read on image {} failed: {e}", s.image))
                         .is_ok());
             if result < 0 {
-                eprintln!("bench_sched: {:?} on image {} failed: errno {}", s.op, s.image, -result);
+                eprintln!("frontend: {:?} on image {} failed: errno {}", s.op, s.image, -result);
             }
             if let Some(w) = wait {
                 r.admission_wait_ns.saturating_record(w);
@@ -439,7 +448,7 @@ fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 120_000_000_000, 3).expect("histogram bounds")
 }
 
-/// Read data must be what image A was seeded with.
+/// Read data must be what the image was seeded with ([`block_pattern`]).
 fn verify(buf: &[u8], offset_bytes: u64) -> Result<(), String> {
     for (i, block) in buf.chunks(4096).enumerate() {
         let want = block_pattern(offset_bytes + i as u64 * 4096);

@@ -295,7 +295,9 @@ fn execute<B: TagBuffers>(
 
 /// [`execute`] with `file` in the engine's place: the same buffer hand-over
 /// and error report, one `pread`/`pwrite`/`fdatasync` as the work. The log
-/// reservation of a write goes back unused as it drops.
+/// reservation of a write goes back unused as it drops, and a refused one
+/// is ignored: the file needs no log space (the stand-in's image is never
+/// written, so its reservations are never refused for space).
 #[allow(clippy::too_many_arguments)]
 fn stand_in_execute<B: TagBuffers>(
     core: &DeviceCore<B>,

@@ -10,7 +10,9 @@
 //! reads check). The cas arm's are flushed and compacted before any job:
 //! a read goes overlay (empty), manifest, chunk cache or pack file. A
 //! write job ends with a FLUSH and, for cas, compaction caught up, inside
-//! the CPU measurement: a write's cost includes moving it into chunks.
+//! the CPU measurement: a write's cost includes moving it into chunks (not
+//! GC reclaiming what it overwrote: automatic GC is off, so no pass lands
+//! in another job's measurement).
 
 use std::sync::Arc;
 
@@ -69,7 +71,12 @@ impl EngineArm {
             Kind::Cas => "path-cas",
         };
         let images = [(READ_IMAGE, "r", span_bytes), (WRITE_IMAGE, "w", span_bytes)];
-        let engine = Engine::create(name, StoreOptions::default(), &images);
+        // Automatic GC off: a pass that one job's overwrites start would
+        // be billed to whichever job or pair segment runs next (raw's half
+        // of the time). A write's cost here is logging and compaction, not
+        // reclaiming what it overwrote.
+        let opts = StoreOptions { gc_auto: cas::gc::AutoGcOptions::off(), ..StoreOptions::default() };
+        let engine = Engine::create(name, opts, &images);
         let (files, files_dir) = match kind {
             Kind::Cas => {
                 for (id, _, _) in images {

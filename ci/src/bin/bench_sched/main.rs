@@ -39,7 +39,7 @@
 //! background threads' class (default: the store's, batch), for A/B runs.
 //!
 //! Every arm runs the daemon's request path (the `serve` crate) with a fake
-//! frontend (load.rs).
+//! frontend (`casblk_ci::frontend`).
 //!
 //! Targets: engine_share <= 1.25 (the mixed arm's read p99 over the
 //! read-only arm's, divided by the same ratio of the floor: what the
