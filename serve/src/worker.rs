@@ -234,10 +234,11 @@ fn execute<B: TagBuffers>(
     let bufs = &core.queues[usize::from(qid)].bufs;
     // A closure, so that a failed hand-over returns from it alone.
     let result = (move || {
-        if let Some(file) = &core.file_stand_in {
-            return stand_in_execute(core, file, qid, tag, op, offset, len, fua);
-        }
         let image = &core.image;
+        // A benchmark's baseline serves the data requests from a plain file
+        // instead (`FileStandIn`); everything around the engine call is the
+        // same.
+        let file = core.file_stand_in.as_ref();
         let reserved = || reservation.expect("write-kind requests are dispatched with a log reservation");
         let result = match op {
             Op::Read => {
@@ -246,7 +247,11 @@ fn execute<B: TagBuffers>(
                 // kernel wait for that post. (Writes in place: the queue thread
                 // itself, which commits only after this returns.)
                 let buf = unsafe { bufs.request_bytes(tag, len as usize) };
-                match image.read_in(cx, offset, buf) {
+                let read = match file {
+                    Some(file) => file.read(offset, buf),
+                    None => image.read_in(cx, offset, buf),
+                };
+                match read {
                     // SAFETY: as above.
                     Ok(()) => match unsafe { bufs.store_read(tag, len as usize) } {
                         Ok(()) => Ok(len as i32),
@@ -258,8 +263,11 @@ fn execute<B: TagBuffers>(
             Op::Write => {
                 let reservation = reserved();
                 // A refused reservation fails the write without its data: not
-                // loaded, and the refusal is the error.
-                if reservation.refusal().is_none() {
+                // loaded, and the refusal is the error. A file stand-in needs
+                // no log space: it ignores the reservation, which goes back
+                // unused as it drops (its image is never written, so it is
+                // never refused for space).
+                if reservation.refusal().is_none() || file.is_some() {
                     // SAFETY: as above; the data is the kernel's until loaded here.
                     if let Err(e) = unsafe { bufs.load_write(tag, len as usize) } {
                         // Not executed: its log reservation goes back unused as
@@ -269,14 +277,23 @@ fn execute<B: TagBuffers>(
                 }
                 // SAFETY: as above.
                 let buf = unsafe { bufs.request_bytes(tag, len as usize) };
-                image.write_reserved(cx, reservation, offset, buf, fua).map(|()| len as i32)
+                match file {
+                    Some(file) => file.write(offset, buf, fua),
+                    None => image.write_reserved(cx, reservation, offset, buf, fua),
+                }
+                .map(|()| len as i32)
             }
+            Op::WriteZeroes | Op::Discard if file.is_some() => return -libc::EOPNOTSUPP,
             Op::WriteZeroes => image.write_zeroes_reserved(cx, reserved(), offset, len, fua).map(|()| 0),
             Op::Discard => image
                 .discard_reserved(cx, reserved(), offset, len)
                 .and_then(|()| if fua { image.flush_in(cx) } else { Ok(()) })
                 .map(|()| 0),
-            Op::Flush => image.flush_in(cx).map(|()| 0),
+            Op::Flush => match file {
+                Some(file) => file.flush(),
+                None => image.flush_in(cx),
+            }
+            .map(|()| 0),
         };
         result.unwrap_or_else(|e| {
             if let Some(more) = core.failures.admit(trace::now_ns()) {
@@ -291,57 +308,6 @@ fn execute<B: TagBuffers>(
         unsafe { bufs.finished(tag, len as usize) };
     }
     result
-}
-
-/// [`execute`] with `file` in the engine's place: the same buffer hand-over
-/// and error report, one `pread`/`pwrite`/`fdatasync` as the work. The log
-/// reservation of a write goes back unused as it drops, and a refused one
-/// is ignored: the file needs no log space (the stand-in's image is never
-/// written, so its reservations are never refused for space).
-#[allow(clippy::too_many_arguments)]
-fn stand_in_execute<B: TagBuffers>(
-    core: &DeviceCore<B>,
-    file: &crate::FileStandIn,
-    qid: u16,
-    tag: u16,
-    op: Op,
-    offset: u64,
-    len: u64,
-    fua: bool,
-) -> i32 {
-    let bufs = &core.queues[usize::from(qid)].bufs;
-    let n = len as usize;
-    let result = match op {
-        Op::Read => {
-            // SAFETY: as in `execute`: this thread alone serves (qid, tag).
-            let buf = unsafe { bufs.request_bytes(tag, n) };
-            match file.read(offset, buf) {
-                // SAFETY: as above.
-                Ok(()) => match unsafe { bufs.store_read(tag, n) } {
-                    Ok(()) => Ok(len as i32),
-                    Err(e) => return handing_failed(core, "read", offset, n, e),
-                },
-                Err(e) => Err(e),
-            }
-        }
-        Op::Write => {
-            // SAFETY: as above.
-            if let Err(e) = unsafe { bufs.load_write(tag, n) } {
-                return handing_failed(core, "write", offset, n, e);
-            }
-            // SAFETY: as above.
-            let buf = unsafe { bufs.request_bytes(tag, n) };
-            file.write(offset, buf, fua).map(|()| len as i32)
-        }
-        Op::Flush => file.flush().map(|()| 0),
-        Op::WriteZeroes | Op::Discard => return -libc::EOPNOTSUPP,
-    };
-    result.unwrap_or_else(|e| {
-        if let Some(more) = core.failures.admit(trace::now_ns()) {
-            tracing::warn!(image = %core.name, ?op, offset, len, held_back = more, "request failed: {e}");
-        }
-        e.errno()
-    })
 }
 
 /// The result of a request whose data could not pass between the kernel
