@@ -69,14 +69,7 @@ impl Engine {
     /// settles it.
     pub fn seed(&self, id: ImageId, bytes: u64, fill: impl Fn(u64, &mut [u8])) {
         let image = self.image(id);
-        let mut chunk = vec![0u8; MIB as usize];
-        for offset in (0..bytes).step_by(MIB as usize) {
-            let n = MIB.min(bytes - offset) as usize;
-            for (i, block) in chunk[..n].chunks_mut(4096).enumerate() {
-                fill(offset + i as u64 * 4096, block);
-            }
-            image.write(offset, &chunk[..n], false).expect("seed an image");
-        }
+        filled_mib(bytes, fill, |offset, data| image.write(offset, data, false).expect("seed an image"));
         self.settle(id);
     }
 
@@ -102,6 +95,20 @@ impl Engine {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+}
+
+/// Calls `write(offset, data)` for the first `bytes` of a device in 1 MiB
+/// pieces (the last one shorter), each 4 KiB block of `data` holding
+/// `fill(its offset, block)`.
+pub fn filled_mib(bytes: u64, fill: impl Fn(u64, &mut [u8]), mut write: impl FnMut(u64, &[u8])) {
+    let mut chunk = vec![0u8; MIB as usize];
+    for offset in (0..bytes).step_by(MIB as usize) {
+        let n = MIB.min(bytes - offset) as usize;
+        for (i, block) in chunk[..n].chunks_mut(4096).enumerate() {
+            fill(offset + i as u64 * 4096, block);
+        }
+        write(offset, &chunk[..n]);
     }
 }
 

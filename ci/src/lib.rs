@@ -69,12 +69,28 @@ pub fn process_cpu_secs(pid: &str) -> Option<f64> {
     Some(ticks as f64 / 100.0)
 }
 
+/// CPU nanoseconds this process has used: every thread, those that exited
+/// included (`CLOCK_PROCESS_CPUTIME_ID`; exact, where
+/// [`process_cpu_secs`] counts 10 ms ticks).
+pub fn process_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
 /// Writes `target/bench/NAME.json` and returns its path.
 pub fn write_results(name: &str, value: &serde_json::Value) -> PathBuf {
     let path = results_dir().join(format!("{name}.json"));
     let text = serde_json::to_string_pretty(value).expect("json");
     std::fs::write(&path, text + "\n").expect("write results");
     path
+}
+
+/// The median of `values` (of an even count, the mean of the middle two);
+/// NaN sorts last. Panics on none.
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    (v[(v.len() - 1) / 2] + v[v.len() / 2]) / 2.0
 }
 
 /// Seconds since `t`.

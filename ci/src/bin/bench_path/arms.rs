@@ -19,7 +19,7 @@ use std::sync::Arc;
 use cas::storage::{FsStorage, OpenMode, Storage, StorageFile};
 use cas::StoreOptions;
 use casblk_ci::compaction_data::block_content;
-use casblk_ci::engine::Engine;
+use casblk_ci::engine::{filled_mib, Engine};
 use casblk_ci::frontend::{block_pattern, run_arm, Stream, Tracing};
 use casblk_ci::Scratch;
 use sched::{Config, ImageId};
@@ -32,7 +32,6 @@ use crate::Figures;
 const WORKERS: usize = 4;
 const READ_IMAGE: ImageId = ImageId(1);
 const WRITE_IMAGE: ImageId = ImageId(2);
-const MIB: u64 = 1 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -56,12 +55,6 @@ pub struct EngineArm {
 fn fill(image: ImageId, offset_bytes: u64, block: &mut [u8]) {
     block_content((u64::from(image.0) << 40) | (offset_bytes / 4096), block);
     block[..8].copy_from_slice(&block_pattern(offset_bytes));
-}
-
-/// Process CPU time (every thread, those that exited included), in ns.
-pub fn process_cpu_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 impl EngineArm {
@@ -90,14 +83,11 @@ impl EngineArm {
                     let file = FsStorage::new()
                         .open(&dir.0.join(format!("{}.img", id.0)), OpenMode::Create)
                         .expect("create a raw image file");
-                    let mut chunk = vec![0u8; MIB as usize];
-                    for offset in (0..span_bytes).step_by(MIB as usize) {
-                        let n = MIB.min(span_bytes - offset) as usize;
-                        for (i, block) in chunk[..n].chunks_mut(4096).enumerate() {
-                            fill(id, offset + i as u64 * 4096, block);
-                        }
-                        file.write_all_at(&chunk[..n], offset).expect("fill a raw image file");
-                    }
+                    filled_mib(
+                        span_bytes,
+                        |offset, block| fill(id, offset, block),
+                        |offset, data| file.write_all_at(data, offset).expect("fill a raw image file"),
+                    );
                     file.sync_data().expect("sync a raw image file");
                     file
                 };
@@ -124,7 +114,7 @@ impl EngineArm {
             core.file_stand_in = file.clone().map(FileStandIn::new);
         };
         let before = self.engine.mark();
-        let cpu = process_cpu_ns();
+        let cpu = casblk_ci::process_cpu_ns();
         let result =
             run_arm(&self.engine, Config::default(), WORKERS, &[stream], secs, Tracing::On, &configure);
         if job.writes() {
@@ -133,7 +123,7 @@ impl EngineArm {
                 None => self.engine.settle(image),
             }
         }
-        let cpu_ns = process_cpu_ns() - cpu;
+        let cpu_ns = casblk_ci::process_cpu_ns() - cpu;
         let delta = before.delta(&self.engine.mark());
         let s = &result.streams[0];
         assert_eq!(s.errors, 0, "{:?} {}: {} requests failed", self.kind, job.name(), s.errors);

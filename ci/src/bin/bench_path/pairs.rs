@@ -27,9 +27,5 @@ pub fn cpu_ratio(raw: &EngineArm, cas: &EngineArm, job: &Job, pairs: usize, secs
             c.cpu_us_per_op / r.cpu_us_per_op
         })
         .collect();
-    let mut sorted = ratios.clone();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    let median = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
-    Paired { median, ratios }
+    Paired { median: casblk_ci::median(&ratios), ratios }
 }

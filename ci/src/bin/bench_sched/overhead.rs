@@ -82,7 +82,7 @@ pub fn measure(
     let traced = on.reads as f64 / on.secs;
     let untraced = off.reads as f64 / off.secs;
     let cpu_per_read = |s: &Side| s.cpu_ns as f64 / s.reads as f64;
-    let pct = median(&pair_pct);
+    let pct = casblk_ci::median(&pair_pct);
     Overhead {
         pct,
         pooled_pct: 100.0 * (1.0 - traced / untraced),
@@ -91,12 +91,6 @@ pub fn measure(
         pair_pct,
         cpu_pct: 100.0 * (cpu_per_read(&on) / cpu_per_read(&off) - 1.0),
     }
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    (v[(v.len() - 1) / 2] + v[v.len() / 2]) / 2.0
 }
 
 impl Overhead {
