@@ -59,6 +59,11 @@ pub fn all() -> Vec<Job> {
     jobs
 }
 
+/// The job of the table named `name`.
+pub fn named(name: &str) -> Option<Job> {
+    all().into_iter().find(|j| j.name() == name)
+}
+
 /// The job whose CPU ratio the targets name.
 pub const RANDREAD: &str = "randread_4k_qd8_t1";
 pub const RANDWRITE: &str = "randwrite_4k_qd8_t1";

@@ -88,6 +88,16 @@ fn fail(msg: &str) -> ! {
     std::process::exit(2)
 }
 
+/// How many pairs, of how many seconds (pairs.rs): one of a job's length in
+/// smoke mode.
+fn pair_settings(smoke: bool, secs: f64) -> (usize, f64) {
+    if smoke {
+        (1, secs)
+    } else {
+        (env_f64("PATH_BENCH_PAIRS", 7.0) as usize, env_f64("PATH_BENCH_PAIR_SECS", 1.0))
+    }
+}
+
 /// The arm, kept for the pairs, and its table.
 fn engine_arm(kind: Kind, span_bytes: u64, secs: f64) -> (EngineArm, Arm) {
     let arm = EngineArm::new(kind, span_bytes);
@@ -119,17 +129,15 @@ fn main() {
     if let Ok(only) = std::env::var("PATH_BENCH_ONLY") {
         let (arm, job) =
             only.split_once('/').unwrap_or_else(|| fail(&format!("PATH_BENCH_ONLY={only}: not ARM/JOB")));
-        let Some(job) = jobs::all().into_iter().find(|j| j.name() == job) else {
-            fail(&format!("PATH_BENCH_ONLY={only}: no job {job}"))
-        };
+        let Some(job) = jobs::named(job) else { fail(&format!("PATH_BENCH_ONLY={only}: no job {job}")) };
         let kind = match arm {
             "raw" => Kind::Raw,
             "cas" => Kind::Cas,
             "pairs" => {
                 let (raw, cas) =
                     (EngineArm::new(Kind::Raw, span_bytes), EngineArm::new(Kind::Cas, span_bytes));
-                let pairs = env_f64("PATH_BENCH_PAIRS", 7.0) as usize;
-                let p = pairs::cpu_ratio(&raw, &cas, &job, pairs, env_f64("PATH_BENCH_PAIR_SECS", 1.0));
+                let (pairs, pair_secs) = pair_settings(false, secs);
+                let p = pairs::cpu_ratio(&raw, &cas, &job, pairs, pair_secs);
                 println!("{only}: cas/raw CPU per op, median {:.3} of {:.3?}", p.median, p.ratios);
                 return;
             }
@@ -178,13 +186,9 @@ fn main() {
             c.cpu_us_per_op / r.cpu_us_per_op
         );
     }
-    let (pairs, pair_secs) = if smoke {
-        (1, secs)
-    } else {
-        (env_f64("PATH_BENCH_PAIRS", 7.0) as usize, env_f64("PATH_BENCH_PAIR_SECS", 1.0))
-    };
+    let (pairs, pair_secs) = pair_settings(smoke, secs);
     let paired = |name: &str| {
-        let job = jobs::all().into_iter().find(|j| j.name() == name).expect("a target job is in the table");
+        let job = jobs::named(name).expect("a target job is in the table");
         let p = pairs::cpu_ratio(&raw_arm, &cas_arm, &job, pairs, pair_secs);
         let list: Vec<String> = p.ratios.iter().map(|r| format!("{r:.2}")).collect();
         println!(
