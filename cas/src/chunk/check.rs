@@ -51,6 +51,17 @@ pub(crate) enum Mismatch {
     Content,
 }
 
+impl Mismatch {
+    /// The finding in words, for scrub reports: `whose` names what gave the
+    /// expected `crc` ("its pointer", "its slot index").
+    pub(crate) fn describe(self, crc: u32, whose: &str) -> String {
+        match self {
+            Mismatch::Crc(actual) => format!("crc32c {actual:#010x}, {whose} says {crc:#010x}"),
+            Mismatch::Content => "the crc32c matches but the blake3 name does not".into(),
+        }
+    }
+}
+
 /// Checks `bytes` against an entry's crc32c and, with `rehash`, its name.
 pub(crate) fn check_bytes(bytes: &[u8], hash: &ChunkHash, crc: u32, rehash: bool) -> Result<(), Mismatch> {
     let actual = format::crc32c(bytes);

@@ -16,6 +16,7 @@
 //! it meanwhile), and streams each run's pages, which checks their own
 //! checksums: a damaged index page is a finding too.
 
+use super::check::Mismatch;
 use super::{lock, pack, ChunkHash, ChunkLoc, ChunkStore, CHUNK_BYTES};
 use crate::error::Result;
 use crate::units::ChunkTag;
@@ -121,15 +122,17 @@ impl ChunkStore {
 /// None if nothing.
 fn verdict(expected: Expected<'_>, crc: u32, bytes: &[u8]) -> Option<String> {
     let actual = crate::format::crc32c(bytes);
-    if actual != crc {
-        return Some(format!("crc32c {actual:#010x}, its pointer says {crc:#010x}"));
-    }
-    let name = ChunkHash::of(bytes);
-    let same = match expected {
-        Expected::Hash(hash) => name == *hash,
-        Expected::Tag(tag) => name.tag() == *tag,
+    let mismatch = if actual != crc {
+        Some(Mismatch::Crc(actual))
+    } else {
+        let name = ChunkHash::of(bytes);
+        let same = match expected {
+            Expected::Hash(hash) => name == *hash,
+            Expected::Tag(tag) => name.tag() == *tag,
+        };
+        (!same).then_some(Mismatch::Content)
     };
-    (!same).then(|| "the crc32c matches but the blake3 name does not".into())
+    mismatch.map(|m| m.describe(crc, "its pointer"))
 }
 
 impl ChunkStore {

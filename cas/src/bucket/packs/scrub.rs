@@ -10,7 +10,7 @@
 
 use super::upload::{pack_key, PART_BYTES};
 use super::PackTier;
-use crate::chunk::check::{check_bytes, Mismatch};
+use crate::chunk::check::check_bytes;
 use crate::chunk::pack::slot_offset;
 use crate::chunk::CHUNK_BYTES;
 use crate::objects::ObjectErrorKind;
@@ -94,12 +94,7 @@ impl PackTier {
                         let at = (slot_offset(slot) - start) as usize;
                         match data.get(at..at + CHUNK_BYTES).map(|b| check_bytes(b, &hash, crc, true)) {
                             None => Some(format!("the object {} is cut short", pack_key(id, part))),
-                            Some(Err(Mismatch::Crc(actual))) => {
-                                Some(format!("crc32c {actual:#010x}, its slot index says {crc:#010x}"))
-                            }
-                            Some(Err(Mismatch::Content)) => {
-                                Some("the crc32c matches but the blake3 name does not".into())
-                            }
+                            Some(Err(m)) => Some(m.describe(crc, "its slot index")),
                             Some(Ok(())) => None,
                         }
                     }
